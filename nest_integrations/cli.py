@@ -1,0 +1,293 @@
+"""The ``nest`` command line: ``nest ingest`` and ``nest info`` (``nest ask`` plugs in here too).
+
+Each subcommand is two functions registered in ``COMMANDS``: ``_<name>_args(parser)`` adds its
+options and ``_cmd_<name>(args) -> int`` runs it. ``main`` parses, configures logging, runs the
+command and turns expected errors into one line on stderr and exit status 1 (``--debug`` shows
+the traceback instead).
+
+Usage::
+
+    nest ingest docs/ notes.jsonl --collection docs     # embedded store in $NEST_HOME/store
+    nest ingest --sample                                 # the shipped sample corpus
+    nest ingest docs/ --chroma-url http://localhost:8000 # a `chroma run` server
+    nest info --collection docs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+LOG = logging.getLogger("nest_integrations.cli")
+
+DEFAULT_COLLECTION = "nest"
+
+
+# --------------------------------------------------------------------------------- shared options
+
+
+def _store_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--collection",
+        default=DEFAULT_COLLECTION,
+        help=f"Chroma collection name (default: {DEFAULT_COLLECTION!r})",
+    )
+    p.add_argument(
+        "--persist-dir",
+        metavar="DIR",
+        help="store folder holding chroma/ and keys/ (default: $NEST_HOME/store)",
+    )
+    p.add_argument(
+        "--chroma-url",
+        metavar="URL",
+        help="use a Chroma server (e.g. http://localhost:8000, started with `chroma run`) "
+        "instead of the embedded store; token keys stay in --persist-dir",
+    )
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+
+
+def _open_store(args: argparse.Namespace, **kwargs: Any) -> Any:
+    from nest_integrations.retrieval.chroma import ChromaPassageStore
+
+    if args.chroma_url:
+        return ChromaPassageStore.from_url(
+            args.chroma_url, args.collection, persist_dir=args.persist_dir, **kwargs
+        )
+    return ChromaPassageStore.from_persist_dir(args.persist_dir, args.collection, **kwargs)
+
+
+def _load_lm() -> Any:
+    """The language model for token keys (tests replace this)."""
+    from nest_integrations.lm.hf import HFLanguageModel
+
+    return HFLanguageModel.from_default()
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own bars are the ones that matter
+
+
+# --------------------------------------------------------------------------------- nest ingest
+
+
+def _ingest_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="files or folders (recursive) of .txt .md .rst .html .htm .jsonl "
+        '(JSONL: one {"text", "id"?, "metadata"?} object per line)',
+    )
+    p.add_argument("--sample", action="store_true", help="also ingest the shipped sample corpus")
+    p.add_argument(
+        "--no-keys",
+        action="store_true",
+        help="skip computing token keys now (they are computed on first use instead)",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="stop at the first bad input without writing anything (default: skip it and go on)",
+    )
+    _store_args(p)
+
+
+def _cmd_ingest(args: argparse.Namespace) -> int:
+    from nest_integrations.ingest import sample_corpus_inputs
+
+    inputs: list[str | Path] = list(args.paths)
+    if args.sample:
+        inputs += sample_corpus_inputs()
+    if not inputs:
+        raise UsageError("nothing to ingest: give one or more PATHs, or --sample")
+    _quiet_transformers()
+    with_keys = not args.no_keys
+    store = _open_store(args, with_keys=with_keys)  # connect first: fail fast, before the LM
+    if with_keys:
+        store.lm = _load_lm()
+    report = store.ingest(inputs, strict=args.strict, progress=not args.json)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(f"Ingested into collection {report.collection!r} ({report.location})")
+        print(f"  documents   {report.documents:,}")
+        print(
+            f"  passages    {report.passages:,} ({report.added:,} added, "
+            f"{report.unchanged:,} unchanged, {report.removed:,} removed)"
+        )
+        print(f"  tokens      {report.tokens:,}")
+        keys = f"{report.keys_added:,} passages newly encoded" if with_keys else "skipped (--no-keys)"
+        print(f"  token keys  {keys}")
+        print(f"  time        {report.seconds:.1f} s")
+    if report.issues:
+        sys.stderr.write(f"nest: skipped {len(report.issues)} input(s):\n")
+        for issue in report.issues:
+            sys.stderr.write(f"  {issue}\n")
+    if report.documents == 0:
+        sys.stderr.write("nest: error: no documents could be ingested\n")
+        return 1
+    return 0
+
+
+# --------------------------------------------------------------------------------- nest info
+
+
+def _info_args(p: argparse.ArgumentParser) -> None:
+    _store_args(p)
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    store = _open_store(args, with_keys=False)
+    collections = {name: None for name in store.list_collections()}
+    for name in collections:
+        collections[name] = _count(store, name)
+    info: dict[str, Any] = {"chroma": store.location, "collections": collections}
+    if args.collection in collections:
+        info["collection"] = store.stats()
+    keys_dir = store.keys_dir
+    info["key_store"] = {"path": str(keys_dir), "namespaces": key_store_stats(keys_dir)}
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+    else:
+        _print_info(info, args.collection)
+    if args.collection not in collections:
+        listed = ", ".join(repr(c) for c in collections) or "none"
+        sys.stderr.write(
+            f"nest: error: no collection {args.collection!r} (existing: {listed}); create it "
+            f"with `nest ingest PATH... --collection {args.collection}` or `nest ingest --sample`\n"
+        )
+        return 1
+    return 0
+
+
+def _count(store: Any, name: str) -> int:
+    from nest_integrations.retrieval.chroma import ChromaPassageStore
+
+    return ChromaPassageStore(store.client, name, location=store.location).count()
+
+
+def key_store_stats(keys_dir: Path) -> list[dict[str, Any]]:
+    """``stats()`` of every namespace of the key store at ``keys_dir``, without loading a model."""
+    from nest_integrations.index.store import DiskKeyStore, list_namespaces
+
+    out = []
+    for ns in list_namespaces(keys_dir):
+        with DiskKeyStore(
+            keys_dir,
+            fingerprint=ns["fingerprint"],
+            key_source=ns["key_source"],
+            key_dim=ns["key_dim"],
+            dtype=ns["dtype"],
+        ) as ks:
+            out.append(ks.stats())
+    return out
+
+
+def _print_info(info: dict[str, Any], collection: str) -> None:
+    print(f"Chroma:       {info['chroma']}")
+    cols = info["collections"]
+    listed = ", ".join(f"{n} ({c:,} passages)" for n, c in cols.items()) if cols else "none"
+    print(f"Collections:  {listed}")
+    if "collection" in info:
+        c = info["collection"]
+        print(
+            f"Collection {collection!r}: {c['passages']:,} passages, {c['documents']:,} "
+            f"documents, {c['tokens']:,} tokens (cosine space: {c['space'] == 'cosine'})"
+        )
+    ks = info["key_store"]
+    print(f"Key store:    {ks['path']}")
+    if not ks["namespaces"]:
+        print("  (empty: keys are computed by `nest ingest` or on first use)")
+    for s in ks["namespaces"]:
+        print(f"  model       {s['fingerprint']} (key source {s['key_source']!r}, d={s['key_dim']}, {s['dtype']})")
+        print(f"  passages    {s['n_passages']:,} with keys, {s['n_tokens']:,} tokens")
+        print(
+            f"  size        {s['bytes_on_disk'] / 1e6:,.1f} MB, "
+            f"{s['bytes_per_token']:,.1f} bytes/token"
+        )
+
+
+# --------------------------------------------------------------------------------- registry
+
+Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
+
+#: name -> (add arguments, run, help). Add a subcommand (e.g. ``ask``) with one entry.
+COMMANDS: dict[str, Command] = {
+    "ingest": (_ingest_args, _cmd_ingest, "load, split, embed and store documents (and their token keys)"),
+    "info": (_info_args, _cmd_info, "show collections, passages, tokens and key-store size"),
+}
+
+
+class UsageError(ValueError):
+    """A command-line mistake (exit status 2)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nest",
+        description="NEST (Nearest Neighbor Speculative Decoding) with span citations.",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: debug)")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", help="what to do")
+    for name, (add_args, _, help_text) in COMMANDS.items():
+        add_args(sub.add_parser(name, help=help_text, description=help_text))
+    return parser
+
+
+def _setup_logging(verbose: int) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("nest: %(levelname)s: %(message)s"))
+    root = logging.getLogger("nest_integrations")
+    root.handlers[:] = [handler]
+    root.propagate = False
+    root.setLevel(logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING)
+    if not verbose:  # skipped inputs are listed in the command's own summary
+        logging.getLogger("nest_integrations.ingest.documents").setLevel(logging.ERROR)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``nest`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every model is local: never reach a hub
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help(sys.stderr)
+        return 2
+    _setup_logging(args.verbose)
+    run = COMMANDS[args.command][1]
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        sys.stderr.write("nest: interrupted\n")
+        return 130
+    except UsageError as exc:
+        sys.stderr.write(f"nest {args.command}: error: {exc}\n")
+        return 2
+    except Exception as exc:  # the CLI boundary: one line, no traceback unless --debug
+        if args.debug:
+            traceback.print_exc()
+        sys.stderr.write(f"nest: error: {_describe(exc)}\n")
+        return 1
+
+
+def _describe(exc: BaseException) -> str:
+    """Expected errors carry actionable messages; anything else also names its type."""
+    from nest_integrations.ingest import IngestError
+    from nest_integrations.retrieval.chroma import ChromaConnectionError, CollectionNotFoundError
+
+    expected = (IngestError, CollectionNotFoundError, ChromaConnectionError, ImportError, OSError, ValueError, LookupError)
+    text = str(exc) if isinstance(exc, expected) else f"{type(exc).__name__}: {exc} (use --debug for details)"
+    return text
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""NEST's configuration: one frozen, validated object with named presets.
+
+Names are descriptive; each docstring gives the paper's symbol (arXiv 2405.19325, Eqs. 2-7).
+Every default lives here once. ``NestConfig.from_preset("paper")`` gives the paper's 7B setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Literal, Union
+
+KeySource = Union[Literal["ffn_input", "block_input", "final_norm"], int]
+KEY_SOURCES = ("ffn_input", "block_input", "final_norm")
+
+
+@dataclass(frozen=True)
+class NestConfig:
+    """All NEST hyperparameters.
+
+    Attributes:
+        n_passages: b, passages retrieved in stage 1 (paper: 40).
+        n_neighbors: r, tokens retrieved from the token memory per step (paper: 1024). Fewer
+            available keys means r_eff = min(r, available).
+        knn_temperature: mu, inverse temperature of p_kNN. ``None`` means 1/sqrt(d) for key
+            dimension d (our reading of the paper; the official code uses the same).
+        rrc_offset: alpha, offset of Relative Retrieval Confidence (Eq. 4; paper 0.3).
+        rrc_scale: tau, scale of Relative Retrieval Confidence (Eq. 4; paper 0.1).
+        span_threshold: delta of Eq. 6: propose a span when lambda <= delta (paper 0.5).
+        max_span: n, draft length in tokens (paper 64).
+        relaxation: gamma of Eq. 7: accept a draft token iff p_M(w) > (gamma/2) * max p_M.
+            Smaller is more lenient (paper: 5e-4 for 7B, 5e-3 for 13B, 5e-2 for 70B).
+        lm_temperature: T_LM, p_LM = softmax(logits / T_LM). The official code hard-codes 0.7.
+        key_source: which LM vector is the key/query: ``"ffn_input"`` (the paper's: output of
+            the last layer's pre-FFN norm), ``"block_input"`` (HF hidden_states[-2], the
+            official code), ``"final_norm"`` (hidden_states[-1]) or an int index into
+            hidden_states.
+        span_copying: False turns spans off (token-level two-stage kNN-LM with RRC).
+        strict_acceptance: accept only draft tokens equal to argmax p_M, and mask no keys, so
+            the output equals greedy decoding of p_M exactly (spans only save forward passes).
+        fixed_lm_weight: if set, lambda is this constant instead of RRC (the paper's
+            two-stage kNN-LM baseline uses 0.7). Weight on p_LM, not on p_kNN.
+        hybrid_retrieval: fuse BM25 with dense scores using the paper's sharpness weighting.
+        ra_passages: RA-NEST: put this many top passages in the prompt (0 = off; paper RA: 3).
+        temperature: sampling temperature on p_M; 0 means greedy (the paper's setting).
+        top_p: nucleus sampling mass (with temperature > 0).
+        seed: random seed for sampling mode.
+        cite_token_mode: attribute a token-mode token when it equals the nearest neighbour's
+            value (the official code's rule, NEST §8).
+    """
+
+    n_passages: int = 40
+    n_neighbors: int = 1024
+    knn_temperature: float | None = None
+    rrc_offset: float = 0.3
+    rrc_scale: float = 0.1
+    span_threshold: float = 0.5
+    max_span: int = 64
+    relaxation: float = 5e-4
+    lm_temperature: float = 1.0
+    key_source: KeySource = "ffn_input"
+    span_copying: bool = True
+    strict_acceptance: bool = False
+    fixed_lm_weight: float | None = None
+    hybrid_retrieval: bool = False
+    ra_passages: int = 0
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    cite_token_mode: bool = True
+
+    def __post_init__(self) -> None:
+        def bad(name: str, allowed: str) -> None:
+            value = getattr(self, name)
+            raise ValueError(f"NestConfig.{name}={value!r} is invalid: allowed {allowed}")
+
+        for name in ("n_passages", "n_neighbors", "max_span"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                bad(name, "an integer >= 1")
+        if self.knn_temperature is not None and not (
+            math.isfinite(self.knn_temperature) and self.knn_temperature > 0
+        ):
+            bad("knn_temperature", "None (= 1/sqrt(d)) or a float > 0")
+        for name in ("rrc_offset",):
+            if not math.isfinite(getattr(self, name)):
+                bad(name, "a finite float")
+        if not (math.isfinite(self.rrc_scale) and self.rrc_scale > 0):
+            bad("rrc_scale", "a float > 0")
+        if not (0.0 <= self.span_threshold <= 1.0):
+            bad("span_threshold", "a float in [0, 1]")
+        if not (0.0 < self.relaxation <= 1.0):
+            bad("relaxation", "a float in (0, 1]")
+        if not (math.isfinite(self.lm_temperature) and self.lm_temperature > 0):
+            bad("lm_temperature", "a float > 0")
+        if isinstance(self.key_source, bool) or not (
+            self.key_source in KEY_SOURCES or isinstance(self.key_source, int)
+        ):
+            bad("key_source", f"one of {KEY_SOURCES} or an int index into hidden_states")
+        if self.fixed_lm_weight is not None and not (0.0 <= self.fixed_lm_weight <= 1.0):
+            bad("fixed_lm_weight", "None or a float in [0, 1]")
+        if isinstance(self.ra_passages, bool) or not isinstance(self.ra_passages, int) or (
+            self.ra_passages < 0
+        ):
+            bad("ra_passages", "an integer >= 0")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            bad("temperature", "a float >= 0 (0 = greedy)")
+        if not (0.0 < self.top_p <= 1.0):
+            bad("top_p", "a float in (0, 1]")
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> "NestConfig":
+        """Build a config from a named preset (see ``PRESETS``), with field overrides."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown NEST preset {name!r}: choose one of {sorted(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+    def replace(self, **changes: Any) -> "NestConfig":
+        """A copy with some fields changed (validated again)."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"unknown NestConfig field(s): {sorted(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+#: Named presets. ``paper`` is the 7B setting of NEST (App. A); the larger models differ only
+#: in gamma. ``official-code`` reproduces the released code's hidden choices.
+PRESETS: dict[str, dict[str, Any]] = {
+    "paper": {},
+    "paper-13b": {"relaxation": 5e-3},
+    "paper-70b": {"relaxation": 5e-2},
+    "paper-ra": {"relaxation": 5e-1, "ra_passages": 3},
+    "official-code": {"lm_temperature": 0.7, "key_source": "block_input"},
+    "knn-lm": {"span_copying": False, "fixed_lm_weight": 0.7},
+    "lossless": {"strict_acceptance": True},
+}

@@ -1,0 +1,120 @@
+"""The per-query token memory (NEST stage 2) and its exact fp32 nearest-neighbour search.
+
+The memory is the union of the keys of the b retrieved passages: N rows, each a key vector,
+its value token, and where that token sits (passage index, token position). Search is exact
+brute force in fp32 (N is at most about 40 x 200 = 8000), so no ANN index is involved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from nest_integrations.types import PassageKeys
+
+
+@dataclass
+class Hits:
+    """The r_eff nearest unmasked keys of each query, nearest first.
+
+    Attributes:
+        dist: ``(T, r_eff)`` fp32 squared L2 distances, clamped at >= 0.
+        rows: ``(T, r_eff)`` int64 memory rows.
+    """
+
+    dist: torch.Tensor
+    rows: torch.Tensor
+
+    @property
+    def empty(self) -> bool:
+        return self.rows.shape[-1] == 0
+
+
+class TokenMemory:
+    """Keys, values and sources of the retrieved passages, with a mask of used keys.
+
+    Row layout: passage ``p`` occupies rows ``starts[p] .. starts[p] + lengths[p] - 1``, and
+    row ``starts[p] + j`` is the key whose value is token ``j`` of that passage.
+    """
+
+    def __init__(self, passage_keys: Sequence[PassageKeys], device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.lengths = [len(pk) for pk in passage_keys]
+        self.starts = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(int).tolist()
+        self.passage_ids = [pk.passage_id for pk in passage_keys]
+        self.offsets = [pk.offsets for pk in passage_keys]
+        n = int(sum(self.lengths))
+        dims = {pk.keys.shape[1] for pk in passage_keys if len(pk)}
+        if len(dims) > 1:
+            raise ValueError(f"passage keys have mixed dimensions {sorted(dims)}")
+        self.dim = dims.pop() if dims else 0
+        if n:
+            keys = np.concatenate([pk.keys for pk in passage_keys if len(pk)], axis=0)
+            values = np.concatenate([pk.token_ids for pk in passage_keys if len(pk)])
+        else:
+            keys = np.zeros((0, self.dim), dtype=np.float32)
+            values = np.zeros((0,), dtype=np.int64)
+        # (N, d) fp32: keys may be stored in fp16 but distances are always computed in fp32.
+        self.keys = torch.from_numpy(np.ascontiguousarray(keys, dtype=np.float32)).to(self.device)
+        self.key_sq = (self.keys * self.keys).sum(-1)  # (N,)
+        self.values = torch.from_numpy(values.astype(np.int64)).to(self.device)  # (N,)
+        self.passage_of = torch.repeat_interleave(
+            torch.arange(len(self.lengths)), torch.tensor(self.lengths, dtype=torch.long)
+        ).to(self.device)  # (N,)
+        self.used = torch.zeros(n, dtype=torch.bool, device=self.device)  # (N,)
+        self._values_list = values.astype(np.int64).tolist()
+
+    def __len__(self) -> int:
+        return int(self.values.shape[0])
+
+    @property
+    def n_available(self) -> int:
+        return len(self) - int(self.used.sum())
+
+    def source(self, row: int) -> tuple[int, int]:
+        """(passage index, token position) of a row."""
+        p = int(self.passage_of[row])
+        return p, row - self.starts[p]
+
+    def value(self, row: int) -> int:
+        return self._values_list[row]
+
+    def mask(self, rows: Sequence[int]) -> None:
+        """Mark keys as used so they are never retrieved again in this generation."""
+        if len(rows):
+            self.used[torch.as_tensor(list(rows), dtype=torch.long, device=self.device)] = True
+
+    def search(self, queries: torch.Tensor, r: int) -> Hits:
+        """Exact top-r_eff search over unmasked keys; r_eff = min(r, available keys).
+
+        Args:
+            queries: ``(T, d)`` query vectors (any float dtype; computed in fp32).
+        """
+        t = queries.shape[0]
+        r_eff = min(r, self.n_available)
+        if r_eff == 0:
+            empty = torch.zeros((t, 0), device=self.device)
+            return Hits(empty, empty.long())
+        q = queries.to(self.device, torch.float32)
+        # ||q - k||^2 = ||q||^2 + ||k||^2 - 2 q.k, in fp32, clamped (cancellation can go < 0).
+        dist = (q * q).sum(-1, keepdim=True) + self.key_sq[None, :] - 2.0 * (q @ self.keys.T)
+        dist = dist.clamp_min_(0.0)  # (T, N)
+        if self.used.any():
+            dist = dist.masked_fill(self.used[None, :], float("inf"))
+        top = torch.topk(dist, r_eff, dim=-1, largest=False, sorted=True)
+        return Hits(top.values, top.indices)
+
+    def span(self, row: int, n: int, stop_ids: frozenset[int] = frozenset()) -> list[int]:
+        """Rows of up to ``n`` corpus tokens starting at ``row``, cut at the passage end and
+        before any stop (EOS) token; never crossing into another passage."""
+        p = int(self.passage_of[row])
+        end = min(row + n, self.starts[p] + self.lengths[p])
+        rows = []
+        for r in range(row, end):
+            if self._values_list[r] in stop_ids:
+                break
+            rows.append(r)
+        return rows

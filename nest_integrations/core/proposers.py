@@ -1,0 +1,31 @@
+"""Span proposal (NEST Eqs. 5-6): when to copy, and where the copied span starts."""
+
+from __future__ import annotations
+
+from nest_integrations.core.memory import Hits, TokenMemory
+
+
+def use_span(lam: float, span_threshold: float) -> bool:
+    """Eq. 6: propose a span iff lambda <= delta (else emit one token)."""
+    return lam <= span_threshold
+
+
+def span_start(hits: Hits, memory: TokenMemory, token: int, row: int = 0) -> int | None:
+    """Eq. 5: the memory row of the nearest neighbour (of query ``row``) whose value is
+    ``token``; None when no retrieved neighbour carries it (then there is no span)."""
+    if hits.empty:
+        return None
+    cand = hits.rows[row]
+    match = (memory.values[cand] == token).nonzero()
+    return int(cand[match[0, 0]]) if match.numel() else None
+
+
+def span_draft(memory: TokenMemory, start: int, n: int, stop_ids: frozenset[int]) -> list[int]:
+    """Rows of the draft: up to n corpus tokens from ``start``, cut at the passage end and
+    before EOS; keys already used are not proposed again."""
+    rows = memory.span(start, n, stop_ids)
+    used = memory.used
+    for i, r in enumerate(rows):
+        if bool(used[r]):
+            return rows[:i]
+    return rows

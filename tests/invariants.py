@@ -1,0 +1,53 @@
+"""Named invariants shared by tests (NEST spec §16). Each returns None or raises AssertionError."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from nest_integrations.types import Citation, NestResult, Passage
+
+
+def mixture_is_distribution(p: torch.Tensor, atol: float = 1e-5) -> None:
+    """Every row of p_M is non-negative and sums to 1."""
+    assert bool((p >= 0).all()), "negative probability"
+    sums = p.sum(-1)
+    assert torch.allclose(sums, torch.ones_like(sums), atol=atol), f"row sums {sums}"
+
+
+def lambda_in_unit_interval(lam: torch.Tensor) -> None:
+    """RRC lambda lies strictly inside (0, 1)."""
+    assert bool(((lam > 0) & (lam < 1)).all()), f"lambda out of (0,1): {lam}"
+
+
+def accepted_is_prefix(accepted: Sequence[int], draft: Sequence[int]) -> None:
+    """The accepted tokens are a prefix of the proposed draft."""
+    assert list(accepted) == list(draft[: len(accepted)])
+
+
+def cited_text_matches_source(
+    result: NestResult, sources: dict[str, str] | None = None
+) -> None:
+    """Each citation's text is the exact passage slice, the exact output slice, and (when the
+    source document text is given by doc id) the exact source slice."""
+    by_id: dict[str, Passage] = {p.id: p for p in result.passages}
+    for c in result.citations:
+        p = by_id[c.passage_id]
+        assert p.text[c.passage_start : c.passage_end] == c.text, c
+        assert result.text[c.start : c.end] == c.text, (result.text[c.start : c.end], c.text)
+        if sources is not None and c.source_start is not None:
+            assert sources[c.doc_id][c.source_start : c.source_end] == c.text, c
+
+
+def citations_cover_copied_tokens(result: NestResult) -> None:
+    """Citations cover exactly the attributed tokens: their token counts add up."""
+    attributed = sum(s is not None for s in result.token_sources)
+    assert sum(c.n_tokens for c in result.citations) == attributed
+    assert result.stats.attributed_tokens == attributed
+
+
+def citations_ordered(citations: Sequence[Citation]) -> None:
+    """Citations are in output order and do not overlap."""
+    for a, b in zip(citations, citations[1:]):
+        assert a.end <= b.start, (a, b)
