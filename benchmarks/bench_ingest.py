@@ -83,7 +83,8 @@ def main() -> int:
 
     tokens = second.tokens
     result = {
-        "corpus": "nest_integrations/data/sample" + (f" (first {args.limit} docs)" if args.limit else ""),
+        "corpus": "nest_integrations/data/sample"
+        + (f" (first {args.limit} docs)" if args.limit else ""),
         "documents": second.documents,
         "passages": second.passages,
         "tokens": tokens,
@@ -124,7 +125,7 @@ def main() -> int:
         "",
         "| measure | value |",
         "|---|---|",
-        f"| ingest without keys (split + MiniLM embed + Chroma), s | {result['ingest_no_keys_s']} |",
+        f"| ingest without keys (split, MiniLM, Chroma), s | {result['ingest_no_keys_s']} |",
         f"| ingest of token keys, s | {result['ingest_keys_s']} |",
         f"| **ingest tokens/s (keys)** | **{result['ingest_keys_tokens_per_s']}** |",
         f"| raw prefill tokens/s (full LM, batch 16) | {result['raw_prefill_tokens_per_s']} |",

@@ -10,7 +10,9 @@ Run:  python cookbook/langchain_agent_tool.py      (about 30 s on CPU; nothing d
 from __future__ import annotations
 
 import json
+import warnings
 
+from langchain_core._api import LangChainBetaWarning
 from langchain_core.messages import AIMessage
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnableLambda
@@ -35,11 +37,13 @@ def with_sources(msg: AIMessage) -> str:
     notes = msg.content_blocks[0].get("annotations", [])
     lines = [msg.text.strip(), "", "Sources:" if notes else "Sources: none copied"]
     for i, c in enumerate(notes, 1):
-        lines.append(f"[{i}] {c.get('title')} ({c['extras']['source']}): {c['cited_text'].strip()!r}")
+        source = f"{c.get('title')} ({c['extras']['source']})"
+        lines.append(f"[{i}] {source}: {c['cited_text'].strip()!r}")
     return "\n".join(lines)
 
 
 def build_tool():  # noqa: ANN201 - a StructuredTool
+    warnings.filterwarnings("ignore", category=LangChainBetaWarning)  # as_tool is beta
     store = InMemoryVectorStore.from_texts(TEXTS, NestEmbeddings(), metadatas=METADATA)
     chat = ChatNest(retriever=store.as_retriever(search_kwargs={"k": 2}), max_tokens=40)
     prompt = ChatPromptTemplate.from_messages([("human", "{question}")])

@@ -45,7 +45,8 @@ def load_articles() -> list[Document]:
 
 
 def open_collection(persist_dir: str) -> ChromaVectorStore:
-    client = chromadb.PersistentClient(persist_dir, settings=ChromaSettings(anonymized_telemetry=False))
+    settings = ChromaSettings(anonymized_telemetry=False)
+    client = chromadb.PersistentClient(persist_dir, settings=settings)
     collection = client.get_or_create_collection(
         "wiki", embedding_function=NestEmbeddingFunction()
     )
@@ -56,7 +57,7 @@ def main(persist_dir: str) -> None:
     # 1. Build: documents -> nodes -> embeddings -> Chroma (skipped when already there).
     store = open_collection(persist_dir)
     docs = load_articles()
-    if store._collection.count() == 0:
+    if store.client.count() == 0:  # store.client is the Chroma collection
         VectorStoreIndex.from_documents(
             docs,
             storage_context=StorageContext.from_defaults(vector_store=store),
@@ -65,7 +66,11 @@ def main(persist_dir: str) -> None:
 
     # 2. Reopen (as a later session would) and query with NEST.
     index = VectorStoreIndex.from_vector_store(open_collection(persist_dir))
-    engine = NestQueryEngine.from_args(index, similarity_top_k=4, config="paper", max_new_tokens=48)
+    # "paper-ra" (RA-NEST) also puts the top passages in the prompt, which keeps a 135M model
+    # on topic; "paper" relies on the token memory alone.
+    engine = NestQueryEngine.from_args(
+        index, similarity_top_k=3, config="paper-ra", max_new_tokens=48
+    )
     response = engine.query(QUESTION)
 
     print(f"Q: {QUESTION}\nA: {response.response.strip()}\n")

@@ -25,7 +25,7 @@ from nest_integrations.llama_index import NestEmbedding, NestQueryEngine
 Settings.embed_model = NestEmbedding()
 Settings.llm = MockLLM()
 
-QUESTION = "Complete the sentence: The break statement terminates the nearest enclosing"
+QUESTION = "What does a dictionary display yield?"
 
 
 def main(question: str) -> None:
@@ -39,9 +39,7 @@ def main(question: str) -> None:
         docs, transformations=[SentenceSplitter(chunk_size=128, chunk_overlap=0)]
     )
 
-    engine = NestQueryEngine.from_args(
-        index, similarity_top_k=4, config="paper", max_new_tokens=48
-    )
+    engine = NestQueryEngine.from_args(index, similarity_top_k=4, config="paper", max_new_tokens=48)
     response = engine.query(question)
 
     print(f"Q: {question}\nA: {response.response.strip()}\n")

@@ -32,6 +32,11 @@ DEFAULT_COLLECTION = "nest"
 # --------------------------------------------------------------------------------- shared options
 
 
+def _out(text: str = "") -> None:
+    """One line of command output on stdout (results; progress and errors go to stderr)."""
+    sys.stdout.write(f"{text}\n")
+
+
 def _store_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--collection",
@@ -115,18 +120,20 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         store.lm = _load_lm()
     report = store.ingest(inputs, strict=args.strict, progress=not args.json)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        _out(json.dumps(report.to_dict(), indent=2))
     else:
-        print(f"Ingested into collection {report.collection!r} ({report.location})")
-        print(f"  documents   {report.documents:,}")
-        print(
+        _out(f"Ingested into collection {report.collection!r} ({report.location})")
+        _out(f"  documents   {report.documents:,}")
+        _out(
             f"  passages    {report.passages:,} ({report.added:,} added, "
             f"{report.unchanged:,} unchanged, {report.removed:,} removed)"
         )
-        print(f"  tokens      {report.tokens:,}")
-        keys = f"{report.keys_added:,} passages newly encoded" if with_keys else "skipped (--no-keys)"
-        print(f"  token keys  {keys}")
-        print(f"  time        {report.seconds:.1f} s")
+        _out(f"  tokens      {report.tokens:,}")
+        keys = (
+            f"{report.keys_added:,} passages newly encoded" if with_keys else "skipped (--no-keys)"
+        )
+        _out(f"  token keys  {keys}")
+        _out(f"  time        {report.seconds:.1f} s")
     if report.issues:
         sys.stderr.write(f"nest: skipped {len(report.issues)} input(s):\n")
         for issue in report.issues:
@@ -145,6 +152,15 @@ def _info_args(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
+    if not args.chroma_url:
+        from nest_integrations import paths
+
+        root = Path(args.persist_dir) if args.persist_dir else paths.default_persist_dir()
+        if not paths.chroma_dir(root).is_dir():  # do not create an empty store just to look
+            raise FileNotFoundError(
+                f"no store at {root}; create one with `nest ingest PATH...` or "
+                "`nest ingest --sample`"
+            )
     store = _open_store(args, with_keys=False)
     collections = {name: None for name in store.list_collections()}
     for name in collections:
@@ -155,7 +171,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     keys_dir = store.keys_dir
     info["key_store"] = {"path": str(keys_dir), "namespaces": key_store_stats(keys_dir)}
     if args.json:
-        print(json.dumps(info, indent=2, default=str))
+        _out(json.dumps(info, indent=2, default=str))
     else:
         _print_info(info, args.collection)
     if args.collection not in collections:
@@ -192,24 +208,27 @@ def key_store_stats(keys_dir: Path) -> list[dict[str, Any]]:
 
 
 def _print_info(info: dict[str, Any], collection: str) -> None:
-    print(f"Chroma:       {info['chroma']}")
+    _out(f"Chroma:       {info['chroma']}")
     cols = info["collections"]
     listed = ", ".join(f"{n} ({c:,} passages)" for n, c in cols.items()) if cols else "none"
-    print(f"Collections:  {listed}")
+    _out(f"Collections:  {listed}")
     if "collection" in info:
         c = info["collection"]
-        print(
+        _out(
             f"Collection {collection!r}: {c['passages']:,} passages, {c['documents']:,} "
-            f"documents, {c['tokens']:,} tokens (cosine space: {c['space'] == 'cosine'})"
+            f"documents, {c['tokens']:,} tokens ({c['space']} space)"
         )
     ks = info["key_store"]
-    print(f"Key store:    {ks['path']}")
+    _out(f"Key store:    {ks['path']} (shared by the collections of this persist dir)")
     if not ks["namespaces"]:
-        print("  (empty: keys are computed by `nest ingest` or on first use)")
+        _out("  (empty: keys are computed by `nest ingest` or on first use)")
     for s in ks["namespaces"]:
-        print(f"  model       {s['fingerprint']} (key source {s['key_source']!r}, d={s['key_dim']}, {s['dtype']})")
-        print(f"  passages    {s['n_passages']:,} with keys, {s['n_tokens']:,} tokens")
-        print(
+        _out(
+            f"  model       {s['fingerprint']} (key source {s['key_source']!r}, "
+            f"d={s['key_dim']}, {s['dtype']})"
+        )
+        _out(f"  passages    {s['n_passages']:,} with keys, {s['n_tokens']:,} tokens")
+        _out(
             f"  size        {s['bytes_on_disk'] / 1e6:,.1f} MB, "
             f"{s['bytes_per_token']:,.1f} bytes/token"
         )
@@ -221,7 +240,11 @@ Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Na
 
 #: name -> (add arguments, run, help). Add a subcommand (e.g. ``ask``) with one entry.
 COMMANDS: dict[str, Command] = {
-    "ingest": (_ingest_args, _cmd_ingest, "load, split, embed and store documents (and their token keys)"),
+    "ingest": (
+        _ingest_args,
+        _cmd_ingest,
+        "load, split, embed and store documents (and their token keys)",
+    ),
     "info": (_info_args, _cmd_info, "show collections, passages, tokens and key-store size"),
 }
 
@@ -284,8 +307,20 @@ def _describe(exc: BaseException) -> str:
     from nest_integrations.ingest import IngestError
     from nest_integrations.retrieval.chroma import ChromaConnectionError, CollectionNotFoundError
 
-    expected = (IngestError, CollectionNotFoundError, ChromaConnectionError, ImportError, OSError, ValueError, LookupError)
-    text = str(exc) if isinstance(exc, expected) else f"{type(exc).__name__}: {exc} (use --debug for details)"
+    expected = (
+        IngestError,
+        CollectionNotFoundError,
+        ChromaConnectionError,
+        ImportError,
+        OSError,
+        ValueError,
+        LookupError,
+    )
+    text = (
+        str(exc)
+        if isinstance(exc, expected)
+        else f"{type(exc).__name__}: {exc} (use --debug for details)"
+    )
     return text
 
 

@@ -44,7 +44,9 @@ def default_embedder_path() -> Path:
     """Folder of the packaged all-MiniLM-L6-v2 checkpoint (located without importing it)."""
     spec = importlib.util.find_spec(EMBEDDER_PACKAGE)
     if spec is None:
-        raise ImportError(f"The embedded passage embedder needs {EMBEDDER_PACKAGE!r}: {INSTALL_HINT}")
+        raise ImportError(
+            f"The embedded passage embedder needs {EMBEDDER_PACKAGE!r}: {INSTALL_HINT}"
+        )
     folder = (
         Path(next(iter(spec.submodule_search_locations)))
         if spec.submodule_search_locations
@@ -83,7 +85,6 @@ class MiniLMEmbedder:
             if self._model is not None:
                 return
             from transformers import AutoModel, AutoTokenizer
-
             from transformers.utils import logging as hf_logging
 
             path = self.model_path or str(default_embedder_path())

@@ -153,16 +153,18 @@ class NestEngine:
         from nest_integrations.retrieval.chroma import ChromaPassageStore
 
         cfg = NestConfig.from_preset(config) if isinstance(config, str) else config or NestConfig()
-        if chroma_url:
-            retriever = ChromaPassageStore.from_url(chroma_url, collection=collection)
+        root = persist_dir or paths.default_persist_dir()
+        if chroma_url:  # passages on the server; token keys stay in the local persist dir
+            retriever = ChromaPassageStore.from_url(chroma_url, collection, persist_dir=root)
         else:
-            retriever = ChromaPassageStore.from_persist_dir(persist_dir, collection=collection)
+            retriever = ChromaPassageStore.from_persist_dir(root, collection)
+        retriever.count()  # a missing collection fails here, with the existing ones listed
         if model is None:
             lm = HFLanguageModel.from_default(device=device, key_source=cfg.key_source)
         else:
             lm = HFLanguageModel.from_pretrained(model, device=device, key_source=cfg.key_source)
-        store_dir = paths.keys_dir(persist_dir or paths.default_persist_dir())
-        return cls(lm, retriever, DiskKeyStore.open(store_dir, lm), cfg)
+        retriever.lm = lm  # one model for ingest-time and query-time keys
+        return cls(lm, retriever, DiskKeyStore.open(paths.keys_dir(root), lm), cfg)
 
     # ----------------------------------------------------------------- stage 1 and 2
     def retrieve(self, query: str, k: int | None = None) -> list[Passage]:
@@ -265,6 +267,8 @@ class NestEngine:
             gen.manual_seed(cfg.seed if cfg.seed is not None else torch.seed())
         run = _Run(cfg, memory, passages, max_new, stop_list, stats, gen)
         yield from self._decode(run, prompt_ids)
+        run.done = True  # flush text held back for stop strings or partial characters
+        yield from self._deltas(run, bool(run.sources) and run.sources[-1] is not None)
         stats.time_total = time.perf_counter() - t_start
         stats.mean_lambda = run.lam_sum / run.lam_n if run.lam_n else 1.0
         yield StreamChunk(text="", result=self._result(run))
@@ -415,16 +419,19 @@ class NestEngine:
 
     def _deltas(self, run: _Run, copied: bool) -> Iterator[StreamChunk]:
         text = run.text
-        if not run.done and text.endswith("\ufffd"):
-            return  # hold back an incomplete multi-byte character
-        if len(text) <= run.emitted:
+        safe = len(text)
+        if not run.done:
+            if text.endswith("\ufffd"):
+                return  # hold back an incomplete multi-byte character
+            safe -= _stop_prefix_overlap(text, run.stop)  # it may become a stop string
+        if safe <= run.emitted:
             return
-        delta = text[run.emitted :]
+        delta = text[run.emitted : safe]
         citation = None
         if copied:
             cites = self._citations(run)
             citation = cites[-1] if cites and cites[-1].end > run.emitted else None
-        run.emitted = len(text)
+        run.emitted = safe
         yield StreamChunk(text=delta, citation=citation)
 
     def _citations(self, run: _Run) -> list:
@@ -478,6 +485,17 @@ class NestEngine:
             )
             return ctx - n_prompt
         return max_new_tokens
+
+
+def _stop_prefix_overlap(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest tail of ``text`` that is a proper prefix of a stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
 
 
 def _query_of(prompt: Prompt) -> str:

@@ -1,4 +1,4 @@
-"""Short import path for the LlamaIndex integration (``nest_integrations.integrations.llama_index``).
+"""Short import path for the LlamaIndex integration (``integrations.llama_index``).
 
 Usage::
 

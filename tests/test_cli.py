@@ -84,7 +84,14 @@ def test_bad_inputs_are_listed(tmp_path: Path, corpus: Path, fake_lm, capsys) ->
     assert "notes/bad.jsonl:2: invalid JSON" in err and f"{missing}: no such file" in err
 
 
-def test_errors_exit_nonzero_without_traceback(tmp_path: Path, corpus: Path, fake_lm, capsys) -> None:
+def test_errors_exit_nonzero_without_traceback(
+    tmp_path: Path, corpus: Path, fake_lm, capsys
+) -> None:
+    assert cli.main(["info", *store_args(tmp_path, "absent-col")]) == 1
+    err = capsys.readouterr().err
+    assert "no store at" in err and "nest ingest" in err
+    assert not (tmp_path / "store" / "chroma").exists()  # looking created nothing
+
     (corpus / "empty.txt").write_text("")
     assert cli.main(["ingest", str(corpus), "--strict", *store_args(tmp_path)]) == 1
     err = capsys.readouterr().err
@@ -97,9 +104,12 @@ def test_errors_exit_nonzero_without_traceback(tmp_path: Path, corpus: Path, fak
     assert cli.main(["ingest", *store_args(tmp_path)]) == 2
     assert "give one or more PATHs, or --sample" in capsys.readouterr().err
 
+    (corpus / "empty.txt").unlink()
+    assert cli.main(["ingest", str(corpus / "a.txt"), *store_args(tmp_path)]) == 0
+    capsys.readouterr()
     assert cli.main(["info", *store_args(tmp_path, "absent-col")]) == 1
     err = capsys.readouterr().err
-    assert "no collection 'absent-col'" in err and "nest ingest" in err
+    assert "no collection 'absent-col' (existing: 'cli-col')" in err and "nest ingest" in err
 
     assert cli.main(["ingest", str(corpus), "--chroma-url", "http://127.0.0.1:9"]) == 1
     err = capsys.readouterr().err
@@ -135,7 +145,9 @@ def test_subprocess_ingest_and_info(tmp_path: Path, corpus: Path) -> None:
 
 
 @pytest.mark.slow
-def test_end_to_end_with_default_lm(tmp_path: Path, corpus: Path, default_lm, monkeypatch, capsys) -> None:
+def test_end_to_end_with_default_lm(
+    tmp_path: Path, corpus: Path, default_lm, monkeypatch, capsys
+) -> None:
     """Real SmolLM2 keys: stored keys decode back to each passage's tokens."""
     monkeypatch.setattr(cli, "_load_lm", lambda: default_lm)
     assert cli.main(["ingest", str(corpus), *store_args(tmp_path)]) == 0
@@ -147,7 +159,7 @@ def test_end_to_end_with_default_lm(tmp_path: Path, corpus: Path, default_lm, mo
     store = ChromaPassageStore.from_persist_dir(tmp_path / "store", "cli-col", lm=default_lm)
     passages = list(store.iter_passages())
     with DiskKeyStore.open(store.keys_dir, default_lm) as ks:
-        for p, k in zip(passages, ks.get_keys(passages)):
+        for p, k in zip(passages, ks.get_keys(passages), strict=True):
             assert k is not None and list(k.token_ids) == default_lm.tokenize(p.text)
             assert p.metadata["n_tokens"] == len(k) <= 200
     hit = store.retrieve("birds that hunt in the dark", 1)[0]

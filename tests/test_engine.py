@@ -211,3 +211,18 @@ def test_bad_input_errors(tiny_lm):
         NestConfig(relaxation=0.0)
     with pytest.raises(ValueError, match="key_source"):
         NestEngine(tiny_lm, config=NestConfig(key_source="block_input"))
+
+
+def test_stream_with_stop_string_across_tokens(tiny_lm):
+    """A stop string spanning a token boundary is never streamed, and deltas add up."""
+    engine = NestEngine(tiny_lm)
+    full = engine.generate("Hello", max_new_tokens=12)
+    if len(full.token_ids) < 4:
+        pytest.skip("the tiny model stopped too early")
+    # a stop string made of the end of token 2 and the start of token 3
+    ends = [len(tiny_lm.detokenize(full.token_ids[: i + 1])) for i in range(len(full.token_ids))]
+    stop = full.text[max(ends[1] - 1, 0) : ends[1] + 1]
+    chunks = list(engine.stream("Hello", max_new_tokens=12, stop=[stop]))
+    result = chunks[-1].result
+    assert "".join(c.text for c in chunks) == result.text
+    assert stop not in result.text

@@ -24,6 +24,12 @@ def _uncached(lm: HFLanguageModel, ids: list[int]) -> tuple[torch.Tensor, torch.
     return lm.forward(ids, lm.new_cache())
 
 
+def _passage_reference(lm: HFLanguageModel, d: list[int]) -> np.ndarray:
+    """Keys of passage ``d`` from one plain forward of ``passage_prefix + d[:-1]``."""
+    _, keys = _uncached(lm, lm.passage_prefix + d[:-1])
+    return keys[len(lm.passage_prefix) - 1 :].numpy()
+
+
 def _with_key_source(lm: HFLanguageModel, key_source) -> HFLanguageModel:
     return HFLanguageModel(lm.model, lm.tokenizer, name=lm.name, key_source=key_source)
 
@@ -43,7 +49,7 @@ def test_implements_protocol(tiny_lm):
     assert tiny_lm.key_dim == 64
     assert tiny_lm.vocab_size == 49152
     assert tiny_lm.max_context == 512
-    assert tiny_lm.passage_prefix == [1]  # SmolLM2's BOS <|im_start|>
+    assert tiny_lm.passage_prefix[0] == 1  # starts with SmolLM2's BOS <|im_start|>
     assert tiny_lm.eos_token_ids == frozenset({0, 2})  # <|endoftext|>, <|im_end|>
     assert tiny_lm.device == torch.device("cpu")
     assert tiny_lm.key_source == "ffn_input"
@@ -140,8 +146,7 @@ def test_hidden_state_key_sources(tiny_lm, key_source, index):
     _, keys = _uncached(lm, ids)
     torch.testing.assert_close(keys, _hidden_states(tiny_lm, ids)[index], atol=1e-5, rtol=1e-5)
     [passage_keys] = lm.encode_passages([ids])
-    _, ref = _uncached(lm, lm.passage_prefix + ids[:-1])
-    np.testing.assert_allclose(passage_keys, ref.numpy(), atol=ATOL)
+    np.testing.assert_allclose(passage_keys, _passage_reference(lm, ids), atol=ATOL)
 
 
 def test_key_sources_differ(tiny_lm):
@@ -190,8 +195,7 @@ def test_encode_passages_batched_equals_unbatched_equals_forward(tiny_lm):
         assert kb.shape == (len(d), tiny_lm.key_dim) and kb.dtype == np.float32
         np.testing.assert_allclose(kb, ks, atol=ATOL)
         if d:
-            _, ref = _uncached(tiny_lm, tiny_lm.passage_prefix + d[:-1])
-            np.testing.assert_allclose(kb, ref.numpy(), atol=ATOL)
+            np.testing.assert_allclose(kb, _passage_reference(tiny_lm, d), atol=ATOL)
 
 
 def test_encode_passages_too_long_raises(tiny_lm):
@@ -317,6 +321,35 @@ def test_default_model_missing_package_hint(monkeypatch):
         default.gguf_path()
 
 
+def test_default_model_path_converts_once_under_concurrency(monkeypatch, tmp_path):
+    """Concurrent first calls convert once (file lock); a stale, unmarked folder is redone."""
+    import threading
+
+    from nest_integrations.lm import default
+
+    calls: list[int] = []
+
+    def fake_convert(gguf, target):  # stands in for the 20-40 s GGUF conversion
+        calls.append(1)
+        time.sleep(0.3)
+        target.mkdir(parents=True, exist_ok=True)
+        (target / default._DONE_MARKER).write_text("ok")
+
+    monkeypatch.setenv("NEST_HOME", str(tmp_path))
+    monkeypatch.setattr(default, "_convert", fake_convert)
+    monkeypatch.setattr(default, "gguf_path", lambda: tmp_path / "fake.gguf")
+    stale = tmp_path / "models" / default.DEFAULT_MODEL_NAME
+    stale.mkdir(parents=True)  # an interrupted conversion: no marker
+    results: list = []
+    threads = [threading.Thread(target=lambda: results.append(default.default_model_path())) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    assert results == [stale] * 3
+
+
 @pytest.mark.slow
 def test_default_model_path_is_cached():
     """After the one-off conversion, default_model_path returns the folder at once."""
@@ -359,7 +392,7 @@ def test_default_lm_attributes_and_crop(default_lm):
     assert default_lm.fingerprint.startswith("SmolLM2-135M-Instruct@")
     assert (default_lm.key_dim, default_lm.vocab_size, default_lm.max_context) == (576, 49152, 8192)
     assert default_lm.eos_token_ids == frozenset({0, 2})
-    assert default_lm.passage_prefix == [1]
+    assert default_lm.passage_prefix[0] == 1
     ids = default_lm.tokenize(TEXT)
     cache = default_lm.new_cache()
     default_lm.forward(ids[:8], cache)
@@ -370,4 +403,4 @@ def test_default_lm_attributes_and_crop(default_lm):
     torch.testing.assert_close(logits, ref_logits[8:], atol=1e-3, rtol=1e-4)
     torch.testing.assert_close(keys, ref_keys[8:], atol=1e-3, rtol=1e-4)
     [passage] = default_lm.encode_passages([ids])
-    np.testing.assert_allclose(passage, _uncached(default_lm, [1] + ids[:-1])[1].numpy(), atol=1e-3)
+    np.testing.assert_allclose(passage, _passage_reference(default_lm, ids), atol=1e-3)

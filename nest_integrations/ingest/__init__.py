@@ -104,8 +104,11 @@ def load_documents(
     unique: dict[str, SourceDocument] = {}
     for doc in docs:
         if doc.doc_id in unique:
-            log.add(doc.source, f"duplicate document id {doc.doc_id!r} (already loaded from "
-                    f"{unique[doc.doc_id].source}); kept the first")
+            log.add(
+                doc.source,
+                f"duplicate document id {doc.doc_id!r} (already loaded from "
+                f"{unique[doc.doc_id].source}); kept the first",
+            )
             continue
         unique[doc.doc_id] = doc
     return list(unique.values()), log.issues

@@ -101,7 +101,9 @@ def text_hash_id(text: str) -> str:
 # ----------------------------------------------------------------------------- files
 
 
-def iter_files(paths: Iterable[str | os.PathLike[str]], issues: IssueLog) -> Iterator[tuple[Path, str]]:
+def iter_files(
+    paths: Iterable[str | os.PathLike[str]], issues: IssueLog
+) -> Iterator[tuple[Path, str]]:
     """``(file, relative id)`` for every supported file under ``paths``, in sorted order.
 
     A folder is walked recursively (hidden entries skipped, unsupported suffixes ignored). The
@@ -191,7 +193,11 @@ def _heading(text: str, fmt: str) -> str | None:
         lines = text.splitlines()
         for i in range(len(lines) - 1):
             title, under = lines[i].strip(), lines[i + 1].strip()
-            if title and re.fullmatch(r"([=\-~^\"'`#*+:.])\1{2,}", under) and len(under) >= len(title):
+            if (
+                title
+                and re.fullmatch(r"([=\-~^\"'`#*+:.])\1{2,}", under)
+                and len(under) >= len(title)
+            ):
                 return title
     return None
 
@@ -297,7 +303,9 @@ def load_paths(
 
     files = list(iter_files(paths, issues))
     docs: list[SourceDocument] = []
-    for path, rel in tqdm(files, desc="reading", unit="file", disable=not progress or len(files) < 2):
+    for path, rel in tqdm(
+        files, desc="reading", unit="file", disable=not progress or len(files) < 2
+    ):
         docs.extend(load_file(path, rel, issues))
     return docs
 

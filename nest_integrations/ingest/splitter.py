@@ -66,7 +66,9 @@ def _units(text: str, lo: int, hi: int, level: int) -> list[tuple[int, int]]:
     return [s for s in spans if s[0] < s[1]]
 
 
-def _hard_split(text: str, lo: int, hi: int, count: TokenCounter, budget: int) -> list[tuple[int, int]]:
+def _hard_split(
+    text: str, lo: int, hi: int, count: TokenCounter, budget: int
+) -> list[tuple[int, int]]:
     """Character-level split of one oversized word: the longest prefixes that fit."""
     out = []
     while lo < hi:
@@ -135,7 +137,9 @@ def flatten_metadata(meta: dict[str, Any], prefix: str = "") -> dict[str, str | 
     return flat
 
 
-def passage_metadata(doc: SourceDocument, index: int, start: int, end: int, n_tokens: int, pid: str) -> dict[str, Any]:
+def passage_metadata(
+    doc: SourceDocument, index: int, start: int, end: int, n_tokens: int, pid: str
+) -> dict[str, Any]:
     """Stored metadata of one passage: the user's keys plus ours (the user's never overwritten)."""
     meta: dict[str, Any] = {}
     for key, value in flatten_metadata(doc.metadata).items():

@@ -185,7 +185,9 @@ class ChromaPassageStore:
         return cls(client, collection, persist_dir=root, location=url, **kwargs)
 
     @classmethod
-    def from_client(cls, client: Any, collection: str = "nest", **kwargs: Any) -> "ChromaPassageStore":
+    def from_client(
+        cls, client: Any, collection: str = "nest", **kwargs: Any
+    ) -> "ChromaPassageStore":
         """Wrap an existing chromadb client."""
         return cls(client, collection, **kwargs)
 
@@ -220,7 +222,11 @@ class ChromaPassageStore:
         return [
             _passage(pid, text, meta, _similarity(dist, space))
             for pid, text, meta, dist in zip(
-                res["ids"][0], res["documents"][0], res["metadatas"][0], res["distances"][0]
+                res["ids"][0],
+                res["documents"][0],
+                res["metadatas"][0],
+                res["distances"][0],
+                strict=True,
             )
         ]
 
@@ -230,7 +236,7 @@ class ChromaPassageStore:
         found: dict[str, Passage] = {}
         for chunk in _chunks(list(ids), self._batch()):
             res = col.get(ids=chunk, include=["documents", "metadatas"])
-            for pid, text, meta in zip(res["ids"], res["documents"], res["metadatas"]):
+            for pid, text, meta in zip(res["ids"], res["documents"], res["metadatas"], strict=True):
                 found[pid] = _passage(pid, text, meta, None)
         return [found[i] for i in ids if i in found]
 
@@ -243,7 +249,7 @@ class ChromaPassageStore:
             res = col.get(limit=size, offset=offset, include=["documents", "metadatas"])
             if not res["ids"]:
                 return
-            for pid, text, meta in zip(res["ids"], res["documents"], res["metadatas"]):
+            for pid, text, meta in zip(res["ids"], res["documents"], res["metadatas"], strict=True):
                 yield _passage(pid, text, meta, None)
             offset += len(res["ids"])
 
@@ -289,7 +295,8 @@ class ChromaPassageStore:
 
         Idempotent: passages already stored are skipped, so re-ingesting unchanged inputs adds
         nothing. A changed file (or document) replaces its passages: new ones are written first,
-        then the file's old passages that are not in the new set are deleted. Bad inputs are
+        then the file's old passages that are not in the new set are deleted (files removed
+        from disk are not pruned: use ``delete_documents``). Bad inputs are
         skipped and listed in ``report.issues``; with ``strict=True`` the first one raises
         ``IngestError`` before anything is written.
 
@@ -308,12 +315,18 @@ class ChromaPassageStore:
         report = IngestReport(self.collection_name, self.location, issues=issues)
         report.documents = len(docs)
         keys = self.with_keys if with_keys is None else with_keys
-        passages = split_documents(docs, self._token_counter(keys), self.max_passage_tokens, progress)
+        passages = split_documents(
+            docs, self._token_counter(keys), self.max_passage_tokens, progress
+        )
         report.passages = len(passages)
         report.tokens = sum(int(p.metadata.get("n_tokens", 0)) for p in passages)
         if docs:
+            if keys:
+                self.key_store().close()  # refuse a key store of another model before writing
             report.added, report.unchanged = self._write(passages, progress)
-            report.removed = self._remove_stale(docs, passages)
+            # A file with a bad line keeps its old passages: bad input never deletes data.
+            damaged = {f"file:{i.location}" for i in issues}
+            report.removed = self._remove_stale(docs, passages, damaged)
             if keys:
                 report.keys_added = self._fill_keys(passages, progress)
         report.seconds = time.perf_counter() - start
@@ -330,13 +343,30 @@ class ChromaPassageStore:
         prepared = []
         for p in passages:
             meta = flatten_metadata(
-                {**p.metadata, "doc_id": p.doc_id, "char_start": p.char_start, "char_end": p.char_end}
+                {
+                    **p.metadata,
+                    "doc_id": p.doc_id,
+                    "char_start": p.char_start,
+                    "char_end": p.char_end,
+                }
             )
             prepared.append(dataclasses.replace(p, metadata=meta))
         added, unchanged = self._write(prepared, progress)
         if self.with_keys if with_keys is None else with_keys:
             self._fill_keys(prepared, progress)
         return added, unchanged
+
+    def delete_documents(self, doc_ids: Sequence[str]) -> int:
+        """Delete every passage of the given documents (e.g. files removed from disk, which
+        ``ingest`` does not prune). Returns the number of passages deleted."""
+        col = self._read_collection()
+        doomed: list[str] = []
+        for chunk in _chunks(list(doc_ids), 100):
+            where = {"doc_id": chunk[0]} if len(chunk) == 1 else {"doc_id": {"$in": list(chunk)}}
+            doomed += col.get(where=where, include=[])["ids"]
+        for chunk in _chunks(doomed, self._batch()):
+            col.delete(ids=list(chunk))
+        return len(doomed)
 
     def delete_collection(self) -> None:
         """Drop the collection (token keys are shared by content and stay)."""
@@ -367,7 +397,9 @@ class ChromaPassageStore:
             present.update(col.get(ids=chunk, include=[])["ids"])
         new = [p for p in passages if p.id not in present]
         step = max(1, min(WRITE_CHUNK, self._batch()))
-        with tqdm(total=len(new), desc="embedding", unit="passage", disable=not progress or not new) as bar:
+        with tqdm(
+            total=len(new), desc="embedding", unit="passage", disable=not progress or not new
+        ) as bar:
             for chunk in _chunks(new, step):
                 embeddings = self.embedding_function.embedder.embed([p.text for p in chunk])
                 col.add(
@@ -379,11 +411,14 @@ class ChromaPassageStore:
                 bar.update(len(chunk))
         return len(new), len(passages) - len(new)
 
-    def _remove_stale(self, docs: Sequence[Any], passages: Sequence[Passage]) -> int:
-        """Delete passages of the ingested scopes (files/documents) that are not current."""
+    def _remove_stale(
+        self, docs: Sequence[Any], passages: Sequence[Passage], keep: Iterable[str] = ()
+    ) -> int:
+        """Delete passages of the ingested scopes (files/documents) that are not current;
+        scopes in ``keep`` are left alone."""
         col = self._write_collection()
         current = {p.id for p in passages}
-        scopes = sorted({d.scope or f"doc:{d.doc_id}" for d in docs})
+        scopes = sorted({d.scope or f"doc:{d.doc_id}" for d in docs} - set(keep))
         stale: list[str] = []
         for chunk in _chunks(scopes, 100):
             where = {"nest_scope": chunk[0]} if len(chunk) == 1 else {"nest_scope": {"$in": chunk}}
@@ -407,10 +442,14 @@ class ChromaPassageStore:
         from nest_integrations.index.store import ensure_keys
 
         lm = self._lm()
+        # Similar lengths side by side: the LM's padded batches then waste little compute.
+        ordered = sorted(passages, key=lambda p: int(p.metadata.get("n_tokens") or len(p.text)))
         with self.key_store() as store:
             before = len(store)
-            with tqdm(total=len(passages), desc="token keys", unit="passage", disable=not progress) as bar:
-                for chunk in _chunks(list(passages), KEYS_CHUNK):
+            with tqdm(
+                total=len(passages), desc="token keys", unit="passage", disable=not progress
+            ) as bar:
+                for chunk in _chunks(ordered, KEYS_CHUNK):
                     ensure_keys(store, lm, chunk, batch_size=16)
                     bar.update(len(chunk))
             return len(store) - before
@@ -510,12 +549,16 @@ def _similarity(distance: float, space: str) -> float:
     return 1.0 - float(distance)  # cosine and ip distances are 1 - similarity
 
 
-def _passage(pid: str, text: str | None, meta: dict[str, Any] | None, score: float | None) -> Passage:
+def _passage(
+    pid: str, text: str | None, meta: dict[str, Any] | None, score: float | None
+) -> Passage:
     meta = dict(meta or {})
 
     def _int(key: str) -> int | None:
         value = meta.get(key)
-        return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        return (
+            int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        )
 
     return Passage(
         id=pid,
@@ -526,4 +569,3 @@ def _passage(pid: str, text: str | None, meta: dict[str, Any] | None, score: flo
         char_end=_int("char_end"),
         metadata=meta,
     )
-

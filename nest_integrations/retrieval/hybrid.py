@@ -86,7 +86,7 @@ class BM25Index:
         docs, scores = self._bm25.retrieve(q, k=k, show_progress=False)
         return [
             (self.passages[int(i)], float(sc))
-            for i, sc in zip(np.asarray(docs)[0], np.asarray(scores)[0])
+            for i, sc in zip(np.asarray(docs)[0], np.asarray(scores)[0], strict=True)
             if sc > 0
         ]
 
@@ -120,9 +120,7 @@ class HybridRetriever:
         sparse = self.sparse.search(query, self.n_candidates)
         by_id: dict[str, Passage] = {p.id: p for p, _ in sparse}
         by_id.update({p.id: p for p in dense})
-        rows = fuse(
-            [(p.id, float(p.score or 0.0)) for p in dense], [(p.id, s) for p, s in sparse]
-        )
+        rows = fuse([(p.id, float(p.score or 0.0)) for p in dense], [(p.id, s) for p, s in sparse])
         return [
             dataclasses.replace(
                 by_id[pid],
@@ -134,4 +132,3 @@ class HybridRetriever:
 
 
 __all__ = ["BM25Index", "HybridRetriever", "fuse", "sharpness"]
-

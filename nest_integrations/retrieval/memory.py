@@ -82,7 +82,7 @@ class InMemoryRetriever:
     def _bm25(self, query: str) -> list[float]:
         terms = [w for w in set(words(query)) if w in self._idf]
         out = []
-        for tf, length in zip(self._tf, self._len):
+        for tf, length in zip(self._tf, self._len, strict=True):
             norm = self.k1 * (1 - self.b + self.b * length / self._avg) if self._avg else self.k1
             out.append(
                 sum(self._idf[w] * tf[w] * (self.k1 + 1) / (tf[w] + norm) for w in terms if w in tf)
@@ -91,7 +91,11 @@ class InMemoryRetriever:
 
     def _dense(self, query: str) -> list[float]:
         if self._matrix is None:
-            self._matrix = _unit(np.asarray(self.embedder.embed_documents([p.text for p in self.passages]), dtype=np.float32))
+            self._matrix = _unit(
+                np.asarray(
+                    self.embedder.embed_documents([p.text for p in self.passages]), dtype=np.float32
+                )
+            )
         q = _unit(np.asarray([self.embedder.embed_query(query)], dtype=np.float32))[0]
         return (self._matrix @ q).tolist()
 

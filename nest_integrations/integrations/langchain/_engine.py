@@ -3,15 +3,18 @@
 Constructing a LangChain model is cheap (no model load, no I/O); the engine is assembled on first
 use from the parameters: the language model (shared per process, see ``shared_lm``), a passage
 retriever (a LangChain retriever or vector store, a Chroma store filled by ``nest ingest``, or
-none) and a key store (on disk under ``persist_dir``, else in memory).
+none) and a key store (on disk under ``persist_dir``, else in memory). The engine's model is
+wrapped in ``SerializedLM`` so LangChain's thread-based ``batch``/``astream`` stay correct.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
+import inspect
 import logging
 import threading
 import weakref
-from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
@@ -26,7 +29,8 @@ DEFAULT_MAX_TOKENS = 256
 
 _LMS: dict[tuple[str | None, str | None, str | int], Any] = {}
 _LMS_LOCK = threading.Lock()
-_RUN_LOCKS: "weakref.WeakKeyDictionary[Any, threading.Lock]" = weakref.WeakKeyDictionary()
+_CALL_LOCKS: "weakref.WeakKeyDictionary[Any, threading.RLock]" = weakref.WeakKeyDictionary()
+_CALL_LOCKS_LOCK = threading.Lock()
 
 
 def shared_lm(model: str | None, device: str | None, key_source: str | int) -> Any:
@@ -51,21 +55,39 @@ def shared_lm(model: str | None, device: str | None, key_source: str | int) -> A
         return _LMS[key]
 
 
-@contextmanager
-def exclusive(lm: Any) -> Iterator[None]:
-    """Run one generation at a time per language model.
+class SerializedLM:
+    """A language model whose method calls run one at a time, process-wide per model.
 
-    ``HFLanguageModel`` captures keys with forward hooks on a shared module, so two threads
-    decoding with the same model at once (LangChain's ``batch``/``abatch`` use threads) would
-    read each other's keys.
+    ``HFLanguageModel`` captures keys with forward hooks on a module shared by every caller, so
+    two threads decoding with one model at once (LangChain's ``batch``/``abatch``/``astream``
+    use threads) would read each other's keys. Serialising each call (not each generation)
+    lets concurrent generations interleave, and an abandoned stream blocks nobody.
+    Attributes pass through unchanged.
     """
-    with _LMS_LOCK:
-        try:
-            lock = _RUN_LOCKS.setdefault(lm, threading.Lock())
-        except TypeError:  # not weak-referenceable: lock on the class's shared fallback
-            lock = _RUN_LOCKS.setdefault(type(lm), threading.Lock())
-    with lock:
-        yield
+
+    def __init__(self, lm: Any) -> None:
+        self._lm = lm
+        with _CALL_LOCKS_LOCK:
+            try:
+                self._lock = _CALL_LOCKS.setdefault(lm, threading.RLock())
+            except TypeError:  # not weak-referenceable: one lock per class
+                self._lock = _CALL_LOCKS.setdefault(type(lm), threading.RLock())
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._lm, name)
+        if not inspect.ismethod(value):
+            return value
+        lock = self._lock
+
+        @functools.wraps(value)
+        def locked(*args: Any, **kwargs: Any) -> Any:
+            with lock:
+                return value(*args, **kwargs)
+
+        return locked
+
+    def __repr__(self) -> str:
+        return f"SerializedLM({self._lm!r})"
 
 
 def is_langchain_source(obj: Any) -> bool:
@@ -174,12 +196,18 @@ class NestModelParams(BaseModel):
         return NestConfig()
 
     def get_engine(self) -> Any:
-        """The ``NestEngine``, built on first call (loads the model, opens the stores)."""
-        if self.engine is not None:
-            return self.engine
+        """The ``NestEngine`` in use, built on first call (loads the model, opens the stores).
+
+        With ``engine=`` this is a shallow copy of it whose model calls are serialised (see
+        ``SerializedLM``); the given engine is left as it is.
+        """
         with self._engine_lock:
             if self._engine is None:
-                self._engine = self._build_engine()
+                if self.engine is not None:
+                    self._engine = copy.copy(self.engine)
+                    self._engine.lm = SerializedLM(self.engine.lm)
+                else:
+                    self._engine = self._build_engine()
             return self._engine
 
     def _build_engine(self) -> Any:
@@ -187,7 +215,7 @@ class NestModelParams(BaseModel):
         from nest_integrations.engine import NestEngine
 
         cfg = self.nest_config
-        lm = shared_lm(self.model_name, self.device, cfg.key_source)
+        lm = SerializedLM(shared_lm(self.model_name, self.device, cfg.key_source))
         key_store = None  # the engine keeps keys in memory
         if self.persist_dir is not None:
             from nest_integrations.index.store import DiskKeyStore
@@ -241,7 +269,9 @@ class NestModelParams(BaseModel):
 
             passages = as_passages(passages)
         return {
-            "max_new_tokens": int(kwargs.get("max_tokens") or self.max_tokens or DEFAULT_MAX_TOKENS),
+            "max_new_tokens": int(
+                kwargs.get("max_tokens") or self.max_tokens or DEFAULT_MAX_TOKENS
+            ),
             "stop": list(stop) if stop is not None else self.stop,
             "config": self._call_config(kwargs),
             "passages": passages,
@@ -251,14 +281,9 @@ class NestModelParams(BaseModel):
     def _nest_generate(
         self, prompt: Any, stop: Sequence[str] | None, kwargs: dict[str, Any]
     ) -> NestResult:
-        engine = self.get_engine()
-        with exclusive(engine.lm):
-            return engine.generate(prompt, **self._engine_kwargs(stop, kwargs))
+        return self.get_engine().generate(prompt, **self._engine_kwargs(stop, kwargs))
 
     def _nest_stream(
         self, prompt: Any, stop: Sequence[str] | None, kwargs: dict[str, Any]
     ) -> Iterator[StreamChunk]:
-        engine = self.get_engine()
-        call = self._engine_kwargs(stop, kwargs)
-        with exclusive(engine.lm):
-            yield from engine.stream(prompt, **call)
+        return self.get_engine().stream(prompt, **self._engine_kwargs(stop, kwargs))

@@ -63,8 +63,9 @@ class ChatNest(NestModelParams, BaseChatModel):
 
             block = msg.content_blocks[0]            # the one text block
             for c in block.get("annotations", []):   # langchain_core Citation dicts
-                msg.text[c["start_index"]:c["end_index"]] == c["cited_text"]
-                c.get("title"), c.get("url"), c["extras"]["doc_id"], c["extras"]["source_start_char"]
+                assert msg.text[c["start_index"]:c["end_index"]] == c["cited_text"]
+                print(c.get("title"), c.get("url"), c["extras"]["doc_id"],
+                      c["extras"]["source_start_char"], c["extras"]["source_end_char"])
 
         The same payloads are in ``msg.additional_kwargs["citations"]`` (v0 style) and
         ``msg.response_metadata["citations"]``; ``citations_to_documents(msg)`` turns them into
@@ -84,8 +85,8 @@ class ChatNest(NestModelParams, BaseChatModel):
         (``chunk_position="last"``) carries ``usage_metadata`` and ``response_metadata``.
 
     Async and batch:
-        ``ainvoke``, ``astream``, ``batch`` and ``abatch`` work; generations with the same model
-        run one at a time.
+        ``ainvoke``, ``astream``, ``batch`` and ``abatch`` work (LangChain runs them in
+        threads); concurrent generations interleave, with one model call at a time per model.
 
     Call arguments:
         ``invoke(..., max_tokens=, temperature=, stop=, query=, passages=)``: ``query``

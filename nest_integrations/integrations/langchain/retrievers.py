@@ -197,5 +197,5 @@ class NestCitationRetriever(BaseRetriever):
         ]
         call = {"max_tokens": self.max_tokens} if self.max_tokens else {}
         result = self.model._nest_generate(prompt, None, call)
-        LOG.debug("NEST answer for %r: %r (%d citations)", query, result.text, len(result.citations))
+        LOG.debug("answer to %r: %r (%d citations)", query, result.text, len(result.citations))
         return citations_to_documents(result)[: k or self.k]

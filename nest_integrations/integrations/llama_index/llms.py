@@ -70,8 +70,8 @@ class NestLLM(CustomLLM):
             msg = llm.chat([ChatMessage(role="user", content="What is a list?")]).message
             [b for b in msg.blocks if b.block_type == "citation"]
 
-    Stream (``delta``s concatenate to the final ``text``; the last item has ``delta=""`` and
-    the citations):
+    Stream (``delta``s concatenate to the final ``text``; a copied delta carries
+    ``additional_kwargs["citation"]``; the last item has ``delta=""`` and all the citations):
         .. code-block:: python
 
             for r in llm.stream_complete("The assert statement"):
@@ -123,6 +123,8 @@ class NestLLM(CustomLLM):
         super().__init__(**kwargs)
         if isinstance(self.config, str):
             self.config = NestConfig.from_preset(self.config)
+        elif isinstance(self.config, dict):  # from to_dict()
+            self.config = NestConfig(**self.config)
         self._engine = engine
 
     @classmethod

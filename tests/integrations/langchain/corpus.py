@@ -98,6 +98,7 @@ def check_annotations(text: str, annotations: list[dict[str, Any]]) -> None:
         extras = a["extras"]
         source = SOURCES[extras["doc_id"]]
         if extras.get("source_start_char") is not None:
-            assert source[extras["source_start_char"] : extras["source_end_char"]] == a["cited_text"]
+            span = source[extras["source_start_char"] : extras["source_end_char"]]
+            assert span == a["cited_text"]
         assert a["cited_text"] in source
         assert extras["passage_id"].startswith(extras["doc_id"])

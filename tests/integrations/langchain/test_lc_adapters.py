@@ -17,6 +17,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 import nest_integrations.integrations.langchain as lc_pkg
 import nest_integrations.langchain as lc_short
 from nest_integrations.engine import NestEngine
+from nest_integrations.retrieval.memory import InMemoryRetriever
 from nest_integrations.integrations.langchain.chat_models import to_chat_messages
 from nest_integrations.langchain import (
     ChatNest,
@@ -31,6 +32,7 @@ from tests.integrations.langchain.corpus import (
     check_annotations,
     documents,
     fake_engine,
+    passages,
 )
 
 EXPECTED_ALL = [
@@ -159,6 +161,9 @@ def test_stream_adds_up_to_invoke(chat: ChatNest) -> None:
     assert full.usage_metadata == msg.usage_metadata
     assert full.response_metadata["citations"] == msg.response_metadata["citations"]
     assert full.response_metadata["model_name"] == "fake-lm"
+    streamed_invoke = ChatNest(engine=chat.engine, streaming=True).invoke(prompt, max_tokens=40)
+    assert streamed_invoke.text == msg.text
+    assert _annotations(streamed_invoke) == _annotations(msg)
 
 
 async def test_async_matches_sync(chat: ChatNest) -> None:
@@ -303,7 +308,8 @@ def test_citations_to_documents(chat: ChatNest) -> None:
     assert docs and all(isinstance(d, Document) for d in docs)
     for d, c in zip(docs, result.citations):
         m = d.metadata
-        assert d.page_content == c.text == result.text[m["answer_start_index"] : m["answer_end_index"]]
+        answer_slice = result.text[m["answer_start_index"] : m["answer_end_index"]]
+        assert d.page_content == c.text == answer_slice
         assert SOURCES[m["doc_id"]][m["char_start"] : m["char_end"]] == d.page_content
         assert m["source"] == f"{m['doc_id']}.md" and m["lang"] == "en" and m["title"]
     from_msg = citations_to_documents(msg)
@@ -317,5 +323,61 @@ def test_citation_retriever(chat: ChatNest) -> None:
     docs = retriever.invoke(PROMPT + " and Green tea is made")
     assert len(docs) == 1 and docs[0].page_content in SOURCES[docs[0].metadata["doc_id"]]
     assert len(retriever.invoke(PROMPT + " and Green tea is made", k=2)) == 2
-    llm_docs = NestCitationRetriever(model=NestLLM(engine=chat.engine, max_tokens=20)).invoke(PROMPT)
+    llm = NestLLM(engine=chat.engine, max_tokens=20)
+    llm_docs = NestCitationRetriever(model=llm).invoke(PROMPT)
     assert llm_docs and llm_docs[0].page_content.startswith(" on the Eddystone")
+
+
+class _CountingLM(FakeLM):
+    """FakeLM that records how many forward calls overlap in time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.active = self.peak = 0
+
+    def forward(self, ids, cache):  # type: ignore[no-untyped-def]
+        import time
+
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        time.sleep(0.002)
+        try:
+            return super().forward(ids, cache)
+        finally:
+            self.active -= 1
+
+
+def test_model_calls_are_serialised() -> None:
+    """Concurrent generations (batch threads) never run two model calls at once, and the
+    caller's engine is left untouched."""
+    lm = _CountingLM()
+    engine = NestEngine(lm, InMemoryRetriever(passages()))
+    chat = ChatNest(engine=engine, max_tokens=12)
+    prompts = [PROMPT, "Green tea is made", "Assert statements are", "hello there"]
+    texts = [m.text for m in chat.batch(prompts, config={"max_concurrency": 4})]
+    assert lm.peak == 1
+    assert texts == [chat.invoke(p).text for p in prompts]
+    assert engine.lm is lm and chat.get_engine() is not engine
+
+
+def test_engine_wiring(monkeypatch, tmp_path, fake_store) -> None:
+    """Parameters pick the parts: LangChain store -> LangChainPassageRetriever; persist_dir ->
+    keys on disk; collection/persist_dir alone -> NEST's Chroma store; nothing -> no corpus."""
+    import nest_integrations.integrations.langchain._engine as engine_mod
+    from nest_integrations.index.memory import InMemoryKeyStore
+    from nest_integrations.index.store import DiskKeyStore
+    from nest_integrations.retrieval.chroma import ChromaPassageStore
+
+    monkeypatch.setattr(engine_mod, "shared_lm", lambda model, device, key_source: FakeLM())
+    plain = ChatNest().get_engine()
+    assert plain.retriever is None and isinstance(plain.key_store, InMemoryKeyStore)
+    over_lc = ChatNest(retriever=fake_store.as_retriever()).get_engine()
+    assert isinstance(over_lc.retriever, LangChainPassageRetriever)
+    assert isinstance(over_lc.key_store, InMemoryKeyStore)
+    kept = ChatNest(retriever=fake_store, persist_dir=str(tmp_path)).get_engine()
+    assert isinstance(kept.key_store, DiskKeyStore)
+    assert kept.key_store.path == tmp_path / "keys"
+    chroma = ChatNest(collection="docs", persist_dir=str(tmp_path / "store")).get_engine()
+    assert isinstance(chroma.retriever, ChromaPassageStore)
+    assert chroma.retriever.collection_name == "docs"
+    assert chroma.key_store.path == tmp_path / "store" / "keys"

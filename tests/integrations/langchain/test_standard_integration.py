@@ -45,7 +45,7 @@ class TestChatNestNoCorpus(ChatModelIntegrationTests):
 
     @property
     def chat_model_params(self) -> dict:
-        return {"max_tokens": 16}
+        return {"max_tokens": 8}
 
     @property
     def supports_model_override(self) -> bool:

@@ -35,7 +35,8 @@ def check_blocks(message: ChatMessage, cites: list[dict]) -> None:
     for b, c in zip(blocks, cites):
         loc = b.additional_location_info
         assert b.cited_content.text == c["cited_text"]
-        assert message.content[loc["response_start_char"] : loc["response_end_char"]] == b.cited_content.text
+        answer = message.content[loc["response_start_char"] : loc["response_end_char"]]
+        assert answer == b.cited_content.text
         doc = DOCS[c["extras"]["doc_id"]]
         assert doc[loc["source_start_char"] : loc["source_end_char"]] == b.cited_content.text
 
@@ -46,7 +47,7 @@ def test_construction_is_cheap_and_config_presets(index, offline_settings):
     offline_settings.llm = llm
     assert llm._engine is None
     assert llm.config == NestConfig.from_preset("lossless")
-    assert llm.to_dict()["max_new_tokens"] == 8
+    assert NestLLM.from_dict(llm.to_dict()).config == llm.config
     assert NestLLM(context_window=2048).metadata.context_window == 2048  # no load needed
 
 
@@ -114,14 +115,12 @@ def test_completion_prompt_modes(tiny_llm):
     raw = tiny_llm.model_copy(update={"completion_as_chat": False})
     assert raw._completion_prompt("hi", formatted=False) == "hi"
     as_chat = tiny_llm.complete("The Roman Empire was").text
-    assert as_chat == tiny_llm.chat([ChatMessage(role="user", content="The Roman Empire was")]).message.content
+    user = [ChatMessage(role="user", content="The Roman Empire was")]
+    assert as_chat == tiny_llm.chat(user).message.content
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: NestEngine.stream emits text later cut by a stop string spanning tokens",
-)
 def test_stream_with_stop_string_concatenates(tiny_llm):
+    """Streamed deltas add up to the final text even when a stop string spans tokens."""
     deltas = [r.delta for r in tiny_llm.stream_complete("Hello there", formatted=True)]
     stop = deltas[1][-2:] + deltas[2][:2]  # spans a token boundary
     items = list(tiny_llm.stream_complete("Hello there", formatted=True, stop=[stop]))
@@ -144,6 +143,24 @@ def test_grounded_completion_copies_the_passage(nest_llm):
 
 
 @pytest.mark.slow
+def test_built_from_parameters(index, tmp_path):
+    """The lazy parameter paths: a Chroma collection in a persist dir, and a LlamaIndex index."""
+    from nest_integrations.retrieval.chroma import ChromaPassageStore
+
+    store = ChromaPassageStore.from_persist_dir(tmp_path, collection="li-docs", with_keys=False)
+    store.ingest(texts=list(DOCS.values()), ids=list(DOCS))
+    for llm in (
+        NestLLM(collection="li-docs", persist_dir=str(tmp_path), config="paper", max_new_tokens=8),
+        NestLLM(retriever=index, max_new_tokens=8),
+    ):
+        assert llm._engine is None
+        r = llm.complete(GROUNDED, formatted=True)
+        assert r.additional_kwargs["citations"], r.text
+        check_citations(r.text, r.additional_kwargs)
+        assert llm.metadata.model_name == "SmolLM2-135M-Instruct"
+
+
+@pytest.mark.slow
 def test_grounded_chat_has_citation_blocks(nest_llm):
     msg = [ChatMessage(role="user", content=GROUNDED)]
     r = nest_llm.chat(msg)
@@ -155,20 +172,20 @@ def test_grounded_chat_has_citation_blocks(nest_llm):
 
 @pytest.mark.slow
 def test_settings_llm_and_as_query_engine(nest_llm, index, offline_settings):
-    """``Settings.llm = NestLLM`` drives index.as_query_engine(); so does llm=..., async too."""
+    """``Settings.llm = NestLLM`` drives index.as_query_engine(); so does llm=..., streaming."""
+    nest_llm = nest_llm.model_copy(update={"max_new_tokens": 8})  # shares the engine
     offline_settings.llm = nest_llm
     response = index.as_query_engine(similarity_top_k=1).query(GROUNDED)
     assert response.response.strip() and response.source_nodes  # the retrieved context
     streaming = index.as_query_engine(llm=nest_llm, similarity_top_k=1, streaming=True)
     assert "".join(streaming.query(GROUNDED).response_gen) == response.response
-    again = asyncio.run(index.as_query_engine(llm=nest_llm, similarity_top_k=1).aquery(GROUNDED))
-    assert again.response == response.response
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["simple", "context"])
 def test_chat_engines(nest_llm, index, mode):
     """index.as_chat_engine(chat_mode=...) chats over two turns and streams."""
+    nest_llm = nest_llm.model_copy(update={"max_new_tokens": 8})
     chat = index.as_chat_engine(chat_mode=mode, llm=nest_llm, similarity_top_k=1)
     first = chat.chat(GROUNDED)
     assert first.response.strip()

@@ -1,0 +1,65 @@
+"""`nest ask`: answer a question with NEST over an ingested collection, with its sources."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from nest_integrations.config import PRESETS, NestConfig
+
+
+def add_ask_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "ask",
+        help="answer a question with NEST; copied spans are cited",
+        description=(
+            "Retrieve passages for QUESTION from a collection filled by `nest ingest`, decode "
+            "with NEST (kNN-LM mixture + copied spans), and print the answer with numbered "
+            "markers and the sources of every copied span."
+        ),
+    )
+    p.add_argument("question", help="the question (sent to the model as a chat user message)")
+    p.add_argument("--collection", default="nest", help="Chroma collection (default: nest)")
+    p.add_argument("--persist-dir", default=None, help="store folder (default: $NEST_HOME/store)")
+    p.add_argument("--chroma-url", default=None, help="a Chroma server, e.g. http://localhost:8000")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="generation budget (default 128)")
+    p.add_argument("--ra", action="store_true", help="RA-NEST: also put the top passages in the prompt")
+    p.add_argument(
+        "--preset", default="paper", choices=sorted(PRESETS), help="NestConfig preset (default paper)"
+    )
+    p.add_argument("--gamma", type=float, default=None, help="relaxation gamma (overrides the preset)")
+    p.add_argument("--passages", type=int, default=None, help="passages retrieved (b; default 40)")
+    p.add_argument("--model", default=None, help="a Hugging Face model id or folder (default: embedded SmolLM2)")
+    p.add_argument("--json", action="store_true", help="print the whole NestResult as JSON")
+    return p
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    from nest_integrations.engine import NestEngine
+    from nest_integrations.formatting import render
+
+    overrides: dict[str, object] = {}
+    if args.gamma is not None:
+        overrides["relaxation"] = args.gamma
+    if args.passages is not None:
+        overrides["n_passages"] = args.passages
+    if args.ra:
+        overrides["ra_passages"] = max(3, NestConfig.from_preset(args.preset).ra_passages)
+    config = NestConfig.from_preset(args.preset, **overrides)
+    engine = NestEngine.from_defaults(
+        collection=args.collection,
+        persist_dir=args.persist_dir,
+        chroma_url=args.chroma_url,
+        config=config,
+        model=args.model,
+    )
+    result = engine.generate(
+        [{"role": "user", "content": args.question}], max_new_tokens=args.max_new_tokens
+    )
+    if args.json:
+        json.dump(result.to_dict(), sys.stdout, indent=2, ensure_ascii=False)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render(result) + "\n")
+    return 0

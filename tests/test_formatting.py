@@ -1,0 +1,30 @@
+"""Rendering of answers with numbered markers and sources (what `nest ask` prints)."""
+
+from __future__ import annotations
+
+from nest_integrations.formatting import number_sources, render, with_markers
+from nest_integrations.types import Citation, NestResult, NestStats, Passage
+
+
+def _cite(pid: str, start: int, end: int, text: str) -> Citation:
+    return Citation(text, start, end, pid, f"doc-{pid}", 0, len(text), 10, 10 + len(text), 2,
+                    {"title": f"Title {pid}"})
+
+
+def test_markers_number_passages_not_spans():
+    text = "Rome was big. It had emperors. Plants photosynthesise."
+    cites = [_cite("a", 0, 13, "Rome was big."), _cite("b", 31, 54, "Plants photosynthesise."),
+             _cite("a", 14, 30, "It had emperors.")]
+    cites.sort(key=lambda c: c.start)
+    res = NestResult(text, [1] * 10, cites, NestStats(new_tokens=10), [Passage("a", "x"), Passage("b", "y")])
+    assert number_sources(cites) == {"a": 1, "b": 2}
+    assert with_markers(res) == "Rome was big.[1] It had emperors.[1] Plants photosynthesise.[2]"
+    out = render(res)
+    assert "[1] Title a" in out and "[2] Title b" in out
+    assert 'chars 10-23 of the source, 2 tokens: "Rome was big."' in out
+
+
+def test_render_without_citations_says_so():
+    res = NestResult("hello", [1], [], NestStats(new_tokens=1))
+    assert "Sources: none" in render(res)
+    assert with_markers(res) == "hello"
