@@ -9,15 +9,16 @@ import sys
 from nest_integrations.config import PRESETS, NestConfig
 
 
-def add_ask_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "ask",
-        help="answer a question with NEST; copied spans are cited",
-        description=(
-            "Retrieve passages for QUESTION from a collection filled by `nest ingest`, decode "
-            "with NEST (kNN-LM mixture + copied spans), and print the answer with numbered "
-            "markers and the sources of every copied span."
-        ),
+#: One-line help of the subcommand (shown by `nest --help`).
+ASK_HELP = "answer a question with NEST; every copied span is cited"
+
+
+def add_ask_args(p: argparse.ArgumentParser) -> None:
+    """Arguments of `nest ask` (the parser itself comes from the CLI registry)."""
+    p.description = (
+        "Retrieve passages for QUESTION from a collection filled by `nest ingest`, decode "
+        "with NEST (kNN-LM mixture + copied spans), and print the answer with numbered "
+        "markers and the sources of every copied span."
     )
     p.add_argument("question", help="the question (sent to the model as a chat user message)")
     p.add_argument("--collection", default="nest", help="Chroma collection (default: nest)")
@@ -32,7 +33,6 @@ def add_ask_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -
     p.add_argument("--passages", type=int, default=None, help="passages retrieved (b; default 40)")
     p.add_argument("--model", default=None, help="a Hugging Face model id or folder (default: embedded SmolLM2)")
     p.add_argument("--json", action="store_true", help="print the whole NestResult as JSON")
-    return p
 
 
 def cmd_ask(args: argparse.Namespace) -> int:

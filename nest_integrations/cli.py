@@ -24,6 +24,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from nest_integrations.ask import ASK_HELP, add_ask_args, cmd_ask
+
 LOG = logging.getLogger("nest_integrations.cli")
 
 DEFAULT_COLLECTION = "nest"
@@ -246,6 +248,7 @@ COMMANDS: dict[str, Command] = {
         "load, split, embed and store documents (and their token keys)",
     ),
     "info": (_info_args, _cmd_info, "show collections, passages, tokens and key-store size"),
+    "ask": (add_ask_args, cmd_ask, ASK_HELP),
 }
 
 

@@ -1,4 +1,5 @@
-"""Behavioural tests of the Hugging Face LM adapter (lm/hf.py) and the embedded model (lm/default.py).
+"""Behavioural tests of the Hugging Face LM adapter (lm/hf.py) and the embedded model
+(lm/default.py).
 
 Most tests use ``tiny_lm`` (a 2-layer random Llama with the real SmolLM2 tokenizer, loaded through
 ``from_pretrained``); tests marked ``slow`` load the real SmolLM2-135M-Instruct.
@@ -152,7 +153,10 @@ def test_hidden_state_key_sources(tiny_lm, key_source, index):
 def test_key_sources_differ(tiny_lm):
     """The three named key sources are three different vectors."""
     ids = tiny_lm.tokenize(TEXT)
-    keys = {ks: _uncached(_with_key_source(tiny_lm, ks), ids)[1] for ks in ("ffn_input", "block_input", "final_norm")}
+    keys = {
+        ks: _uncached(_with_key_source(tiny_lm, ks), ids)[1]
+        for ks in ("ffn_input", "block_input", "final_norm")
+    }
     assert not torch.allclose(keys["ffn_input"], keys["block_input"])
     assert not torch.allclose(keys["ffn_input"], keys["final_norm"])
     assert not torch.allclose(keys["block_input"], keys["final_norm"])
@@ -187,7 +191,7 @@ def test_unknown_architecture_ffn_input_raises(tiny_lm):
 
 def test_encode_passages_batched_equals_unbatched_equals_forward(tiny_lm):
     """Batched (padded, sorted) passage keys equal unbatched keys and a plain forward."""
-    texts = [TEXT, "Short.", "x", "A somewhat longer passage, with commas, numbers 12345 and naïve café."]
+    texts = [TEXT, "Short.", "x", "A longer passage, with commas, numbers 12345 and naïve café."]
     passages = [tiny_lm.tokenize(t) for t in texts] + [[]]
     batched = tiny_lm.encode_passages(passages, batch_size=3)
     single = [tiny_lm.encode_passages([p])[0] for p in passages]
@@ -262,14 +266,17 @@ def test_chat_prompt_without_template(tiny_lm):
     tok = AutoTokenizer.from_pretrained(tiny_lm.tokenizer.name_or_path)
     tok.chat_template = None
     lm = HFLanguageModel(tiny_lm.model, tok, name="no-template")
-    ids = lm.chat_prompt([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    ids = lm.chat_prompt(messages)
     assert tok.decode(ids) == "Be brief.\n\nHi"
 
 
 # --------------------------------------------------------------------------- fingerprint
 
 
-def test_fingerprint_stable_across_loads_and_differs_for_other_model(tiny_lm, tiny_lm_path, tmp_path):
+def test_fingerprint_stable_across_loads_and_differs_for_other_model(
+    tiny_lm, tiny_lm_path, tmp_path
+):
     """Same checkpoint -> same fingerprint (reload, bf16); another model -> a different one."""
     from tests._tiny import save_tiny_llama
 
@@ -341,7 +348,10 @@ def test_default_model_path_converts_once_under_concurrency(monkeypatch, tmp_pat
     stale = tmp_path / "models" / default.DEFAULT_MODEL_NAME
     stale.mkdir(parents=True)  # an interrupted conversion: no marker
     results: list = []
-    threads = [threading.Thread(target=lambda: results.append(default.default_model_path())) for _ in range(3)]
+    threads = [
+        threading.Thread(target=lambda: results.append(default.default_model_path()))
+        for _ in range(3)
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -44,6 +44,8 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--passages", type=int, metavar="B", help="passages per query (paper: 40)")
     p.add_argument("--preset", help="NestConfig preset of the NEST system (default: paper)")
     p.add_argument("--gamma", type=float, help="NEST's relaxation gamma (default: the preset's)")
+    p.add_argument("--knn-temperature", type=float, metavar="MU",
+                   help="mu of p_kNN for the memory systems (default: 1/sqrt(d))")
     p.add_argument("--gammas", metavar="LIST",
                    help="gamma sweep values, comma-separated, or 'none' to skip the sweep")
     p.add_argument("--n-gamma", type=int, metavar="N",
@@ -96,7 +98,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
     out = settings.with_overrides(
         n_completion=n, n_qa=n, reference_tokens=args.reference_tokens,
         qa_max_new_tokens=args.qa_max_new_tokens, jsonl_max_new_tokens=args.qa_max_new_tokens,
-        n_passages=args.passages, preset=args.preset, gamma=args.gamma, systems=systems,
+        n_passages=args.passages, preset=args.preset, gamma=args.gamma, knn_temperature=args.knn_temperature, systems=systems,
         gammas=gammas, n_gamma=args.n_gamma, retriever=args.retriever,
     )  # fmt: skip
     out.nest_config()  # validate the preset and gamma now

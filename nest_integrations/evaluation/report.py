@@ -66,13 +66,16 @@ def markdown(run: EvalRun) -> str:
     names = {s.key: s.name for s in run.systems}
     st = run.settings
     prov = run.provenance
+    cfg = st.nest_config()
     lines = [
         f"# NEST evaluation: `{st.name}` configuration",
         "",
         f"Model: {prov.get('model', '?')}; corpus: {prov.get('corpus', {}).get('description', '?')}; "
         f"retriever: {st.retriever}, b = {st.n_passages} passages per query; NEST preset "
-        f"`{st.preset}` (gamma = {_nest_gamma(run)}); "
-        f"greedy decoding.",
+        f"`{st.preset}` (gamma = {_nest_gamma(run)}, alpha = {cfg.rrc_offset:g}, tau = "
+        f"{cfg.rrc_scale:g}, r = {cfg.n_neighbors}, mu = "
+        f"{'1/sqrt(d)' if cfg.knn_temperature is None else f'{cfg.knn_temperature:g}'}); "
+        f"RA-NEST gamma = {_gamma_of(run, 'ra-nest')}; greedy decoding.",
         "",
         "Numbers are **not comparable with the paper's** (different corpus, a 135M model). "
         "Systems share the corpus, prompts, retrieved passages and model.",
@@ -144,10 +147,14 @@ def markdown(run: EvalRun) -> str:
 
 
 def _nest_gamma(run: EvalRun) -> str:
-    for s in run.systems:
-        if s.key == "nest":
-            return f"{s.config.relaxation:g}"
     return f"{run.settings.nest_config().relaxation:g}"
+
+
+def _gamma_of(run: EvalRun, key: str) -> str:
+    for s in run.systems:
+        if s.key == key:
+            return f"{s.config.relaxation:g}"
+    return "-"
 
 
 def _breakdown(run: EvalRun, table: dict, names: dict) -> list[str]:

@@ -45,12 +45,14 @@ def wiki_setup(
     leads, prov = load_wiki_leads(wheel)
     all_leads = list(leads.values())
     train = [lead for lead in all_leads if split_of(lead.title) == "train"]
+    test = [lead for lead in all_leads if split_of(lead.title) == "test"]
     passages = lead_passages(train, progress=progress)
-    kw = dict(prefix_tokens=settings.prefix_tokens, reference_tokens=settings.reference_tokens)
+    kw = {"prefix_tokens": settings.prefix_tokens, "reference_tokens": settings.reference_tokens}
+    split = "sha1(title) % 100 split: {}".format
     tasks = [
-        completion_task(lm, all_leads, split="train", n=settings.n_completion, **kw),
-        completion_task(lm, all_leads, split="test", n=settings.n_completion, **kw),
-        qa_task(all_leads, n=settings.n_qa, max_new_tokens=settings.qa_max_new_tokens),
+        completion_task(lm, train, in_corpus=True, n=settings.n_completion, pool=split("train"), **kw),
+        completion_task(lm, test, in_corpus=False, n=settings.n_completion, pool=split("test"), **kw),
+        qa_task(train, n=settings.n_qa, max_new_tokens=settings.qa_max_new_tokens, pool=split("train")),
     ]
     tasks = [t for t in tasks if t.examples]
     prov = {

@@ -2,13 +2,13 @@
 
 Tasks (every filter is recorded in the task's ``filters`` and in the benchmark output, E7):
 
-- ``completion-in``: text completion, in-corpus. A train-split lead (in the datastore) is cut
+- ``completion-in``: text completion, in-corpus. A lead in the datastore (train split) is cut
   after ``prefix_tokens`` tokens; the prompt is that prefix (raw text, no chat template), the
   reference is the next ``reference_tokens`` tokens of the lead. The retrieval query is the
   prefix (paper: the prefix). Gold document: the lead itself.
-- ``completion-out``: the same on test-split leads, which the title-hash split keeps out of the
-  datastore (held-out; no gold document).
-- ``qa``: "What is {title}?" as a chat message, for train-split non-People leads with a
+- ``completion-out``: the same on leads kept out of the datastore (the title-hash test split;
+  held-out, no gold document).
+- ``qa``: "What is {title}?" as a chat message, for non-People leads in the datastore with a
   description; gold answers are the description and the description without parenthesised
   parts; gold document: the lead.
 - ``jsonl``: one ``{"prompt", "reference"?, "answers"?, "gold_doc_id"?, "id"?, "format"?,
@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from nest_integrations.evaluation.corpora import WikiLead, sha1_key, split_of
+from nest_integrations.evaluation.corpora import WikiLead, sha1_key
 
 
 @dataclass(frozen=True)
@@ -114,16 +114,19 @@ def completion_task(
     lm: Any,
     leads: Sequence[WikiLead],
     *,
-    split: str,
+    in_corpus: bool,
     n: int,
     prefix_tokens: int,
     reference_tokens: int,
+    pool: str = "",
 ) -> Task:
-    """Text completion on ``split`` leads (``"train"``: in-corpus, ``"test"``: held-out)."""
-    name = "completion-in" if split == "train" else "completion-out"
-    pool = sorted((lead for lead in leads if split_of(lead.title) == split), key=lambda l: sha1_key(l.title))
+    """Text completion on ``leads``: ``in_corpus`` says whether they are in the datastore
+    (then a citation of the lead itself is the correct one). ``pool`` describes where the
+    leads come from (for the report's filter list)."""
+    name = "completion-in" if in_corpus else "completion-out"
+    ordered = sorted(leads, key=lambda lead: sha1_key(lead.title))
     examples = []
-    for lead in pool:
+    for lead in ordered:
         if len(examples) >= n:
             break
         cut = cut_lead(lm, lead.extract, prefix_tokens, reference_tokens)
@@ -135,10 +138,10 @@ def completion_task(
                 id=lead.title,
                 prompt=prefix,
                 reference=reference,
-                gold_doc_id=lead.title if split == "train" else None,
+                gold_doc_id=lead.title if in_corpus else None,
             )
         )
-    where = "in the datastore (train split)" if split == "train" else "held out (test split)"
+    where = "in the datastore" if in_corpus else "held out of the datastore"
     return Task(
         name=name,
         examples=examples,
@@ -148,7 +151,7 @@ def completion_task(
             f"next <= {reference_tokens} tokens"
         ),
         filters=[
-            f"leads of the {split} split (sha1(title) % 100), in sha1(title) order",
+            f"{pool or 'given'} leads in sha1(title) order",
             f"leads with at least {prefix_tokens} + {max(8, reference_tokens // 4)} tokens",
         ],
     )
@@ -169,25 +172,22 @@ def gold_answers(description: str) -> tuple[str, ...]:
     return tuple(a for a in answers if a)
 
 
-def qa_task(leads: Sequence[WikiLead], *, n: int, max_new_tokens: int) -> Task:
-    """"What is X?" over train-split, non-People leads with a description."""
-    pool = sorted(
-        (
-            lead for lead in leads
-            if split_of(lead.title) == "train" and lead.description.strip() and lead.topic != "People"
-        ),
-        key=lambda l: sha1_key(l.title),
-    )  # fmt: skip
+def qa_task(leads: Sequence[WikiLead], *, n: int, max_new_tokens: int, pool: str = "") -> Task:
+    """"What is X?" over ``leads`` (in the datastore) that have a description and are not
+    People (biographies ask "Who was X?")."""
+    ordered = sorted(
+        (lead for lead in leads if lead.description.strip() and lead.topic != "People"),
+        key=lambda lead: sha1_key(lead.title),
+    )
     examples = [
         Example(
             id=lead.title,
             prompt=f"What is {lead.title}?",
             chat=True,
-            reference=lead.description,
             answers=gold_answers(lead.description),
             gold_doc_id=lead.title,
         )
-        for lead in pool[:n]
+        for lead in ordered[:n]
     ]
     return Task(
         name="qa",
@@ -195,7 +195,8 @@ def qa_task(leads: Sequence[WikiLead], *, n: int, max_new_tokens: int) -> Task:
         max_new_tokens=max_new_tokens,
         description='"What is X?" (chat) scored against the lead\'s one-line description',
         filters=[
-            "train-split leads (in the datastore) with a non-empty description, topic != People",
+            f"{pool or 'given'} leads (in the datastore) with a description, topic != People, "
+            "in sha1(title) order",
             "gold answers: the description, and the description without parentheses",
         ],
     )

