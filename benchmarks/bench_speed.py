@@ -69,17 +69,28 @@ def build_prompts(lm: Any, passages: list, n: int, prefix_tokens: int) -> list[d
     for p in passages:  # the first passage of each document
         if p.metadata.get("chunk_index", 0) == 0 and p.doc_id not in first:
             first[p.doc_id] = p
-    wiki = sorted((p for p in first.values() if p.metadata.get("title") and
-                   str(p.metadata.get("source", "")).endswith(".jsonl")), key=lambda p: sha1(p.doc_id))  # fmt: skip
-    pydoc = sorted((p for p in first.values() if str(p.metadata.get("source", "")).endswith(".txt")),
-                   key=lambda p: sha1(p.doc_id))  # fmt: skip
+    wiki = sorted(
+        (
+            p
+            for p in first.values()
+            if p.metadata.get("title") and str(p.metadata.get("source", "")).endswith(".jsonl")
+        ),
+        key=lambda p: sha1(p.doc_id),
+    )
+    pydoc = sorted(
+        (p for p in first.values() if str(p.metadata.get("source", "")).endswith(".txt")),
+        key=lambda p: sha1(p.doc_id),
+    )
     people = [p for p in wiki if p.metadata.get("topic") == "People"]
     others = [p for p in wiki if p.metadata.get("topic") != "People"]
     n_bio = max(1, n // 4)
     n_pydoc = max(1, n // 4)
     n_wiki = max(1, n - n_bio - n_pydoc)
     prompts = []
-    for kind, pool, count in (("wiki-completion", others, n_wiki), ("pydoc-completion", pydoc, n_pydoc)):
+    for kind, pool, count in (
+        ("wiki-completion", others, n_wiki),
+        ("pydoc-completion", pydoc, n_pydoc),
+    ):
         for p in pool:
             if sum(q["kind"] == kind for q in prompts) >= count:
                 break
@@ -88,8 +99,14 @@ def build_prompts(lm: Any, passages: list, n: int, prefix_tokens: int) -> list[d
                 prompts.append({"kind": kind, "id": p.doc_id, "prompt": cut[0], "chat": False})
     for p in people[:n_bio]:
         title = p.metadata["title"]
-        prompts.append({"kind": "biography", "id": p.doc_id, "chat": True,
-                        "prompt": f"Write a short biography of {title}."})  # fmt: skip
+        prompts.append(
+            {
+                "kind": "biography",
+                "id": p.doc_id,
+                "chat": True,
+                "prompt": f"Write a short biography of {title}.",
+            }
+        )
     return prompts
 
 
@@ -101,32 +118,46 @@ def hf_generate(lm: Any, ids: list[int], max_new: int, lookup: bool) -> tuple[li
 
     input_ids = torch.tensor([ids], dtype=torch.long, device=lm.device)
     kwargs: dict[str, Any] = dict(
-        max_new_tokens=max_new, do_sample=False, temperature=None, top_p=None, top_k=None,
-        eos_token_id=sorted(lm.eos_token_ids), pad_token_id=sorted(lm.eos_token_ids)[0],
+        max_new_tokens=max_new,
+        do_sample=False,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        eos_token_id=sorted(lm.eos_token_ids),
+        pad_token_id=sorted(lm.eos_token_ids)[0],
         attention_mask=torch.ones_like(input_ids),
-    )  # fmt: skip
+    )
     if lookup:
         kwargs.update(prompt_lookup_num_tokens=10, max_matching_ngram_size=2)
     t0 = time.perf_counter()
     with torch.inference_mode():
         out = lm.model.generate(input_ids, **kwargs)
     seconds = time.perf_counter() - t0
-    return cut_at_eos(out[0, len(ids):].tolist(), lm.eos_token_ids), seconds
+    return cut_at_eos(out[0, len(ids) :].tolist(), lm.eos_token_ids), seconds
 
 
-def run_method(method: str, engine: Any, retriever: Any, prompt: dict, max_new: int, cfg: Any) -> dict[str, Any]:
+def run_method(
+    method: str, engine: Any, retriever: Any, prompt: dict, max_new: int, cfg: Any
+) -> dict[str, Any]:
     lm = engine.lm
     p = [{"role": "user", "content": prompt["prompt"]}] if prompt["chat"] else prompt["prompt"]
     if method == "nest":
         r = engine.generate(p, max_new_tokens=max_new, config=cfg)
         st = r.stats
         return {
-            "tokens": st.new_tokens, "seconds": st.time_total, "text": r.text,
-            "attributed": st.attributed_tokens, "verify_steps": st.verify_steps,
-            "accepted": st.accepted_tokens, "drafted": st.drafted_tokens,
-            "forwards": st.forward_passes, "time_retrieval": st.time_retrieval,
-            "time_keys": st.time_keys, "time_knn": st.time_knn, "time_lm": st.time_lm,
-        }  # fmt: skip
+            "tokens": st.new_tokens,
+            "seconds": st.time_total,
+            "text": r.text,
+            "attributed": st.attributed_tokens,
+            "verify_steps": st.verify_steps,
+            "accepted": st.accepted_tokens,
+            "drafted": st.drafted_tokens,
+            "forwards": st.forward_passes,
+            "time_retrieval": st.time_retrieval,
+            "time_keys": st.time_keys,
+            "time_knn": st.time_knn,
+            "time_lm": st.time_lm,
+        }
     t0 = time.perf_counter()
     ra = []
     if method == "lookup+passages":
@@ -134,8 +165,12 @@ def run_method(method: str, engine: Any, retriever: Any, prompt: dict, max_new: 
     ids = engine._prompt_ids(p, ra)
     prep = time.perf_counter() - t0
     out, seconds = hf_generate(lm, ids, max_new, lookup=method != "greedy")
-    return {"tokens": len(out), "seconds": seconds + prep, "text": lm.detokenize(out),
-            "prompt_tokens": len(ids)}  # fmt: skip
+    return {
+        "tokens": len(out),
+        "seconds": seconds + prep,
+        "text": lm.detokenize(out),
+        "prompt_tokens": len(ids),
+    }
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -152,9 +187,15 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for m in ("nest", "lookup+passages", "lookup"):
         out[f"{m}_vs_greedy_pooled"] = out[f"{m}_tokens_per_s"] / g if g else None
         logs = [
-            math.log((r[m]["tokens"] / r[m]["seconds"]) / (r["greedy"]["tokens"] / r["greedy"]["seconds"]))
+            math.log(
+                (r[m]["tokens"] / r[m]["seconds"])
+                / (r["greedy"]["tokens"] / r["greedy"]["seconds"])
+            )
             for r in rows
-            if r[m]["tokens"] and r["greedy"]["tokens"] and r[m]["seconds"] and r["greedy"]["seconds"]
+            if r[m]["tokens"]
+            and r["greedy"]["tokens"]
+            and r[m]["seconds"]
+            and r["greedy"]["seconds"]
         ]
         out[f"{m}_vs_greedy_geomean"] = math.exp(sum(logs) / len(logs)) if logs else None
     nest = [r["nest"] for r in rows]
@@ -172,7 +213,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         nest_share_lm=sum(n["time_lm"] for n in nest) / total if total else None,
     )
     out["nest_share_retrieval_keys_knn"] = (
-        out["nest_share_retrieval"] + out["nest_share_keys"] + out["nest_share_knn"] if total else None
+        out["nest_share_retrieval"] + out["nest_share_keys"] + out["nest_share_knn"]
+        if total
+        else None
     )
     return out
 
@@ -181,52 +224,102 @@ def fmt(x: Any, d: int = 1) -> str:
     return "-" if x is None else f"{x:.{d}f}" if isinstance(x, float) else str(x)
 
 
+def pct(x: float | None) -> str:
+    return fmt(None if x is None else 100.0 * x)
+
+
+def row(*cells: Any) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
 def markdown(result: dict[str, Any]) -> str:
     s = result["summary"]
     m = result["machine"]
     lines = [
         "# Decoding speed: NEST vs HF greedy vs HF prompt lookup",
         "",
-        f"Corpus: {result['corpus']} ({result['passages']} passages), BM25 top-{result['n_passages']}; "
-        f"model `{result['model']}` on {result['device']}; {s['prompts']} corpus-grounded prompts "
-        f"x {result['max_new_tokens']} new tokens max; greedy, batch 1; methods interleaved per "
-        f"prompt in rotating order. {m['torch_threads']} torch threads on {m['cpus']} CPUs, "
-        f"load average {m['loadavg_start']} at start and {m['loadavg_end']} at end "
-        "(**the CPU was shared with other jobs: absolute tokens/s are low and noisy; compare the "
-        "side-by-side ratios**).",
+        f"Corpus: {result['corpus']} ({result['passages']} passages), "
+        f"BM25 top-{result['n_passages']}; model `{result['model']}` on {result['device']}; "
+        f"{s['prompts']} corpus-grounded prompts x {result['max_new_tokens']} new tokens max; "
+        "greedy, batch 1; methods interleaved per prompt in rotating order. "
+        f"{m['torch_threads']} torch threads on {m['cpus']} CPUs, load average "
+        f"{m['loadavg_start']} at start and {m['loadavg_end']} at end (**the CPU was shared "
+        "with other jobs: absolute tokens/s are low and noisy; compare the side-by-side "
+        "ratios**).",
         "",
-        "| Method | tokens/s (pooled) | vs greedy (pooled) | vs greedy (geo-mean per prompt) | tokens |",
+        row(
+            "Method",
+            "tokens/s (pooled)",
+            "vs greedy (pooled)",
+            "vs greedy (geo-mean/prompt)",
+            "tokens",
+        ),
         "|---|---|---|---|---|",
     ]
     for meth in METHODS:
         ratio = "1.00" if meth == "greedy" else fmt(s.get(f"{meth}_vs_greedy_pooled"), 2)
         geo = "1.00" if meth == "greedy" else fmt(s.get(f"{meth}_vs_greedy_geomean"), 2)
-        lines.append(f"| {LABELS[meth]} | {fmt(s[f'{meth}_tokens_per_s'], 2)} | {ratio} | {geo} | {s[f'{meth}_tokens']} |")
-    lines += ["", "Per prompt kind (tokens/s; NEST/greedy pooled ratio; NEST attribution %):", "",
-              "| Kind | prompts | NEST | greedy | lookup+passages | lookup | NEST/greedy | Attr% | acc/verify |",
-              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for kind, k in result["by_kind"].items():
-        lines.append(
-            f"| {kind} | {k['prompts']} | {fmt(k['nest_tokens_per_s'], 2)} | {fmt(k['greedy_tokens_per_s'], 2)} | "
-            f"{fmt(k['lookup+passages_tokens_per_s'], 2)} | {fmt(k['lookup_tokens_per_s'], 2)} | "
-            f"{fmt(k['nest_vs_greedy_pooled'], 2)} | "
-            f"{fmt(100 * k['nest_attribution_ratio'] if k['nest_attribution_ratio'] is not None else None)} | "
-            f"{fmt(k['nest_accepted_per_verify'], 2)} |"
-        )
-    share = s["nest_share_retrieval_keys_knn"]
+        tps = fmt(s[f"{meth}_tokens_per_s"], 2)
+        lines.append(row(LABELS[meth], tps, ratio, geo, s[f"{meth}_tokens"]))
     lines += [
         "",
-        "| NEST measure | value | target |",
+        "Per prompt kind (tokens/s; NEST/greedy pooled ratio; NEST attribution %):",
+        "",
+        row(
+            "Kind",
+            "prompts",
+            "NEST",
+            "greedy",
+            "lookup+passages",
+            "lookup",
+            "NEST/greedy",
+            "Attr%",
+            "acc/verify",
+        ),
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for kind, k in result["by_kind"].items():
+        lines.append(
+            row(
+                kind,
+                k["prompts"],
+                fmt(k["nest_tokens_per_s"], 2),
+                fmt(k["greedy_tokens_per_s"], 2),
+                fmt(k["lookup+passages_tokens_per_s"], 2),
+                fmt(k["lookup_tokens_per_s"], 2),
+                fmt(k["nest_vs_greedy_pooled"], 2),
+                pct(k["nest_attribution_ratio"]),
+                fmt(k["nest_accepted_per_verify"], 2),
+            )
+        )
+    parts = (
+        f"retrieval {pct(s['nest_share_retrieval'])}%, keys {pct(s['nest_share_keys'])}%, "
+        f"kNN + mixture {pct(s['nest_share_knn'])}%"
+    )
+    lines += [
+        "",
+        row("NEST measure", "value", "target"),
         "|---|---|---|",
-        f"| tokens/s vs HF greedy (pooled) | {fmt(s['nest_vs_greedy_pooled'], 2)}x | >= 2x (aim 3x) |",
-        f"| attribution ratio | {fmt(100 * s['nest_attribution_ratio'] if s['nest_attribution_ratio'] is not None else None)}% | >= 50% |",
-        f"| retrieval + key loading + kNN share of time | {fmt(100 * share if share is not None else None)}% "
-        f"(retrieval {fmt(100 * s['nest_share_retrieval'])}%, keys {fmt(100 * s['nest_share_keys'])}%, "
-        f"kNN + mixture {fmt(100 * s['nest_share_knn'])}%) | <= 10% |",
-        f"| LM forward share of time | {fmt(100 * s['nest_share_lm'])}% | |",
-        f"| mean tokens accepted per verify step | {fmt(s['nest_accepted_per_verify'], 2)} | |",
-        f"| mean proposed draft length | {fmt(s['nest_drafted_per_verify'], 1)} | |",
-        f"| LM forward passes per generated token | {fmt(s['nest_forwards_per_token'], 3)} | |",
+        row(
+            "tokens/s vs HF greedy (pooled)",
+            f"{fmt(s['nest_vs_greedy_pooled'], 2)}x",
+            ">= 2x (aim 3x)",
+        ),
+        row(
+            "tokens/s vs HF greedy (geo-mean per prompt)",
+            f"{fmt(s['nest_vs_greedy_geomean'], 2)}x",
+            "",
+        ),
+        row("attribution ratio", f"{pct(s['nest_attribution_ratio'])}%", ">= 50%"),
+        row(
+            "retrieval + key loading + kNN share of time",
+            f"{pct(s['nest_share_retrieval_keys_knn'])}% ({parts})",
+            "<= 10%",
+        ),
+        row("LM forward share of time", f"{pct(s['nest_share_lm'])}%", ""),
+        row("mean tokens accepted per verify step", fmt(s["nest_accepted_per_verify"], 2), ""),
+        row("mean proposed draft length", fmt(s["nest_drafted_per_verify"], 1), ""),
+        row("LM forward passes per generated token", fmt(s["nest_forwards_per_token"], 3), ""),
         "",
         "NEST's time includes stage-1 retrieval and loading the passages' stored keys; prompt "
         "lookup with passages includes retrieval too. NEST is not lossless (relaxed acceptance), "
@@ -257,8 +350,11 @@ def main() -> int:
     from nest_integrations.evaluation.retrieval import BM25Retriever
     from nest_integrations.index.store import DiskKeyStore, ensure_keys
     from nest_integrations.ingest import (
-        default_token_counter, load_documents, sample_corpus_inputs, split_documents,
-    )  # fmt: skip
+        default_token_counter,
+        load_documents,
+        sample_corpus_inputs,
+        split_documents,
+    )
     from nest_integrations.lm.hf import HFLanguageModel
     from nest_integrations.paths import nest_home
 
@@ -284,7 +380,7 @@ def main() -> int:
     bar = tqdm(total=len(prompts) * len(METHODS), desc="speed", unit="gen", disable=args.quiet)
     for i, q in enumerate(prompts):
         row: dict[str, Any] = {"kind": q["kind"], "id": q["id"], "prompt": q["prompt"]}
-        order = METHODS[i % len(METHODS):] + METHODS[: i % len(METHODS)]  # rotate the order
+        order = METHODS[i % len(METHODS) :] + METHODS[: i % len(METHODS)]  # rotate the order
         for m in order:
             bar.set_postfix_str(m, refresh=False)
             row[m] = run_method(m, engine, retriever, q, args.max_new_tokens, cfg)

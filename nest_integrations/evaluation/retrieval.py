@@ -65,7 +65,9 @@ class CachedEmbedder:
         return self.embedder.embed_query(text)
 
 
-def build_retriever(passages: Sequence[Passage], kind: str = "hybrid", cache_dir: str | Path | None = None) -> Any:
+def build_retriever(
+    passages: Sequence[Passage], kind: str = "hybrid", cache_dir: str | Path | None = None
+) -> Any:
     """A retriever over ``passages``: ``"bm25"``, ``"dense"`` (MiniLM cosine) or ``"hybrid"``
     (dense + BM25 with the paper's sharpness-weighted fusion, 200 candidates per list)."""
     if kind not in RETRIEVERS:

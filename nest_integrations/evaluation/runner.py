@@ -22,7 +22,6 @@ import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from nest_integrations.config import NestConfig
@@ -84,19 +83,31 @@ class EvalSettings:
 
 
 #: ``small`` is sized for about 15-20 minutes on 2 idle CPU cores, cold caches included (about
-#: 24 examples x 5 systems + a 30-run gamma sweep; BM25 so that no corpus embedding is needed).
+#: 18 examples x 5 systems + a 30-run gamma sweep; BM25 so that no corpus embedding is needed).
 #: ``full`` is the documented larger run: 600 examples, the paper's hybrid retrieval and QA
 #: budget (128 tokens); several hours on CPU, so run it with ``--device cuda`` where possible.
 SETTINGS: dict[str, EvalSettings] = {
     "small": EvalSettings(
-        name="small", n_completion=8, n_qa=8, reference_tokens=48, qa_max_new_tokens=48,
-        retriever="bm25", gammas=(5e-1, 5e-2, 5e-3, 5e-4, 5e-5), n_gamma=3,
+        name="small",
+        n_completion=6,
+        n_qa=6,
+        reference_tokens=48,
+        qa_max_new_tokens=48,
+        retriever="bm25",
+        gammas=(5e-1, 5e-2, 5e-3, 5e-4, 5e-5),
+        n_gamma=3,
     ),
     "full": EvalSettings(
-        name="full", n_completion=200, n_qa=200, reference_tokens=128, qa_max_new_tokens=128,
-        retriever="hybrid", gammas=(5e-1, 1e-1, 5e-2, 1e-2, 5e-3, 5e-4, 5e-5, 1e-5), n_gamma=50,
+        name="full",
+        n_completion=200,
+        n_qa=200,
+        reference_tokens=128,
+        qa_max_new_tokens=128,
+        retriever="hybrid",
+        gammas=(5e-1, 1e-1, 5e-2, 1e-2, 5e-3, 5e-4, 5e-5, 1e-5),
+        n_gamma=50,
     ),
-}  # fmt: skip
+}
 
 
 @dataclass
@@ -171,7 +182,9 @@ def aggregate(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for k in metrics.ROUGE_TYPES:
         out[k] = pct([r[f"{k}_f"] for r in recs if f"{k}_f" in r])
     out["alr"] = pct([r["alr"] for r in recs if "alr" in r])
-    out["answer_token_recall"] = pct([r["answer_token_recall"] for r in recs if "answer_token_recall" in r])
+    out["answer_token_recall"] = pct(
+        [r["answer_token_recall"] for r in recs if "answer_token_recall" in r]
+    )
     out["avg_len"] = metrics.mean([r["new_tokens"] for r in recs])
     new = tot("new_tokens")
     ar = metrics.ratio(tot("attributed_tokens"), new)
@@ -209,7 +222,9 @@ def retrieve_all(
     todo = [(t, ex) for t in tasks for ex in t.examples]
     for task, ex in tqdm(todo, desc="retrieving", unit="query", disable=not progress):
         t0 = time.perf_counter()
-        out[(task.name, ex.id)] = list(retriever.retrieve(ex.retrieval_query, k)) if retriever else []
+        out[(task.name, ex.id)] = (
+            list(retriever.retrieve(ex.retrieval_query, k)) if retriever else []
+        )
         times.append(time.perf_counter() - t0)
     hits = [
         any(p.doc_id == ex.gold_doc_id for p in out[(t.name, ex.id)])
@@ -264,7 +279,9 @@ def run_eval(
             ps = passages[(task.name, ex.id)]
             for system in systems:  # interleaved per example
                 bar.set_postfix_str(f"{task.name} {system.key}", refresh=False)
-                rec = run_example(engine, ex, system, ps, max_new_tokens=task.budget(ex), scorer=scorer)
+                rec = run_example(
+                    engine, ex, system, ps, max_new_tokens=task.budget(ex), scorer=scorer
+                )
                 rec["task"] = task.name
                 recs.append(rec)
                 if on_record:
@@ -276,9 +293,14 @@ def run_eval(
             nest = make_systems(cfg.replace(relaxation=g), ("nest",))[0]
             bar.set_postfix_str(f"gamma {g:g}", refresh=False)
             rec = run_example(
-                engine, ex, nest, ps, max_new_tokens=task.budget(ex), scorer=scorer,
+                engine,
+                ex,
+                nest,
+                ps,
+                max_new_tokens=task.budget(ex),
+                scorer=scorer,
                 score_perplexity=False,
-            )  # fmt: skip
+            )
             rec.update(task=task.name, gamma=g)
             run.gamma_records.append(rec)
             if on_record:
@@ -298,7 +320,10 @@ def _warm_up(engine: Any, tasks: Sequence[Task], passages: dict, cfg: NestConfig
     for task in tasks:
         for ex in task.examples[:1]:
             engine.generate(
-                ex.engine_prompt(), max_new_tokens=4, config=cfg, passages=passages[(task.name, ex.id)]
+                ex.engine_prompt(),
+                max_new_tokens=4,
+                config=cfg,
+                passages=passages[(task.name, ex.id)],
             )
             return
 
@@ -327,4 +352,12 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
-__all__ = ["SETTINGS", "EvalRun", "EvalSettings", "aggregate", "machine_info", "retrieve_all", "run_eval"]
+__all__ = [
+    "SETTINGS",
+    "EvalRun",
+    "EvalSettings",
+    "aggregate",
+    "machine_info",
+    "retrieve_all",
+    "run_eval",
+]

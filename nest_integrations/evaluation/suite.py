@@ -50,9 +50,15 @@ def wiki_setup(
     kw = {"prefix_tokens": settings.prefix_tokens, "reference_tokens": settings.reference_tokens}
     split = "sha1(title) % 100 split: {}".format
     tasks = [
-        completion_task(lm, train, in_corpus=True, n=settings.n_completion, pool=split("train"), **kw),
-        completion_task(lm, test, in_corpus=False, n=settings.n_completion, pool=split("test"), **kw),
-        qa_task(train, n=settings.n_qa, max_new_tokens=settings.qa_max_new_tokens, pool=split("train")),
+        completion_task(
+            lm, train, in_corpus=True, n=settings.n_completion, pool=split("train"), **kw
+        ),
+        completion_task(
+            lm, test, in_corpus=False, n=settings.n_completion, pool=split("test"), **kw
+        ),
+        qa_task(
+            train, n=settings.n_qa, max_new_tokens=settings.qa_max_new_tokens, pool=split("train")
+        ),
     ]
     tasks = [t for t in tasks if t.examples]
     prov = {
@@ -121,7 +127,9 @@ def evaluate(
     if lm is None:
         from nest_integrations.lm.hf import HFLanguageModel
 
-        lm = HFLanguageModel.from_default(device=device, key_source=settings.nest_config().key_source)
+        lm = HFLanguageModel.from_default(
+            device=device, key_source=settings.nest_config().key_source
+        )
     if tasks_file is not None:
         if not corpus:
             raise ValueError("a JSONL task file needs a corpus (folder or files) as the datastore")
@@ -133,7 +141,9 @@ def evaluate(
     retriever = build_retriever(passages, settings.retriever, eval_home() / "embeddings")
     LOG.info("building the %s retriever over %d passages", settings.retriever, len(passages))
     retriever.retrieve(tasks[0].examples[0].retrieval_query, 1)  # builds lazy indexes untimed
-    store = DiskKeyStore.open(Path(key_dir) if key_dir else eval_home() / "keys", lm, allow_new_namespace=True)
+    store = DiskKeyStore.open(
+        Path(key_dir) if key_dir else eval_home() / "keys", lm, allow_new_namespace=True
+    )
     engine = NestEngine(lm, None, store, settings.nest_config())
     try:
         run = run_eval(engine, tasks, settings, retriever, progress=progress)

@@ -1,13 +1,13 @@
 """The compared systems (same model, corpus, prompts and retrieved passages) and how one
 example is generated and scored with each.
 
-| key       | name         | prompt                | p_M                                  | spans |
-|-----------|--------------|-----------------------|--------------------------------------|-------|
-| base      | Base LM      | the prompt            | p_LM (empty memory)                  | no    |
-| ra        | +RA          | top-3 passages + prompt | p_LM (lambda fixed at 1)           | no    |
-| knn-lm    | +kNN-LM      | the prompt            | 0.7 p_LM + 0.3 p_kNN (two-stage)     | no    |
-| nest      | +NEST        | the prompt            | RRC mixture                          | yes   |
-| ra-nest   | +RA-NEST     | top-3 passages + prompt | RRC mixture                        | yes (gamma 5e-1) |
+| key     | name     | prompt                  | p_M                              | spans      |
+|---------|----------|-------------------------|----------------------------------|------------|
+| base    | Base LM  | the prompt              | p_LM (empty memory)              | no         |
+| ra      | +RA      | top-3 passages + prompt | p_LM (lambda fixed at 1)         | no         |
+| knn-lm  | +kNN-LM  | the prompt              | 0.7 p_LM + 0.3 p_kNN (two-stage) | no         |
+| nest    | +NEST    | the prompt              | RRC mixture                      | yes        |
+| ra-nest | +RA-NEST | top-3 passages + prompt | RRC mixture                      | gamma 5e-1 |
 
 Every system decodes greedily through ``NestEngine`` so stopping (EOS, stop strings), timing
 and the prompt templates are identical. The base and RA systems never cite (``cite_token_mode``
@@ -105,7 +105,9 @@ def make_systems(
 # ----------------------------------------------------------------------------- prompts
 
 
-def prompt_ids(engine: Any, example: Example, system: System, passages: Sequence[Passage]) -> list[int]:
+def prompt_ids(
+    engine: Any, example: Example, system: System, passages: Sequence[Passage]
+) -> list[int]:
     """The prompt token ids ``engine.generate`` uses for this system (same template code)."""
     ra = passages[: system.config.ra_passages] if system.ra else []
     return engine._prompt_ids(example.engine_prompt(), list(ra))
@@ -116,7 +118,11 @@ def prompt_ids(engine: Any, example: Example, system: System, passages: Sequence
 
 @torch.inference_mode()
 def reference_logprobs(
-    engine: Any, example: Example, system: System, passages: Sequence[Passage], ref_ids: Sequence[int]
+    engine: Any,
+    example: Example,
+    system: System,
+    passages: Sequence[Passage],
+    ref_ids: Sequence[int],
 ) -> torch.Tensor:
     """log p(reference token) under the system's distribution, teacher-forced: ``(R,)`` fp64.
 
@@ -182,7 +188,9 @@ def run_example(
     st = result.stats
     sources = result.token_sources
     runs = metrics.span_lengths(sources)
-    correct, total = metrics.citation_hits([c.doc_id for c in result.citations], example.gold_doc_id)
+    correct, total = metrics.citation_hits(
+        [c.doc_id for c in result.citations], example.gold_doc_id
+    )
     rec: dict[str, Any] = {
         "example": example.id,
         "system": system.key,

@@ -89,7 +89,9 @@ class Task:
 # ----------------------------------------------------------------------------- completion
 
 
-def cut_lead(lm: Any, text: str, prefix_tokens: int, reference_tokens: int) -> tuple[str, str] | None:
+def cut_lead(
+    lm: Any, text: str, prefix_tokens: int, reference_tokens: int
+) -> tuple[str, str] | None:
     """Split ``text`` after ``prefix_tokens`` LM tokens: ``(prefix, reference)``, the reference
     being at most ``reference_tokens`` tokens. Cuts fall on token boundaries (the reference
     keeps its leading space). None when the text is too short for a reference of at least
@@ -104,7 +106,7 @@ def cut_lead(lm: Any, text: str, prefix_tokens: int, reference_tokens: int) -> t
     prefix, reference = text[:cut], text[cut:end]
     # The prompt must not end in whitespace (the next token carries its own leading space).
     stripped = prefix.rstrip()
-    reference = prefix[len(stripped):] + reference
+    reference = prefix[len(stripped) :] + reference
     if not stripped or not reference.strip():
         return None
     return stripped, reference
@@ -173,7 +175,7 @@ def gold_answers(description: str) -> tuple[str, ...]:
 
 
 def qa_task(leads: Sequence[WikiLead], *, n: int, max_new_tokens: int, pool: str = "") -> Task:
-    """"What is X?" over ``leads`` (in the datastore) that have a description and are not
+    """ "What is X?" over ``leads`` (in the datastore) that have a description and are not
     People (biographies ask "Who was X?")."""
     ordered = sorted(
         (lead for lead in leads if lead.description.strip() and lead.topic != "People"),
@@ -206,7 +208,11 @@ def qa_task(leads: Sequence[WikiLead], *, n: int, max_new_tokens: int, pool: str
 
 
 def load_jsonl_task(
-    path: str | os.PathLike[str], *, max_new_tokens: int, default_format: str = "chat", name: str = "jsonl"
+    path: str | os.PathLike[str],
+    *,
+    max_new_tokens: int,
+    default_format: str = "chat",
+    name: str = "jsonl",
 ) -> Task:
     """A task from a JSONL file (see the module docstring). Every line must parse; a line
     without a ``prompt`` is an error (no example is silently skipped, E2)."""
@@ -221,7 +227,11 @@ def load_jsonl_task(
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{i}: not JSON ({exc.msg})") from exc
-            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"].strip():
+            if (
+                not isinstance(obj, dict)
+                or not isinstance(obj.get("prompt"), str)
+                or not obj["prompt"].strip()
+            ):
                 raise ValueError(f'{path}:{i}: each line needs a non-empty "prompt" string')
             answers = obj.get("answers") or ()
             if isinstance(answers, str):
@@ -253,4 +263,12 @@ def load_jsonl_task(
     )
 
 
-__all__ = ["Example", "Task", "completion_task", "cut_lead", "gold_answers", "load_jsonl_task", "qa_task"]
+__all__ = [
+    "Example",
+    "Task",
+    "completion_task",
+    "cut_lead",
+    "gold_answers",
+    "load_jsonl_task",
+    "qa_task",
+]
