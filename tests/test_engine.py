@@ -96,12 +96,12 @@ def test_no_span_copying_equals_greedy_pm_and_strict_equals_it(default_lm):
     passages = [_passage(PASSAGE_TEXT), _passage(UNRELATED_TEXT, "bio")]
     engine = NestEngine(default_lm)
     cfg = NestConfig(span_copying=False)
-    res = engine.generate(QUESTION, max_new_tokens=16, config=cfg, passages=passages)
+    res = engine.generate(QUESTION, max_new_tokens=32, config=cfg, passages=passages)
     memory = engine.build_memory(passages)
-    ref = _greedy_pm(default_lm, default_lm.chat_prompt(QUESTION), memory, cfg, 16)
+    ref = _greedy_pm(default_lm, default_lm.chat_prompt(QUESTION), memory, cfg, 32)
     assert res.token_ids == ref
     strict = engine.generate(
-        QUESTION, max_new_tokens=16, config=NestConfig(strict_acceptance=True), passages=passages
+        QUESTION, max_new_tokens=32, config=NestConfig(strict_acceptance=True), passages=passages
     )
     assert strict.token_ids == ref
 
@@ -163,10 +163,10 @@ def test_cached_equals_uncached(default_lm, gamma):
     passages = [_passage(PASSAGE_TEXT, "rome"), _passage(UNRELATED_TEXT, "bio")]
     cfg = NestConfig(relaxation=gamma, rrc_offset=0.6)
     cached = NestEngine(default_lm, config=cfg).generate(
-        PASSAGE_TEXT[:40], max_new_tokens=40, passages=passages
+        PASSAGE_TEXT[:40], max_new_tokens=48, passages=passages
     )
     uncached = NestEngine(UncachedLM(default_lm), config=cfg).generate(
-        PASSAGE_TEXT[:40], max_new_tokens=40, passages=passages
+        PASSAGE_TEXT[:40], max_new_tokens=48, passages=passages
     )
     assert cached.token_ids == uncached.token_ids
     assert cached.stats.verify_steps > 0

@@ -48,7 +48,8 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
         "--n-examples",
         type=int,
         metavar="N",
-        help="examples per task (overrides the configuration)",
+        help="examples per Wikipedia task (overrides the configuration; a JSONL task runs "
+        "every line)",
     )
     p.add_argument(
         "--reference-tokens",
@@ -99,6 +100,11 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--device", help="torch device for the LM (default: cpu)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument(
+        "--rerender",
+        action="store_true",
+        help="only rebuild the report and plots from eval_<config>.json/_examples.jsonl in --out",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true", help="print the results JSON on stdout")
 
@@ -158,6 +164,13 @@ def run_eval(args: argparse.Namespace) -> int:
     """Run ``nest eval``; returns the exit status."""
     from nest_integrations.evaluation.suite import evaluate
 
+    if args.rerender:
+        from nest_integrations.evaluation.report import load_run, markdown, write_outputs
+
+        run = load_run(args.out, args.config)
+        paths = write_outputs(run, args.out, plots=not args.no_plots)
+        sys.stdout.write(markdown(run) + "\nWrote:\n" + "".join(f"  {p}\n" for p in paths))
+        return 0
     if bool(args.corpus) != bool(args.tasks):
         raise ValueError("--corpus and --tasks go together (your datastore and your task file)")
     settings = settings_from_args(args)

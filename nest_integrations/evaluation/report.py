@@ -175,13 +175,30 @@ def _gamma_of(run: EvalRun, key: str) -> str:
     return "-"
 
 
+def speedup_vs_base(run: EvalRun, key: str) -> float | None:
+    """Geometric mean over examples of tokens/s(system) / tokens/s(base), paired per example
+    (systems run back to back per example, so the ratio is robust to slow phases of a shared
+    machine where pooled tokens/s are not)."""
+    logs = []
+    for t in run.tasks:
+        by = {(r["example"], r["system"]): r for r in run.records.get(t.name, [])}
+        for (ex, sk), r in by.items():
+            b = by.get((ex, "base"))
+            if sk != key or b is None:
+                continue
+            if r["new_tokens"] and b["new_tokens"] and r["time_total"] > 0 and b["time_total"] > 0:
+                ratio = (r["new_tokens"] / r["time_total"]) / (b["new_tokens"] / b["time_total"])
+                logs.append(math.log(ratio))
+    return math.exp(sum(logs) / len(logs)) if logs else None
+
+
 def _breakdown(run: EvalRun, table: dict, names: dict) -> list[str]:
     lines = [
         "## Speed details (all tasks pooled)",
         "",
-        "| System | tok/s | forwards/token | proposed span | acc/verify "
-        "| kNN + key-load time % | mean lambda |",
-        "|---|---|---|---|---|---|---|",
+        "| System | tok/s | median tok/s | vs Base (geo-mean, paired) | forwards/token "
+        "| proposed span | acc/verify | kNN + key-load time % | mean lambda |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     from nest_integrations.evaluation.runner import aggregate
 
@@ -189,12 +206,16 @@ def _breakdown(run: EvalRun, table: dict, names: dict) -> list[str]:
         recs = [r for t in run.tasks for r in run.records.get(t.name, []) if r["system"] == s.key]
         a = aggregate(recs)
         lines.append(
-            f"| {names[s.key]} | {fmt(a['tokens_per_s'])} | {fmt(a['forwards_per_token'], 2)} | "
+            f"| {names[s.key]} | {fmt(a['tokens_per_s'])} | {fmt(a['tokens_per_s_median'])} | "
+            f"{fmt(speedup_vs_base(run, s.key), 2)} | {fmt(a['forwards_per_token'], 2)} | "
             f"{fmt(a['drafted_per_verify'])} | {fmt(a['accepted_per_verify'], 2)} | "
             f"{fmt(a['knn_time_share'])} | {fmt(a['mean_lambda'], 2)} |"
         )
     r = run.retrieval
     lines += [
+        "",
+        "tok/s pools tokens and seconds; the median is over examples. forwards/token (LM "
+        "forward passes per generated token) does not depend on machine load.",
         "",
         f"Stage 1: {fmt(r.get('mean_ms_per_query'))} ms per query ({r.get('queries')} queries); "
         f"gold document in the top {r.get('k')}: {fmt(r.get('gold_doc_recall_at_k'))}% of the "
@@ -265,6 +286,39 @@ def write_outputs(run: EvalRun, out_dir: str | Path, plots: bool = True) -> list
     return paths
 
 
+def load_run(out_dir: str | Path, name: str) -> EvalRun:
+    """Rebuild an ``EvalRun`` from ``eval_<name>.json`` and ``eval_<name>_examples.jsonl`` (to
+    re-render the report and plots without generating again)."""
+    from nest_integrations.evaluation.runner import EvalSettings
+    from nest_integrations.evaluation.systems import make_systems
+    from nest_integrations.evaluation.tasks import Example, Task
+
+    out = Path(out_dir)
+    data = json.loads((out / f"eval_{name}.json").read_text(encoding="utf-8"))
+    st = dict(data["settings"])
+    for k in ("systems", "gammas"):
+        st[k] = tuple(st[k])
+    settings = EvalSettings(**st)
+    records: dict[str, list[dict[str, Any]]] = {}
+    gamma: list[dict[str, Any]] = []
+    with open(out / f"eval_{name}_examples.jsonl", encoding="utf-8") as f:
+        for line in f:
+            r = json.loads(line)
+            if r["task"].startswith("gamma-sweep/"):
+                gamma.append({**r, "task": r["task"].split("/", 1)[1]})
+            else:
+                records.setdefault(r["task"], []).append(r)
+    tasks = []
+    for t in data["tasks"]:
+        ids = list(dict.fromkeys(r["example"] for r in records.get(t["name"], [])))
+        examples = [Example(id=i, prompt="") for i in ids]
+        tasks.append(Task(t["name"], examples, t["max_new_tokens"], t["description"], t["filters"]))
+    run = EvalRun(settings, tasks, make_systems(settings.nest_config(), settings.systems))
+    run.records, run.gamma_records = records, gamma
+    run.retrieval, run.provenance = data["retrieval"], data["provenance"]
+    return run
+
+
 def _json_default(o: Any) -> Any:
     if isinstance(o, float) and math.isnan(o):
         return None
@@ -327,11 +381,11 @@ def plot_speed(run: EvalRun, path: str | Path) -> Path:
     width = 0.8 / max(1, len(tasks))
     for i, t in enumerate(tasks):
         xs = [j + i * width for j in range(len(systems))]
-        ys = [table[t.name][s.key]["tokens_per_s"] or 0.0 for s in systems]
+        ys = [table[t.name][s.key]["tokens_per_s_median"] or 0.0 for s in systems]
         ax1.bar(xs, ys, width, label=TASK_TITLES.get(t.name, t.name))
     ax1.set_xticks([j + 0.4 - width / 2 for j in range(len(systems))])
     ax1.set_xticklabels([s.name for s in systems], fontsize=8)
-    ax1.set_ylabel("generated tokens / s")
+    ax1.set_ylabel("generated tokens / s (median over examples)")
     ax1.set_title("Decoding speed (same machine, interleaved)")
     ax1.legend(fontsize=7)
     parts = [("time_lm", "LM forward"), ("time_knn", "kNN + mixture"), ("time_keys", "key load")]
@@ -361,4 +415,4 @@ def plot_speed(run: EvalRun, path: str | Path) -> Path:
     return Path(path)
 
 
-__all__ = ["markdown", "plot_gamma", "plot_speed", "write_outputs"]
+__all__ = ["load_run", "markdown", "plot_gamma", "plot_speed", "speedup_vs_base", "write_outputs"]

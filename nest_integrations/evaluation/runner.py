@@ -82,10 +82,12 @@ class EvalSettings:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
-#: ``small`` is sized for about 15-20 minutes on 2 idle CPU cores, cold caches included (about
-#: 18 examples x 5 systems + a 30-run gamma sweep; BM25 so that no corpus embedding is needed).
-#: ``full`` is the documented larger run: 600 examples, the paper's hybrid retrieval and QA
-#: budget (128 tokens); several hours on CPU, so run it with ``--device cuda`` where possible.
+#: ``small``: 18 examples x 5 systems + a 30-run gamma sweep, BM25 so that no corpus embedding
+#: is needed; about 17 minutes on 2 idle CPU cores with cold caches (estimated: it took 40 min
+#: on a shared machine where a 1-token step was 2.3x slower than idle).
+#: ``full``: 600 examples, the paper's hybrid retrieval and QA budget (128 tokens), a 100 x 8
+#: gamma sweep; about 15 hours on 2 CPU cores (estimate), so prefer ``--device cuda``.
+#: See README.md in this package.
 SETTINGS: dict[str, EvalSettings] = {
     "small": EvalSettings(
         name="small",
@@ -193,6 +195,10 @@ def aggregate(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     cp = metrics.ratio(tot("citations_correct"), tot("citations_total"))
     out["citation_precision"] = None if cp is None else 100.0 * cp
     out["tokens_per_s"] = metrics.ratio(new, tot("time_total"))
+    per = sorted(r["new_tokens"] / r["time_total"] for r in recs if r.get("time_total", 0) > 0)
+    out["tokens_per_s_median"] = (
+        (per[(len(per) - 1) // 2] + per[len(per) // 2]) / 2 if per else None
+    )
     out["accepted_per_verify"] = metrics.ratio(tot("accepted_tokens"), tot("verify_steps"))
     out["drafted_per_verify"] = metrics.ratio(tot("drafted_tokens"), tot("verify_steps"))
     out["forwards_per_token"] = metrics.ratio(tot("forward_passes"), new)
