@@ -162,7 +162,7 @@ def run_method(
     ra = []
     if method == "lookup+passages":
         ra = retriever.retrieve(prompt["prompt"], cfg.n_passages)[:3]
-    ids = engine._prompt_ids(p, ra)
+    ids = engine.prompt_ids(p, ra)
     prep = time.perf_counter() - t0
     out, seconds = hf_generate(lm, ids, max_new, lookup=method != "greedy")
     return {

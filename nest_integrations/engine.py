@@ -258,7 +258,7 @@ class NestEngine:
         stats.n_passages = len(passages)
         stats.n_keys = len(memory) if memory is not None else 0
 
-        prompt_ids = self._prompt_ids(prompt, passages[: cfg.ra_passages])
+        prompt_ids = self.prompt_ids(prompt, passages[: cfg.ra_passages])
         max_new = self._check_length(len(prompt_ids), max_new_tokens)
         stats.prompt_tokens = len(prompt_ids)
         gen = None
@@ -457,7 +457,10 @@ class NestEngine:
         )
 
     # ----------------------------------------------------------------- prompts
-    def _prompt_ids(self, prompt: Prompt, ra: Sequence[Passage]) -> list[int]:
+    def prompt_ids(self, prompt: Prompt, ra: Sequence[Passage] = ()) -> list[int]:
+        """The token ids the engine decodes from: a string prompt as raw text, chat messages
+        through the chat template, with the ``ra`` passages in the prompt (RA-NEST) if any.
+        Scoring code (perplexity) uses it to condition on exactly the generation prompt."""
         context = "\n\n".join(p.text for p in ra)
         if isinstance(prompt, str):
             text = RA_TEXT_TEMPLATE.format(context=context, prompt=prompt) if ra else prompt

@@ -110,7 +110,7 @@ def prompt_ids(
 ) -> list[int]:
     """The prompt token ids ``engine.generate`` uses for this system (same template code)."""
     ra = passages[: system.config.ra_passages] if system.ra else []
-    return engine._prompt_ids(example.engine_prompt(), list(ra))
+    return engine.prompt_ids(example.engine_prompt(), list(ra))
 
 
 # ----------------------------------------------------------------------------- perplexity
