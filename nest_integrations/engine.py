@@ -27,7 +27,7 @@ import torch
 
 from nest_integrations.config import NestConfig
 from nest_integrations.core.citations import Source, build_citations
-from nest_integrations.core.memory import TokenMemory
+from nest_integrations.core.token_memory import TokenMemory
 from nest_integrations.core.mixture import StepDistribution, nest_distribution
 from nest_integrations.core.proposers import span_draft, span_start, use_span
 from nest_integrations.core.sampling import choose_token
@@ -124,7 +124,7 @@ class NestEngine:
                 f"computes keys from {lm.key_source!r}: build the model with the same key_source"
             )
         if key_store is None:
-            from nest_integrations.index.memory import InMemoryKeyStore
+            from nest_integrations.index.in_memory_store import InMemoryKeyStore
 
             key_store = InMemoryKeyStore()
         self.lm = lm

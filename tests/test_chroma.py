@@ -21,7 +21,7 @@ from nest_integrations.retrieval.chroma import (
     parse_chroma_url,
 )
 from nest_integrations.retrieval.hybrid import HybridRetriever, fuse, sharpness
-from nest_integrations.retrieval.memory import InMemoryRetriever
+from nest_integrations.retrieval.in_memory import InMemoryRetriever
 from nest_integrations.types import Passage
 from tests.fakes import FakeLM
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nest_integrations.core.citations import build_citations, source_runs
-from nest_integrations.core.memory import Hits, TokenMemory
+from nest_integrations.core.token_memory import Hits, TokenMemory
 from nest_integrations.core.mixture import (
     knn_distribution,
     mixture,

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from nest_integrations.config import NestConfig
-from nest_integrations.core.memory import TokenMemory
+from nest_integrations.core.token_memory import TokenMemory
 from nest_integrations.core.mixture import nest_distribution
 from nest_integrations.engine import NestEngine
 from nest_integrations.lm.uncached import UncachedLM

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nest_integrations.core.memory import Hits, TokenMemory
+from nest_integrations.core.token_memory import Hits, TokenMemory
 
 
 def knn_distribution(hits: Hits, values: torch.Tensor, vocab_size: int, mu: float) -> torch.Tensor:

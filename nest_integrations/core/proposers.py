@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nest_integrations.core.memory import Hits, TokenMemory
+from nest_integrations.core.token_memory import Hits, TokenMemory
 
 
 def use_span(lam: float, span_threshold: float) -> bool:

@@ -75,7 +75,7 @@ def build_retriever(
     if kind == "bm25":
         return BM25Retriever(passages)
     from nest_integrations.embeddings import MiniLMEmbedder
-    from nest_integrations.retrieval.memory import InMemoryRetriever
+    from nest_integrations.retrieval.in_memory import InMemoryRetriever
 
     if cache_dir is None:
         from nest_integrations.paths import nest_home

@@ -72,7 +72,7 @@ def fake_engine(**config: Any) -> Any:
     """A ``NestEngine`` over ``FakeLM`` (whitespace tokens, instant) and the corpus."""
     from nest_integrations.config import NestConfig
     from nest_integrations.engine import NestEngine
-    from nest_integrations.retrieval.memory import InMemoryRetriever
+    from nest_integrations.retrieval.in_memory import InMemoryRetriever
     from tests.fakes import FakeLM
 
     return NestEngine(FakeLM(), InMemoryRetriever(passages()), config=NestConfig(**config))

@@ -17,7 +17,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 import nest_integrations.integrations.langchain as lc_pkg
 import nest_integrations.langchain as lc_short
 from nest_integrations.engine import NestEngine
-from nest_integrations.retrieval.memory import InMemoryRetriever
+from nest_integrations.retrieval.in_memory import InMemoryRetriever
 from nest_integrations.integrations.langchain.chat_models import to_chat_messages
 from nest_integrations.langchain import (
     ChatNest,
@@ -360,7 +360,7 @@ def test_engine_wiring(monkeypatch, tmp_path, fake_store) -> None:
     """Parameters pick the parts: LangChain store -> LangChainPassageRetriever; persist_dir ->
     keys on disk; collection/persist_dir alone -> NEST's Chroma store; nothing -> no corpus."""
     import nest_integrations.integrations.langchain._engine as engine_mod
-    from nest_integrations.index.memory import InMemoryKeyStore
+    from nest_integrations.index.in_memory_store import InMemoryKeyStore
     from nest_integrations.index.store import DiskKeyStore
     from nest_integrations.retrieval.chroma import ChromaPassageStore
 
