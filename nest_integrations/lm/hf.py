@@ -409,6 +409,25 @@ class HFLanguageModel:
             f"device={str(self.device)!r})"
         )
 
+    # ----------------------------------------------------------------------------- token trees
+
+    def forward_tree(
+        self, ids: Sequence[int], parents: Sequence[int], cache: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run a token tree (``parents[i] < i``, -1 = child of the current position) after the
+        cached positions in one pass: node i sees the cache, its ancestors and itself, at
+        position ``cache_length + depth(i)``. Returns fp32 ``(T, V)`` logits and ``(T, d)``
+        keys; appends all T nodes to ``cache`` (see ``lm.tree``)."""
+        from nest_integrations.lm.tree import forward_tree
+
+        return forward_tree(self, ids, parents, cache)
+
+    def select_cache(self, cache: Any, start: int, keep: Sequence[int]) -> None:
+        """Keep cache positions ``[0, start)`` then ``start + keep[j]`` in order; drop the rest."""
+        from nest_integrations.lm.tree import select_cache
+
+        select_cache(cache, start, keep)
+
 
 # --------------------------------------------------------------------------------- helpers
 
