@@ -1,19 +1,10 @@
-"""NestEngine: retrieve passages, load their token keys, then decode with NEST.
+"""NestEngine: retrieve passages, load their token keys, then decode with a drafting method.
 
-One generation is: stage 1 (passages) -> stage 2 (token memory from stored keys) -> a loop of
-``distribution -> propose -> verify -> commit``:
-
-- distribution: p_M = lambda * p_LM + (1 - lambda) * p_kNN at the current position (Eqs. 2-4);
-- propose: a continuation of the last fully accepted span, else a span from the nearest
-  neighbour carrying the chosen token when lambda <= delta (Eqs. 5-6), else one token;
-- verify: ONE forward pass over the draft, p_M at every draft position, relaxed acceptance
-  (Eq. 7), or exact-match acceptance with ``strict_acceptance``;
-- commit: accepted tokens (cited, their keys masked), then on a rejection the argmax of p_M at
-  the rejected position; the KV cache is cropped to exactly the committed tokens.
-
-KV-cache invariant: either the cache holds every committed token and ``cur`` holds the model
-output for the next position, or the cache holds all but the last committed token
-(``pending``), which the next step feeds.
+One generation is: stage 1 (passages) -> stage 2 (token memory from stored keys, for NEST-family
+methods) -> the one verify-and-commit loop (``loop.py``) driving the method's drafter
+(``drafters/``): NEST span copying by default, or a lossless method (``greedy``,
+``prompt-lookup``, ...) chosen with ``decoding=``. Prompt templates live in ``prompts.py``, output
+text and streaming in ``text_stream.py``; this module wires them together and builds results.
 """
 
 from __future__ import annotations
@@ -26,49 +17,20 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from nest_integrations.config import NestConfig
-from nest_integrations.core.citations import Source, build_citations
+from nest_integrations.core.citations import build_citations, last_citation
 from nest_integrations.core.token_memory import TokenMemory
-from nest_integrations.core.mixture import StepDistribution, nest_distribution
-from nest_integrations.core.proposers import span_draft, span_start, use_span
-from nest_integrations.core.sampling import choose_token
-from nest_integrations.core.verification import (
-    relaxed_accept_count,
-    sampled_accept_count,
-    strict_accept_count,
+from nest_integrations.drafters import DrafterContext, get_method
+from nest_integrations.loop import DecodeLoop
+from nest_integrations.prompts import (  # noqa: F401  (re-exported for older imports)
+    RA_CHAT_TEMPLATE,
+    RA_TEXT_TEMPLATE,
+    Prompt,
+    prompt_ids,
+    query_of,
 )
 from nest_integrations.types import NestResult, NestStats, Passage, StreamChunk
 
 LOG = logging.getLogger(__name__)
-
-Prompt = str | Sequence[dict[str, str]]
-
-RA_CHAT_TEMPLATE = (
-    "Answer the question with the background context as reference.\n"
-    "Background:\n{context}\n\nQuestion: {question}"
-)
-RA_TEXT_TEMPLATE = "Background:\n{context}\n\n{prompt}"
-
-
-@dataclass
-class _Run:
-    """Mutable state of one generation (kept out of the engine so engines are reentrant)."""
-
-    config: NestConfig
-    memory: TokenMemory | None
-    passages: list[Passage]
-    max_new_tokens: int
-    stop: list[str]
-    stats: NestStats
-    generator: torch.Generator | None
-    out_ids: list[int] = field(default_factory=list)
-    sources: list[Source] = field(default_factory=list)
-    token_ends: list[int] = field(default_factory=list)
-    text: str = ""
-    emitted: int = 0  # chars of text already streamed
-    done: bool = False
-    lam_sum: float = 0.0
-    lam_n: int = 0
-
 
 class NestEngine:
     """Nearest Neighbor Speculative Decoding over a passage retriever and a key store.
@@ -116,6 +78,9 @@ class NestEngine:
         retriever: Any = None,
         key_store: Any = None,
         config: NestConfig | None = None,
+        *,
+        decoding: str = "nest",
+        drafter_options: dict[str, Any] | None = None,
     ):
         self.config = config if config is not None else NestConfig()
         if str(self.config.key_source) != str(lm.key_source):
@@ -123,6 +88,7 @@ class NestEngine:
                 f"NestConfig.key_source={self.config.key_source!r} but the language model "
                 f"computes keys from {lm.key_source!r}: build the model with the same key_source"
             )
+        get_method(decoding)  # fail early on an unknown method
         if key_store is None:
             from nest_integrations.index.in_memory_store import InMemoryKeyStore
 
@@ -130,6 +96,8 @@ class NestEngine:
         self.lm = lm
         self.retriever = retriever
         self.key_store = key_store
+        self.decoding = decoding
+        self.drafter_options = dict(drafter_options or {})
 
     @classmethod
     def from_defaults(
@@ -197,12 +165,15 @@ class NestEngine:
         config: NestConfig | None = None,
         passages: Sequence[Passage] | None = None,
         query: str | None = None,
+        decoding: str | None = None,
+        drafter_options: dict[str, Any] | None = None,
     ) -> NestResult:
         """Generate for a string prompt (completion) or chat messages (``[{"role","content"}]``).
 
         ``passages`` skips stage-1 retrieval; ``query`` overrides the retrieval query (default:
         the prompt, or the last user message). ``config`` overrides the engine's config for
-        this call.
+        this call, ``decoding`` the engine's decoding method (see ``drafters.METHODS``) and
+        ``drafter_options`` its drafter's options.
         """
         result = None
         for chunk in self.stream(
@@ -212,6 +183,8 @@ class NestEngine:
             config=config,
             passages=passages,
             query=query,
+            decoding=decoding,
+            drafter_options=drafter_options,
         ):
             result = chunk.result or result
         assert result is not None
@@ -226,6 +199,8 @@ class NestEngine:
         config: NestConfig | None = None,
         passages: Sequence[Passage] | None = None,
         query: str | None = None,
+        decoding: str | None = None,
+        drafter_options: dict[str, Any] | None = None,
     ) -> Iterator[StreamChunk]:
         """Like ``generate`` but yields text deltas with their citation; the last chunk has
         empty text and carries the ``NestResult``."""
@@ -239,10 +214,11 @@ class NestEngine:
             max_new_tokens < 1
         ):
             raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: use an integer >= 1")
+        method = get_method(decoding or self.decoding)
         stop_list = [s for s in (stop or []) if s]
         t_start = time.perf_counter()
         stats = NestStats()
-        question = _query_of(prompt)
+        question = query_of(prompt)
         if not question.strip():
             raise ValueError("the prompt is empty: pass a non-empty string or user message")
 
@@ -253,225 +229,79 @@ class NestEngine:
         stats.time_retrieval = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        memory = self.build_memory(passages) if passages else None
+        memory = self.build_memory(passages) if passages and method.uses_memory else None
         stats.time_keys = time.perf_counter() - t0
         stats.n_passages = len(passages)
         stats.n_keys = len(memory) if memory is not None else 0
 
-        prompt_ids = self.prompt_ids(prompt, passages[: cfg.ra_passages])
-        max_new = self._check_length(len(prompt_ids), max_new_tokens)
-        stats.prompt_tokens = len(prompt_ids)
+        ids = self.prompt_ids(prompt, passages[: cfg.ra_passages])
+        max_new = self._check_length(len(ids), max_new_tokens)
+        stats.prompt_tokens = len(ids)
         gen = None
-        if cfg.temperature > 0:
+        if cfg.temperature > 0:  # a private RNG: the global torch RNG is never touched
             gen = torch.Generator()
-            gen.manual_seed(cfg.seed if cfg.seed is not None else torch.seed())
-        run = _Run(cfg, memory, passages, max_new, stop_list, stats, gen)
-        yield from self._decode(run, prompt_ids)
-        run.done = True  # flush text held back for stop strings or partial characters
-        yield from self._deltas(run, bool(run.sources) and run.sources[-1] is not None)
-        stats.time_total = time.perf_counter() - t_start
-        stats.mean_lambda = run.lam_sum / run.lam_n if run.lam_n else 1.0
-        yield StreamChunk(text="", result=self._result(run))
-
-    # ----------------------------------------------------------------- the decoding loop
-    def _decode(self, run: _Run, prompt_ids: list[int]) -> Iterator[StreamChunk]:
-        cfg, memory, lm = run.config, run.memory, self.lm
-        eos = lm.eos_token_ids
-        cache = lm.new_cache()
-        logits, keys = self._forward(run, prompt_ids, cache)  # prefill
-        cur: tuple[torch.Tensor, torch.Tensor] | None = (logits[-1:], keys[-1:])
-        pending: int | None = None
-        stream_row: int | None = None  # continue copying here after a full acceptance
-        while not run.done and len(run.out_ids) < run.max_new_tokens:
-            if cur is None:  # feed the pending token: the cache then holds every commit
-                cur = self._forward(run, [pending], cache)  # type: ignore[list-item]
-            dist = self._distribution(run, *cur)
-            budget = run.max_new_tokens - len(run.out_ids)
-            rows: list[int] = []
-            continuation = stream_row is not None
-            if continuation and memory is not None:
-                rows = span_draft(memory, stream_row, min(cfg.max_span, budget), eos)
-            stream_row = None
-            if not rows:
-                continuation = False
-                w = choose_token(dist.p[0], cfg.temperature, cfg.top_p, run.generator)
-                start = None
-                lam = float(dist.lam[0])
-                if memory is not None and cfg.span_copying and use_span(lam, cfg.span_threshold):
-                    start = span_start(dist.hits, memory, w)
-                if start is None or w in eos:  # token mode
-                    yield from self._commit(run, [w], [self._token_source(run, dist, w)])
-                    run.done = run.done or w in eos
-                    pending, cur = w, None
-                    continue
-                rows = span_draft(memory, start, min(cfg.max_span, budget), eos)  # type: ignore[arg-type]
-            # ------------------------------------------------ verify the draft
-            assert memory is not None
-            draft = memory.values[torch.as_tensor(rows, device=memory.device)]  # (L,)
-            run.stats.verify_steps += 1
-            run.stats.drafted_tokens += len(rows)
-            if continuation and self._accept(run, dist.p, draft[:1]) == 0:
-                c = choose_token(dist.p[0], cfg.temperature, cfg.top_p, run.generator)
-                yield from self._commit(run, [c], [None])
-                run.done = run.done or c in eos
-                pending, cur = c, None
-                continue
-            before = lm.cache_length(cache)
-            logits, keys = self._forward(run, draft.tolist(), cache)  # ONE pass: (L, V), (L, d)
-            vdist = self._distribution(run, logits[:-1], keys[:-1]) if len(rows) > 1 else None
-            # row i of p_rows scores draft token i: the current p_M, then the draft's outputs
-            m = 1 + (self._accept(run, vdist.p, draft[1:]) if vdist is not None else 0)
-            run.stats.accepted_tokens += m
-            srcs = [memory.source(r) for r in rows[:m]]
-            if not cfg.strict_acceptance:  # strict mode keeps p_M history-free (lossless)
-                memory.mask(rows[:m])
-            yield from self._commit(run, draft[:m].tolist(), srcs)
-            if m == len(rows):
-                cur = (logits[-1:], keys[-1:])  # the cache holds the whole draft
-                nxt = rows[-1] + 1
-                if nxt < len(memory) and memory.source(nxt)[0] == memory.source(rows[-1])[0]:
-                    stream_row = nxt
-                continue
-            lm.crop_cache(cache, before + m)  # keep exactly the accepted tokens
-            cur = None
-            if run.done or len(run.out_ids) >= run.max_new_tokens:
-                break
-            c = choose_token(vdist.p[m - 1], cfg.temperature, cfg.top_p, run.generator)  # type: ignore[union-attr]
-            yield from self._commit(run, [c], [None])
-            run.done = run.done or c in eos
-            pending = c
-
-    def _forward(
-        self, run: _Run, ids: list[int], cache: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        t0 = time.perf_counter()
-        out = self.lm.forward(ids, cache)
-        run.stats.time_lm += time.perf_counter() - t0
-        run.stats.forward_passes += 1
-        return out
-
-    def _distribution(self, run: _Run, logits: torch.Tensor, keys: torch.Tensor) -> StepDistribution:
-        cfg = run.config
-        t0 = time.perf_counter()
-        dist = nest_distribution(
-            logits,
-            keys,
-            run.memory,
-            n_neighbors=cfg.n_neighbors,
-            alpha=cfg.rrc_offset,
-            tau=cfg.rrc_scale,
-            lm_temperature=cfg.lm_temperature,
-            mu=cfg.knn_temperature,
-            fixed_lm_weight=cfg.fixed_lm_weight,
+            if cfg.seed is not None:
+                gen.manual_seed(cfg.seed)
+            else:
+                gen.seed()
+        offsets = list(memory.offsets) if memory is not None else [None] * len(passages)
+        options = {**self.drafter_options, **(drafter_options or {})}
+        ctx = DrafterContext(self.lm, cfg, ids, passages, memory, options, self)
+        drafter = method.make_drafter(ctx) if method.make_drafter is not None else None
+        loop = DecodeLoop(
+            self.lm, method, drafter, config=cfg, prompt_ids=ids, memory=memory,
+            passages=passages, offsets=offsets, max_new_tokens=max_new, stop=stop_list,
+            stats=stats, generator=gen, on_delta=self._deltas,
         )
-        run.stats.time_knn += time.perf_counter() - t0
-        run.lam_sum += float(dist.lam[0])
-        run.lam_n += 1
-        return dist
+        yield from loop.run()
+        loop.done = True  # flush text held back for stop strings or partial characters
+        yield from self._deltas(loop, bool(loop.out.sources) and loop.out.sources[-1] is not None)
+        stats.time_total = time.perf_counter() - t_start
+        stats.mean_lambda = loop.lam_sum / loop.lam_n if loop.lam_n else 1.0
+        yield StreamChunk(text="", result=self._result(loop, method.uses_memory))
 
-    def _accept(self, run: _Run, p: torch.Tensor, draft: torch.Tensor) -> int:
-        cfg = run.config
-        if cfg.strict_acceptance:
-            return strict_accept_count(p, draft)
-        if cfg.temperature > 0:
-            return sampled_accept_count(p, draft, cfg.relaxation, run.generator)
-        return relaxed_accept_count(p, draft, cfg.relaxation)
-
-    def _token_source(self, run: _Run, dist: StepDistribution, w: int) -> Source:
-        """Token mode cites the nearest neighbour when it carries the emitted token (§8)."""
-        memory = run.memory
-        if memory is None or dist.hits.empty or not run.config.cite_token_mode:
-            return None
-        row = int(dist.hits.rows[0, 0])
-        return memory.source(row) if memory.value(row) == w else None
-
-    def _commit(self, run: _Run, ids: list[int], sources: list[Source]) -> Iterator[StreamChunk]:
-        """Append tokens (cut at EOS and stop strings) and yield the new text."""
-        eos = self.lm.eos_token_ids
-        for tok, src in zip(ids, sources):
-            if run.done:
-                break
-            if tok in eos:
-                run.done = True
-                run.stats.finish_reason = "stop"
-                break
-            run.out_ids.append(tok)
-            run.sources.append(src)
-            run.token_ends.append(len(self.lm.detokenize(run.out_ids)))
-        run.text = self.lm.detokenize(run.out_ids)
-        self._apply_stop_strings(run)
-        if len(run.out_ids) >= run.max_new_tokens and not run.stats.finish_reason:
-            run.stats.finish_reason = "length"
-        yield from self._deltas(run, bool(ids) and sources[0] is not None, ids)
-
-    def _apply_stop_strings(self, run: _Run) -> None:
-        if not run.stop:
+    # ----------------------------------------------------------------- results
+    def _deltas(self, loop: DecodeLoop, copied: bool, ids: Sequence[int] = ()) -> Iterator[StreamChunk]:
+        out = loop.out
+        start = out.emitted
+        delta = out.delta(final=loop.done)
+        if not delta:
             return
-        hits = [i for i in (run.text.find(s) for s in run.stop) if i >= 0]
-        if not hits:
-            return
-        cut = min(hits)
-        keep = sum(1 for e in run.token_ends if e <= cut)
-        del run.out_ids[keep:], run.sources[keep:], run.token_ends[keep:]
-        run.text = run.text[:cut]
-        run.done = True
-        run.stats.finish_reason = "stop"
-
-    def _deltas(self, run: _Run, copied: bool, ids: Sequence[int] = ()) -> Iterator[StreamChunk]:
-        text = run.text
-        safe = len(text)
-        if not run.done:
-            if text.endswith("\ufffd"):
-                return  # hold back an incomplete multi-byte character
-            safe -= _stop_prefix_overlap(text, run.stop)  # it may become a stop string
-        if safe <= run.emitted:
-            return
-        delta = text[run.emitted : safe]
         citation = None
         if copied:
-            cites = self._citations(run)
-            citation = cites[-1] if cites and cites[-1].end > run.emitted else None
-        run.emitted = safe
+            cite = last_citation(out.sources, out.ends, loop.state.passages, loop.state.offsets,
+                                 kind=self._kind(loop.method.uses_memory))
+            citation = cite if cite is not None and cite.end > start else None
         yield StreamChunk(text=delta, citation=citation, token_ids=tuple(ids))
 
-    def _citations(self, run: _Run) -> list:
-        offsets = run.memory.offsets if run.memory is not None else []
-        ends = [min(e, len(run.text)) for e in run.token_ends]
-        return build_citations(run.sources, ends, run.passages, offsets)
+    @staticmethod
+    def _kind(uses_memory: bool) -> str:
+        return "copy" if uses_memory else "verbatim"
 
-    def _result(self, run: _Run) -> NestResult:
-        stats = run.stats
-        stats.new_tokens = len(run.out_ids)
-        stats.copied_tokens = stats.accepted_tokens
-        stats.attributed_tokens = sum(s is not None for s in run.sources)
+    def _result(self, loop: DecodeLoop, uses_memory: bool) -> NestResult:
+        stats, out = loop.stats, loop.out
+        stats.new_tokens = len(out.ids)
+        stats.copied_tokens = sum(out.copied)
+        stats.attributed_tokens = sum(s is not None for s in out.sources)
         if not stats.finish_reason:
             stats.finish_reason = "length"
-        pid = [p.id for p in run.passages]
+        passages = loop.state.passages
+        pid = [p.id for p in passages]
         return NestResult(
-            text=run.text,
-            token_ids=list(run.out_ids),
-            citations=self._citations(run),
+            text=out.text,
+            token_ids=list(out.ids),
+            citations=build_citations(out.sources, out.ends, passages, loop.state.offsets,
+                                      kind=self._kind(uses_memory)),
             stats=stats,
-            passages=list(run.passages),
-            token_sources=[(pid[s[0]], s[1]) if s is not None else None for s in run.sources],
+            passages=list(passages),
+            token_sources=[(pid[s[0]], s[1]) if s is not None else None for s in out.sources],
         )
 
     # ----------------------------------------------------------------- prompts
     def prompt_ids(self, prompt: Prompt, ra: Sequence[Passage] = ()) -> list[int]:
-        """The token ids the engine decodes from: a string prompt as raw text, chat messages
-        through the chat template, with the ``ra`` passages in the prompt (RA-NEST) if any.
-        Scoring code (perplexity) uses it to condition on exactly the generation prompt."""
-        context = "\n\n".join(p.text for p in ra)
-        if isinstance(prompt, str):
-            text = RA_TEXT_TEMPLATE.format(context=context, prompt=prompt) if ra else prompt
-            return self.lm.tokenize(text)
-        messages = [dict(m) for m in prompt]
-        if ra:
-            last = max(i for i, m in enumerate(messages) if m.get("role") == "user")
-            messages[last]["content"] = RA_CHAT_TEMPLATE.format(
-                context=context, question=messages[last]["content"]
-            )
-        return self.lm.chat_prompt(messages)
+        """The token ids the engine decodes from (see ``prompts.prompt_ids``). Scoring code
+        (perplexity) uses it to condition on exactly the generation prompt."""
+        return prompt_ids(self.lm, prompt, ra)
 
     def _check_length(self, n_prompt: int, max_new_tokens: int) -> int:
         ctx = self.lm.max_context
@@ -488,27 +318,3 @@ class NestEngine:
             )
             return ctx - n_prompt
         return max_new_tokens
-
-
-def _stop_prefix_overlap(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest tail of ``text`` that is a proper prefix of a stop string."""
-    best = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
-                break
-    return best
-
-
-def _query_of(prompt: Prompt) -> str:
-    """The retrieval query: the prompt, or the last user message of a chat."""
-    if isinstance(prompt, str):
-        return prompt
-    messages = list(prompt)
-    if not messages:
-        return ""
-    for m in reversed(messages):
-        if m.get("role") == "user":
-            return str(m.get("content", ""))
-    return str(messages[-1].get("content", ""))

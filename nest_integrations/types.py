@@ -80,6 +80,9 @@ class Citation:
     source_end: int | None
     n_tokens: int
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: ``"copy"``: text NEST copied from the passage (a citation); ``"verbatim"``: text a
+    #: lossless method generated that matches the passage verbatim (provenance).
+    kind: str = "copy"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -38,6 +38,50 @@ def strict_accept_count(p: torch.Tensor, draft: torch.Tensor) -> int:
     return _leading_true(p.argmax(dim=-1) == draft)
 
 
+def speculative_sampling(
+    p: torch.Tensor,
+    draft: torch.Tensor,
+    q: torch.Tensor | None,
+    generator: torch.Generator | None,
+) -> tuple[int, int]:
+    """Speculative sampling (Leviathan et al. 2023, Alg. 1; Chen et al. 2023): lossless in
+    distribution for a single chain. Names follow the paper: target ``p``, draft ``q``.
+
+    Draft token ``x_i`` is accepted with probability ``min(1, p_i(x_i) / q_i(x_i))``; at the
+    first rejection the next token is drawn from the residual ``norm(max(0, p_i - q_i))``; if all
+    ``L`` tokens are accepted, it is drawn from ``p_L`` (the "bonus" token).
+
+    Args:
+        p: ``(L + 1, V)`` target distributions (already warped by temperature/top-p): row i
+            scores ``draft[i]``, row L follows the last draft token.
+        draft: ``(L,)`` draft tokens.
+        q: ``(L, V)`` draft distributions, or None for a deterministic draft (one-hot q: then
+            x_i is accepted with probability p_i(x_i) and the residual is p_i without x_i).
+        generator: the generation's RNG (CPU).
+
+    Returns:
+        ``(n_accepted, next_token)``.
+    """
+    n = int(draft.numel())
+    idx = torch.arange(n, device=p.device)
+    p_x = p[idx, draft] if n else p.new_zeros(0)  # (L,)
+    q_x = q[idx, draft] if q is not None and n else torch.ones_like(p_x)
+    ratio = (p_x / q_x.clamp_min(1e-30)).clamp(max=1.0)
+    u = torch.rand(n, generator=generator, dtype=torch.float64).to(p.device)
+    m = _leading_true(u < ratio) if n else 0
+    if m < n:  # rejected: resample from the residual max(0, p - q)
+        if q is None:
+            residual = p[m].clone()
+            residual[draft[m]] = 0.0
+        else:
+            residual = (p[m] - q[m]).clamp_min(0.0)
+        total = residual.sum()
+        dist = residual / total if total > 0 else p[m]
+    else:
+        dist = p[n]
+    return m, int(torch.multinomial(dist.float().cpu(), 1, generator=generator))
+
+
 def sampled_accept_count(
     p: torch.Tensor, draft: torch.Tensor, gamma: float, generator: torch.Generator | None
 ) -> int:

@@ -132,6 +132,7 @@ class HFLanguageModel:
         # transformers 5 renamed past_key_values -> cache.
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._has_logits_to_keep = "logits_to_keep" in params
         self._offsets_warned = False
         self._lock = threading.RLock()
 
@@ -274,10 +275,14 @@ class HFLanguageModel:
 
     # ----------------------------------------------------------------------------- forward
 
-    def forward(self, ids: Sequence[int], cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, ids: Sequence[int], cache: Any, *, last: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run ``ids`` after the cached positions and append them to ``cache``.
 
-        Returns fp32 ``(T, vocab)`` logits and fp32 ``(T, key_dim)`` keys on ``self.device``.
+        Returns fp32 ``(T, vocab)`` logits and fp32 ``(T, key_dim)`` keys on ``self.device``;
+        with ``last=k`` only the last k rows of each (a prefill needs one: the LM head then runs
+        on one position, not the whole prompt).
         """
         n = len(ids)
         if n == 0:
@@ -289,6 +294,7 @@ class HFLanguageModel:
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, T)
         # Explicit positions: correct after any crop, whatever the model infers.
         positions = torch.arange(past, past + n, device=self.device).unsqueeze(0)  # (1, T)
+        extra = {"logits_to_keep": last} if last and self._has_logits_to_keep else {}
         with torch.inference_mode(), self._capture() as slot:
             out = self.model(
                 input_ids=input_ids,
@@ -296,9 +302,13 @@ class HFLanguageModel:
                 use_cache=True,
                 output_hidden_states=self._hidden_index is not None,
                 **{self._cache_kwarg: cache},
+                **extra,
             )
             keys = slot[0] if slot else out.hidden_states[self._hidden_index]
-        return out.logits[0].float(), keys[0].float()
+        logits, keys = out.logits[0], keys[0]
+        if last:
+            logits, keys = logits[-last:], keys[-last:]
+        return logits.float(), keys.float()
 
     def encode_passages(
         self, token_ids: Sequence[Sequence[int]], batch_size: int = 16
@@ -427,6 +437,24 @@ class HFLanguageModel:
         from nest_integrations.lm.tree import select_cache
 
         select_cache(cache, start, keep)
+
+    # ----------------------------------------------------------------------------- layer skipping
+
+    def forward_skip(self, ids: Sequence[int], cache: Any, skip: Any) -> torch.Tensor:
+        """Self-speculative draft forward: run ``ids`` after the cached positions with the
+        sublayers of ``skip`` (a ``layer_skip.SkipSet``) passing their input through; fp32
+        ``(T, vocab)`` logits. Every layer's cache grows by ``len(ids)``: crop it back to the
+        committed length before a full forward (see ``nest_integrations.lm.layer_skip``)."""
+        from nest_integrations.lm.layer_skip import forward_skip
+
+        return forward_skip(self, ids, cache, skip)
+
+    def domain_vector(self, ids: Sequence[int], max_tokens: int = 256) -> torch.Tensor:
+        """Mean final-layer hidden state (after the final norm) of ``ids``: KNN-SSD's prompt
+        representation, fp32 ``(d,)`` on CPU (``layer_skip.final_hidden_mean``)."""
+        from nest_integrations.lm.layer_skip import final_hidden_mean
+
+        return final_hidden_mean(self, ids, max_tokens)
 
 
 # --------------------------------------------------------------------------------- helpers

@@ -1,0 +1,194 @@
+"""The drafter port: what ONE verify-and-commit loop (``nest_integrations.loop``) needs from a
+drafting method, shaped like Hugging Face's candidate generators.
+
+A drafter proposes tokens; the loop verifies them in one forward pass of the target LM and
+commits the accepted prefix plus one corrected token. Every method (NEST spans, prompt lookup,
+DReSD, KNN-SSD) is a drafter; the loop owns the KV cache and its cropping, EOS, stop strings,
+streaming, citations and stats.
+
+Conventions (as in the speculative-decoding papers and HF): the *target* distribution is ``p``
+(p_M for NEST, p_LM for the lossless methods), the *draft* distribution is ``q``.
+
+The per-generation life cycle:
+
+- ``Method.make_drafter(ctx)`` builds a drafter for one generation (drafters may keep state);
+- before each verify step the loop calls ``drafter.propose(state)``: a ``Draft`` or ``None``
+  (None = no draft: the loop takes one ordinary decoding step);
+- after verification it calls ``drafter.update(state, draft, n_accepted)`` with the number of
+  draft tokens that were committed (``0 .. len(draft)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import torch
+
+from nest_integrations.config import NestConfig
+from nest_integrations.types import Passage
+
+#: Where a token comes from: ``(passage index in DecodeState.passages, token position in that
+#: passage)``, or None for model-generated text.
+Source = tuple[int, int] | None
+
+
+@dataclass
+class Draft:
+    """Proposed tokens and where they come from.
+
+    Attributes:
+        tokens: the draft token ids, in order (a chain), or the nodes of a token tree in
+            topological order (each parent before its children) when ``parents`` is set.
+        sources: per token, a ``Source`` or None; None for the whole draft when the method
+            has no corpus provenance (KNN-SSD). Accepted tokens keep their source: NEST's
+            become citations, lossless methods' become verbatim-match provenance.
+        q: ``(L, V)`` draft probabilities per token for speculative sampling; None means a
+            deterministic draft (q is one-hot on the token), which is what copy drafters are.
+        parents: token tree: ``parents[i]`` is the index of node i's parent, ``-1`` for a
+            child of the current position. None means a chain (``parents[i] == i - 1``).
+        chosen_first: ``tokens[0]`` was drawn from the target distribution at the current
+            position by the drafter itself (NEST's span start), so it is committed without a
+            check. A one-token draft with ``chosen_first`` is an ordinary decoding step.
+    """
+
+    tokens: list[int]
+    sources: list[Source] | None = None
+    q: torch.Tensor | None = None
+    parents: list[int] | None = None
+    chosen_first: bool = False
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class DecodeState:
+    """What a drafter may read at a decision point (the loop owns and updates it).
+
+    Attributes:
+        prompt_ids: the prompt's token ids.
+        out_ids: committed output tokens so far.
+        pending: the last committed token when the KV cache does not hold it yet (the loop
+            will feed it in the same forward pass as the draft), else None.
+        dist: the target distribution at the next position when known (``.p`` is ``(1, V)``;
+            for NEST a ``StepDistribution`` with ``.lam`` and ``.hits``), else None.
+        hidden: ``(key_dim,)`` LM vector (the ``key_source`` vector) at the position that
+            produced the last committed token, from the verify pass already run, or None.
+        budget: output tokens left before ``max_new_tokens``.
+        config: the generation's ``NestConfig``.
+        eos: token ids that end generation; drafts never need to contain them.
+        passages: the generation's passages; sources index into this list. A drafter that
+            cites text outside it (DReSD) registers passages with ``add_passage``.
+        memory: NEST's token memory (``TokenMemory``) when the method uses it, else None.
+        lm: the target ``LanguageModel`` (a drafter that runs it must leave ``cache`` as it
+            found it: exactly the committed tokens as computed by the full model).
+        cache: the target's KV cache.
+        generator: the generation's RNG (sampling mode), or None when greedy.
+        choose: picks a token from a ``(V,)`` target row with the generation's temperature,
+            top-p and RNG (greedy: argmax). Use it, not your own sampling, so the loop's
+            speculative-sampling rule sees the same distribution.
+    """
+
+    prompt_ids: list[int]
+    out_ids: list[int]
+    budget: int
+    config: NestConfig
+    eos: frozenset[int]
+    passages: list[Passage]
+    offsets: list[Any]
+    lm: Any
+    cache: Any
+    choose: Callable[[torch.Tensor], int]
+    pending: int | None = None
+    dist: Any = None
+    hidden: torch.Tensor | None = None
+    memory: Any = None
+    generator: torch.Generator | None = None
+
+    @property
+    def context_ids(self) -> list[int]:
+        """Prompt plus committed output (including ``pending``)."""
+        return self.prompt_ids + self.out_ids
+
+    def add_passage(self, passage: Passage, offsets: Any) -> int:
+        """Register a passage (with its ``(m, 2)`` token char offsets) so that sources can
+        point into it; returns its index. The same passage id is registered once."""
+        for i, p in enumerate(self.passages):
+            if p.id == passage.id:
+                return i
+        self.passages.append(passage)
+        self.offsets.append(offsets)
+        return len(self.passages) - 1
+
+
+class Drafter(Protocol):
+    """A drafting method for one generation."""
+
+    def propose(self, state: DecodeState) -> Draft | None:
+        """Draft tokens to verify next, or None for an ordinary decoding step."""
+
+    def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:
+        """Called after ``draft`` was verified: ``n_accepted`` of its tokens were committed
+        (for a tree: the length of the accepted path)."""
+
+
+@dataclass
+class DrafterContext:
+    """What a drafter factory gets: the engine's parts and the generation's setup.
+
+    ``options`` holds method-specific settings (e.g. a DReSD datastore path) given to the
+    engine as ``drafter_options`` or per call.
+    """
+
+    lm: Any
+    config: NestConfig
+    prompt_ids: list[int]
+    passages: list[Passage]
+    memory: Any = None
+    options: dict[str, Any] = field(default_factory=dict)
+    engine: Any = None
+
+
+@dataclass(frozen=True)
+class Method:
+    """A decoding method: a drafter factory plus how the loop treats it.
+
+    Attributes:
+        name: the ``decoding=`` value.
+        make_drafter: builds the drafter of one generation; None = no drafts (greedy).
+        uses_memory: build NEST's token memory and mix p_kNN into the target (p = p_M), and
+            verify with NEST's relaxed rule (Eq. 7). False: the target is p_LM, verified
+            exactly (greedy) or by speculative sampling: lossless.
+        needs_target: the drafter needs the target distribution at the next position before
+            it can propose (NEST picks its span start from p_M). False lets the loop feed the
+            pending token and the draft in one forward pass, as HF's assisted decoding does.
+        description: one line for ``--help`` and docs.
+    """
+
+    name: str
+    make_drafter: Callable[[DrafterContext], Drafter] | None
+    uses_memory: bool = False
+    needs_target: bool = False
+    description: str = ""
+
+
+def chain_parents(n: int) -> list[int]:
+    """Parent indices of a chain of ``n`` draft tokens."""
+    return list(range(-1, n - 1))
+
+
+def validate_draft(draft: Draft, vocab_size: int) -> None:
+    """Raise ValueError on a malformed draft (a drafter bug, reported with its shape)."""
+    n = len(draft.tokens)
+    if draft.sources is not None and len(draft.sources) != n:
+        raise ValueError(f"draft has {n} tokens but {len(draft.sources)} sources")
+    if draft.q is not None and tuple(draft.q.shape) != (n, vocab_size):
+        raise ValueError(f"draft q has shape {tuple(draft.q.shape)}, expected ({n}, {vocab_size})")
+    if draft.parents is not None:
+        if len(draft.parents) != n or any(not (-1 <= p < i) for i, p in enumerate(draft.parents)):
+            raise ValueError("draft tree parents must satisfy -1 <= parents[i] < i")
+
+
+def as_sources(sources: Sequence[Source] | None, n: int) -> list[Source]:
+    return list(sources) if sources is not None else [None] * n

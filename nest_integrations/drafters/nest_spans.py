@@ -1,0 +1,79 @@
+"""NEST's span proposer as a drafter (arXiv 2405.19325, Eqs. 5-6 and §3.3).
+
+At each decision point, with p_M at the next position known:
+
+- after a fully accepted span, continue copying the same passage from the next row (its first
+  token is then checked against p_M before any forward pass);
+- else choose the token w from p_M; if lambda <= delta (Eq. 6) and a retrieved neighbour carries
+  w, draft the corpus span starting at the nearest such neighbour (Eq. 5): w is already decided,
+  so the draft's first token is committed without a check (``chosen_first``);
+- else emit w alone ("token mode"), cited to the nearest neighbour when it carries w (§8).
+
+Accepted rows are masked so the same keys are never proposed again (unless strict acceptance
+keeps p_M history-free for the lossless preset).
+"""
+
+from __future__ import annotations
+
+
+from nest_integrations.core.proposers import span_draft, span_start, use_span
+from nest_integrations.drafters.base import DecodeState, Draft, DrafterContext, Source
+
+
+class NestSpanDrafter:
+    """Span drafts from the per-query token memory (one instance per generation)."""
+
+    def __init__(self, ctx: DrafterContext) -> None:
+        self.memory = ctx.memory
+        self.config = ctx.config
+        self._rows: list[int] | None = None  # memory rows of the last draft (None: token mode)
+        self._stream_row: int | None = None  # continue copying here after a full acceptance
+
+    def propose(self, state: DecodeState) -> Draft | None:
+        memory, cfg = self.memory, self.config
+        if memory is None:
+            return None
+        limit = min(cfg.max_span, state.budget)
+        if self._stream_row is not None:  # continuation of the last fully accepted span
+            rows = span_draft(memory, self._stream_row, limit, state.eos)
+            self._stream_row = None
+            if rows:
+                return self._draft(rows, chosen_first=False)
+        dist = state.dist
+        w = state.choose(dist.p[0])
+        start = None
+        if cfg.span_copying and use_span(float(dist.lam[0]), cfg.span_threshold):
+            start = span_start(dist.hits, memory, w)
+        rows = span_draft(memory, start, limit, state.eos) if start is not None else []
+        if not rows or w in state.eos:  # token mode: w alone, cited when its neighbour carries it
+            self._rows = None
+            return Draft([w], [self._token_source(dist, w)], chosen_first=True)
+        return self._draft(rows, chosen_first=True)
+
+    def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:
+        rows, memory = self._rows, self.memory
+        if rows is None:
+            return
+        if not self.config.strict_acceptance:  # strict mode keeps p_M history-free (lossless)
+            memory.mask(rows[:n_accepted])
+        if n_accepted == len(rows):
+            nxt = rows[-1] + 1
+            if nxt < len(memory) and memory.source(nxt)[0] == memory.source(rows[-1])[0]:
+                self._stream_row = nxt
+
+    def _draft(self, rows: list[int], chosen_first: bool) -> Draft:
+        self._rows = rows
+        memory = self.memory
+        tokens = [memory.value(r) for r in rows]
+        sources: list[Source] = [memory.source(r) for r in rows]
+        return Draft(tokens, sources, chosen_first=chosen_first)
+
+    def _token_source(self, dist, w: int) -> Source:
+        memory = self.memory
+        if dist.hits.empty or not self.config.cite_token_mode:
+            return None
+        row = int(dist.hits.rows[0, 0])
+        return memory.source(row) if memory.value(row) == w else None
+
+
+__all__ = ["NestSpanDrafter"]

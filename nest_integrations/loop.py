@@ -1,0 +1,350 @@
+"""The one verify-and-commit loop: any drafter, one target LM, one KV cache.
+
+Each step: the drafter proposes (``Drafter.propose``), the target scores the whole draft in ONE
+forward pass, a verification rule accepts a prefix, the loop commits it plus one token of its own,
+crops the KV cache to exactly the committed tokens, and tells the drafter (``Drafter.update``).
+
+Two schedules, chosen by ``Method.needs_target``:
+
+- **target first** (NEST): the drafter needs p_M at the next position before it can propose (it
+  picks the span start from it), so the loop keeps ``cur`` = the model output at the last cached
+  position. Invariant: either the cache holds every committed token and ``cur`` is set, or it
+  holds all but the last committed token (``pending``), which the next step feeds alone.
+- **draft first** (lossless methods, as in HF's assisted decoding): the cache always holds the
+  context except its last token (``pending``); each step feeds ``[pending] + draft`` in one pass,
+  and row i of the output scores draft token i. A step with no draft is an ordinary decoding
+  step. The first output token comes from the prefill.
+
+Verification (``Verifier``): NEST's relaxed rule (Eq. 7), exact greedy (lossless), or
+speculative sampling (lossless in distribution for a chain) when ``temperature > 0``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+
+from nest_integrations.config import NestConfig
+from nest_integrations.core.mixture import nest_distribution
+from nest_integrations.core.sampling import choose_token, sample, warp
+from nest_integrations.core.verification import (
+    relaxed_accept_count,
+    sampled_accept_count,
+    speculative_sampling,
+    strict_accept_count,
+)
+from nest_integrations.drafters.base import (
+    DecodeState,
+    Draft,
+    Drafter,
+    Method,
+    as_sources,
+    validate_draft,
+)
+from nest_integrations.text_stream import OutputText
+from nest_integrations.types import NestStats, StreamChunk
+
+
+@dataclass
+class LMDistribution:
+    """The target of lossless methods: p_LM rows (``p``: ``(T, V)``)."""
+
+    p: torch.Tensor
+
+
+class Verifier:
+    """How many draft tokens to accept, and the token to commit after them."""
+
+    def __init__(self, config: NestConfig, lossless: bool, generator: torch.Generator | None):
+        self.config = config
+        self.lossless = lossless
+        self.generator = generator
+        self.sampling = config.temperature > 0
+
+    def target(self, p: torch.Tensor) -> torch.Tensor:
+        """Rows of the distribution tokens are drawn from (warped when sampling)."""
+        cfg = self.config
+        return warp(p, cfg.temperature, cfg.top_p) if self.sampling else p
+
+    def choose(self, p_row: torch.Tensor) -> int:
+        cfg = self.config
+        return choose_token(p_row, cfg.temperature, cfg.top_p, self.generator)
+
+    def accept(self, p: torch.Tensor, draft: torch.Tensor) -> int:
+        """Accepted prefix length of ``draft`` scored by rows ``p`` (row i scores draft[i]);
+        the rule of the target-first schedule (NEST, or any method checking token 0)."""
+        cfg = self.config
+        if self.lossless and self.sampling:
+            raise AssertionError("lossless sampling goes through verify_and_correct")
+        if self.lossless or cfg.strict_acceptance:
+            return strict_accept_count(p, draft)
+        if self.sampling:  # Eq. 7 as a random test, on the distribution tokens are drawn from
+            return sampled_accept_count(self.target(p), draft, cfg.relaxation, self.generator)
+        return relaxed_accept_count(p, draft, cfg.relaxation)
+
+    def verify_and_correct(
+        self, p: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | None
+    ) -> tuple[int, int]:
+        """Lossless rule on ``(L + 1, V)`` target rows: ``(n_accepted, next_token)``."""
+        n = int(draft.numel())
+        if self.sampling:
+            return speculative_sampling(self.target(p), draft, q, self.generator)
+        m = strict_accept_count(p[:n], draft) if n else 0
+        return m, int(p[m].argmax())
+
+
+class DecodeLoop:
+    """One generation's decoding: build it, then iterate ``run()`` for stream chunks."""
+
+    def __init__(
+        self,
+        lm: Any,
+        method: Method,
+        drafter: Drafter | None,
+        *,
+        config: NestConfig,
+        prompt_ids: list[int],
+        memory: Any,
+        passages: list,
+        offsets: list,
+        max_new_tokens: int,
+        stop: list[str],
+        stats: NestStats,
+        generator: torch.Generator | None,
+        on_delta: Any,
+    ) -> None:
+        self.lm, self.method, self.drafter, self.config = lm, method, drafter, config
+        self.memory = memory if method.uses_memory else None
+        self.stats = stats
+        self.max_new_tokens = max_new_tokens
+        self.eos = lm.eos_token_ids
+        self.out = OutputText(lm.detokenize, stop)
+        self.verifier = Verifier(config, lossless=not method.uses_memory, generator=generator)
+        self.cache = lm.new_cache()
+        self._forward_has_last = "last" in inspect.signature(lm.forward).parameters
+        self.done = False
+        self.lam_sum = 0.0
+        self.lam_n = 0
+        self._on_delta = on_delta  # (loop, copied, ids) -> Iterator[StreamChunk]
+        self.state = DecodeState(
+            prompt_ids=list(prompt_ids),
+            out_ids=self.out.ids,
+            budget=max_new_tokens,
+            config=config,
+            eos=self.eos,
+            passages=passages,
+            offsets=offsets,
+            lm=lm,
+            cache=self.cache,
+            choose=self.verifier.choose,
+            memory=self.memory,
+            generator=generator,
+        )
+
+    # ----------------------------------------------------------------- shared steps
+    @property
+    def budget(self) -> int:
+        return self.max_new_tokens - len(self.out)
+
+    def forward(self, ids: list[int], last: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        t0 = time.perf_counter()
+        if last and self._forward_has_last:  # only the last rows' logits (saves the LM head)
+            out = self.lm.forward(ids, self.cache, last=last)
+        else:
+            out = self.lm.forward(ids, self.cache)
+        self.stats.time_lm += time.perf_counter() - t0
+        self.stats.forward_passes += 1
+        return out
+
+    def distribution(self, logits: torch.Tensor, keys: torch.Tensor) -> Any:
+        """The target at each row: p_M for NEST-family methods, else p_LM."""
+        t0 = time.perf_counter()
+        if not self.method.uses_memory:
+            dist: Any = LMDistribution(torch.softmax(logits.float(), dim=-1))
+        else:
+            cfg = self.config
+            dist = nest_distribution(
+                logits,
+                keys,
+                self.memory,
+                n_neighbors=cfg.n_neighbors,
+                alpha=cfg.rrc_offset,
+                tau=cfg.rrc_scale,
+                lm_temperature=cfg.lm_temperature,
+                mu=cfg.knn_temperature,
+                fixed_lm_weight=cfg.fixed_lm_weight,
+            )
+            self.lam_sum += float(dist.lam.sum())
+            self.lam_n += int(dist.lam.numel())
+        self.stats.time_knn += time.perf_counter() - t0
+        return dist
+
+    def commit(self, ids: list[int], sources: list, copied: bool = False) -> Iterator[StreamChunk]:
+        """Append tokens, cut at EOS, the budget and stop strings; stream the new text."""
+        keep_ids, keep_src = [], []
+        for tok, src in zip(ids, sources):
+            if tok in self.eos:
+                self.done = True
+                self.stats.finish_reason = "stop"
+                break
+            if len(self.out) + len(keep_ids) >= self.max_new_tokens:
+                break
+            keep_ids.append(tok)
+            keep_src.append(src)
+        if keep_ids:
+            self.out.append(keep_ids, keep_src, copied)
+        if self.out.stopped:
+            self.done = True
+            self.stats.finish_reason = "stop"
+        if len(self.out) >= self.max_new_tokens:
+            self.done = True
+            self.stats.finish_reason = self.stats.finish_reason or "length"
+        self.state.budget = self.budget
+        yield from self._on_delta(self, bool(keep_src) and keep_src[0] is not None, keep_ids)
+
+    def propose(self, budget: int) -> Draft | None:
+        if self.drafter is None or budget < 1:
+            return None
+        self.state.budget = budget
+        draft = self.drafter.propose(self.state)
+        if draft is None or not draft.tokens:
+            return None
+        validate_draft(draft, self.lm.vocab_size)
+        if len(draft) > budget and draft.parents is None:  # the loop enforces the budget
+            draft = Draft(draft.tokens[:budget], as_sources(draft.sources, len(draft))[:budget],
+                          None if draft.q is None else draft.q[:budget], None, draft.chosen_first)
+        return draft
+
+    # ----------------------------------------------------------------- schedules
+    def run(self) -> Iterator[StreamChunk]:
+        if self.method.needs_target:
+            yield from self._target_first()
+        else:
+            yield from self._draft_first()
+
+    def _target_first(self) -> Iterator[StreamChunk]:
+        """NEST's schedule (see the module docstring)."""
+        lm, v, stats = self.lm, self.verifier, self.stats
+        logits, keys = self.forward(self.state.prompt_ids, last=1)  # prefill
+        cur: tuple[torch.Tensor, torch.Tensor] | None = (logits[-1:], keys[-1:])
+        pending: int | None = None
+        while not self.done and self.budget > 0:
+            if cur is None:  # feed the pending token: the cache then holds every commit
+                cur = self.forward([pending])  # type: ignore[list-item]
+            dist = self.distribution(*cur)
+            self.state.dist, self.state.hidden, self.state.pending = dist, cur[1][-1], None
+            draft = self.propose(self.budget)
+            if draft is None:  # an ordinary step
+                w = v.choose(dist.p[0])
+                yield from self.commit([w], [None])
+                pending, cur = w, None
+                continue
+            tokens, sources = draft.tokens, as_sources(draft.sources, len(draft))
+            if draft.chosen_first and len(draft) == 1:  # the drafter made an ordinary step
+                yield from self.commit(tokens, sources)
+                self.drafter.update(self.state, draft, 1)  # type: ignore[union-attr]
+                pending, cur = tokens[0], None
+                continue
+            if draft.parents is not None:
+                raise ValueError(f"{self.method.name}: token trees need a draft-first method")
+            stats.verify_steps += 1
+            stats.drafted_tokens += len(tokens)
+            d = torch.as_tensor(tokens, device=dist.p.device)
+            if not draft.chosen_first and v.accept(dist.p, d[:1]) == 0:
+                self.drafter.update(self.state, draft, 0)  # type: ignore[union-attr]
+                c = v.choose(dist.p[0])
+                yield from self.commit([c], [None])
+                pending, cur = c, None
+                continue
+            before = lm.cache_length(self.cache)
+            logits, keys = self.forward(tokens)  # ONE pass: (L, V), (L, d)
+            vdist = self.distribution(logits[:-1], keys[:-1]) if len(tokens) > 1 else None
+            # row i of vdist scores draft token i + 1 (token 0 was accepted above)
+            m = 1 + (v.accept(vdist.p, d[1:]) if vdist is not None else 0)
+            stats.accepted_tokens += m
+            self.drafter.update(self.state, draft, m)  # type: ignore[union-attr]
+            yield from self.commit(tokens[:m], sources[:m], copied=True)
+            if m == len(tokens):
+                cur = (logits[-1:], keys[-1:])  # the cache holds the whole draft
+                continue
+            lm.crop_cache(self.cache, before + m)  # keep exactly the accepted tokens
+            cur = None
+            if self.done or self.budget <= 0:
+                break
+            c = v.choose(vdist.p[m - 1])  # type: ignore[union-attr]
+            yield from self.commit([c], [None])
+            pending = c
+
+    def _draft_first(self) -> Iterator[StreamChunk]:
+        """Lossless schedule: feed ``[pending] + draft`` in one pass (see the module docstring)."""
+        lm, v, stats = self.lm, self.verifier, self.stats
+        logits, keys = self.forward(self.state.prompt_ids, last=1)  # prefill
+        p = self.distribution(logits[-1:], keys[-1:]).p
+        _, first = v.verify_and_correct(p, p.new_zeros(0, dtype=torch.long), None)
+        self.state.hidden = keys[-1]
+        yield from self.commit([first], [None])
+        pending = first
+        while not self.done and self.budget > 0:
+            self.state.pending, self.state.dist = pending, None
+            draft = self.propose(self.budget - 1)  # leave room for the token after the draft
+            before = lm.cache_length(self.cache)
+            if draft is None:
+                logits, keys = self.forward([pending])
+                p = self.distribution(logits, keys).p
+                _, c = v.verify_and_correct(p, p.new_zeros(0, dtype=torch.long), None)
+                self.state.hidden = keys[-1]
+                yield from self.commit([c], [None])
+                pending = c
+                continue
+            stats.verify_steps += 1
+            stats.drafted_tokens += len(draft)
+            if draft.parents is not None:
+                path, c, hidden = self._verify_tree(pending, draft, before)
+            else:
+                path, c, hidden = self._verify_chain(pending, draft, before)
+            stats.accepted_tokens += len(path)
+            self.state.hidden = hidden
+            self.drafter.update(self.state, draft, len(path))  # type: ignore[union-attr]
+            sources = as_sources(draft.sources, len(draft))
+            yield from self.commit([draft.tokens[i] for i in path], [sources[i] for i in path],
+                                   copied=True)
+            if self.done or self.budget <= 0:
+                break
+            yield from self.commit([c], [None])
+            pending = c
+
+    def _verify_chain(self, pending: int, draft: Draft, before: int) -> tuple[list[int], int, Any]:
+        tokens = draft.tokens
+        logits, keys = self.forward([pending] + tokens)  # (L + 1, V): row i scores draft[i]
+        p = self.distribution(logits, keys).p
+        d = torch.as_tensor(tokens, device=p.device)
+        m, c = self.verifier.verify_and_correct(p, d, draft.q)
+        self.lm.crop_cache(self.cache, before + 1 + m)  # pending + the accepted draft tokens
+        return list(range(m)), c, keys[m]
+
+    def _verify_tree(self, pending: int, draft: Draft, before: int) -> tuple[list[int], int, Any]:
+        """Greedy verification of a token tree in one pass (REST/SpecInfer style): follow the
+        child equal to the target's argmax from the root; keep only that path in the cache."""
+        if self.verifier.sampling:
+            raise ValueError("token-tree drafts are verified greedily: use temperature 0")
+        parents = [-1] + [pp + 1 if pp >= 0 else 0 for pp in draft.parents]  # type: ignore[union-attr]
+        logits, keys = self.lm.forward_tree([pending] + draft.tokens, parents, self.cache)
+        self.stats.forward_passes += 1
+        p = self.distribution(logits, keys).p
+        children: dict[int, list[int]] = {}
+        for i, pp in enumerate(parents[1:], start=1):
+            children.setdefault(pp, []).append(i)
+        node, path = 0, []
+        while True:
+            best = int(p[node].argmax())
+            nxt = next((ch for ch in children.get(node, []) if draft.tokens[ch - 1] == best), None)
+            if nxt is None:
+                break
+            path.append(nxt - 1)
+            node = nxt
+        self.lm.select_cache(self.cache, before, [0] + [i + 1 for i in path])
+        return path, int(p[node].argmax()), keys[node]

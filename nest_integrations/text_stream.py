@@ -1,0 +1,107 @@
+"""Output text beside the decoding loop: incremental detokenisation, stop strings, deltas.
+
+``OutputText`` holds the committed token ids, where each token's text ends, and the text. It
+decodes incrementally (each commit decodes only the tokens since a stable anchor, with one token
+of left context), so a generation costs O(n) decoding, not O(n^2). Streamed deltas hold back an
+incomplete multi-byte character and any tail that may still become a stop string.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Callable, Sequence
+
+_ANCHOR_EVERY = 8  # tokens between anchor moves (a decode covers at most about this many)
+
+
+class OutputText:
+    """Committed tokens, their per-token sources, and the text they decode to.
+
+    Invariants: ``text == detokenize(ids)`` and ``ends[i] == len(detokenize(ids[:i + 1]))``.
+    After a stop string, ``text`` is cut at the end of the last whole token before it, so the
+    text holds nothing that is absent from ``ids``.
+    """
+
+    def __init__(self, detokenize: Callable[[Sequence[int]], str], stop: Sequence[str] = ()):
+        self._detok = detokenize
+        self.stop = [s for s in stop if s]
+        self.ids: list[int] = []
+        self.sources: list = []
+        self.copied: list[bool] = []
+        self.ends: list[int] = []
+        self.text = ""
+        self.emitted = 0  # chars already streamed
+        self.stopped = False
+        self._a = 0  # anchor: text[:_a_chars] == detokenize(ids[:_a])
+        self._a_chars = 0
+        self._searched = 0  # no stop string starts before this char
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def _text_upto(self, j: int) -> str:
+        """``detokenize(ids[:j])`` for ``j >= anchor``, decoding only from the anchor."""
+        a = self._a
+        if a == 0:
+            return self._detok(self.ids[:j])
+        left = self._detok(self.ids[a - 1 : a])
+        tail = self._detok(self.ids[a - 1 : j])
+        if tail.startswith(left):
+            return self.text[: self._a_chars] + tail[len(left) :]
+        return self._detok(self.ids[:j])  # the left context did not decode on its own
+
+    def append(self, ids: Sequence[int], sources: Sequence, copied: bool) -> None:
+        """Commit tokens (the caller has cut them at EOS and the budget)."""
+        for tok, src in zip(ids, sources):
+            self.ids.append(tok)
+            self.sources.append(src)
+            self.copied.append(copied and src is not None)
+            self.ends.append(len(self._text_upto(len(self.ids))))
+        self.text = self._text_upto(len(self.ids))
+        if len(self.ids) - self._a >= _ANCHOR_EVERY and not self.text.endswith("\ufffd"):
+            self._a, self._a_chars = len(self.ids), len(self.text)
+        self._apply_stop_strings()
+
+    def _apply_stop_strings(self) -> None:
+        if not self.stop:
+            return
+        longest = max(len(s) for s in self.stop)
+        lo = max(0, self._searched - longest + 1)
+        hits = [i for i in (self.text.find(s, lo) for s in self.stop) if i >= 0]
+        self._searched = len(self.text)
+        if not hits:
+            return
+        cut = min(hits)
+        keep = sum(1 for e in self.ends if e <= cut)
+        del self.ids[keep:], self.sources[keep:], self.copied[keep:], self.ends[keep:]
+        self.text = self.text[: self.ends[-1]] if keep else ""
+        self._a, self._a_chars = 0, 0
+        self.stopped = True
+
+    def delta(self, final: bool) -> str:
+        """The text not yet streamed that is safe to stream now (all of it when ``final``)."""
+        safe = len(self.text)
+        if not final:
+            if self.text.endswith("\ufffd"):
+                return ""  # hold back an incomplete multi-byte character
+            overlap = stop_prefix_overlap(self.text, self.stop)  # it may become a stop string
+            if overlap:  # a stop cuts whole tokens: hold back the token the overlap starts in
+                safe -= overlap
+                i = bisect.bisect_right(self.ends, safe)
+                safe = self.ends[i - 1] if i else 0
+        if safe <= self.emitted:
+            return ""
+        out = self.text[self.emitted : safe]
+        self.emitted = safe
+        return out
+
+
+def stop_prefix_overlap(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest tail of ``text`` that is a proper prefix of a stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
