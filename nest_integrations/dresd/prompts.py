@@ -1,0 +1,146 @@
+"""The in-domain DReSD datastore (a response cache): the model's own greedy responses to a
+prompts file, with the keys it computed while generating them.
+
+Each line of the prompts file is a JSON object with one of:
+
+- ``"prompt"``: a user message, read with the model's chat template (as ``nest ask`` does);
+- ``"messages"``: a chat (``[{"role", "content"}, ...]``), with the chat template;
+- ``"text"``: a raw text prefix, completed as is;
+
+or a bare JSON string (= ``"prompt"``). Blank lines are skipped.
+
+Keys are *in context*: key j of a response is the LM vector at the position that produced
+response token j while the model generated it, i.e. exactly the query ``DecodeState.hidden``
+that the same prompt gives at decode time. The tokens are the generated ids themselves (not
+re-tokenised text), so a draft is always a sequence the model really produced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from nest_integrations.dresd.datastore import SourceBatch
+from nest_integrations.types import Passage
+
+__all__ = ["read_prompts", "prompt_ids", "PromptSource", "greedy_with_keys"]
+
+
+def read_prompts(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Parse a prompts file; a clear ValueError for a missing, empty or malformed one."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"prompts file {p} does not exist")
+    out: list[dict[str, Any]] = []
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"{p}:{n}: not valid JSON ({e})") from None
+        if isinstance(obj, str):
+            obj = {"prompt": obj}
+        if not isinstance(obj, dict) or not any(
+            isinstance(obj.get(k), (str, list)) and obj.get(k) for k in ("prompt", "messages", "text")
+        ):
+            raise ValueError(
+                f'{p}:{n}: expected a JSON object with "prompt", "messages" or "text" '
+                "(or a JSON string)"
+            )
+        out.append(obj)
+    if not out:
+        raise ValueError(
+            f"prompts file {p} is empty: give one JSON object per line, e.g. "
+            '{"prompt": "How do I reverse a list in Python?"}'
+        )
+    return out
+
+
+def prompt_ids(lm: Any, item: dict[str, Any]) -> list[int]:
+    """Prompt token ids of one prompts-file entry."""
+    if item.get("messages"):
+        return lm.chat_prompt(item["messages"])
+    if item.get("prompt"):
+        return lm.chat_prompt([{"role": "user", "content": item["prompt"]}])
+    return list(lm.passage_prefix[:1]) + lm.tokenize(item["text"])
+
+
+def greedy_with_keys(
+    lm: Any, ids: Sequence[int], max_new_tokens: int
+) -> tuple[list[int], np.ndarray]:
+    """Greedy response ids (EOS excluded) and the ``(m, d)`` key that produced each one."""
+    cache = lm.new_cache()
+    logits, keys = lm.forward(list(ids), cache)
+    out: list[int] = []
+    rows: list[np.ndarray] = []
+    for _ in range(max_new_tokens):
+        tok = int(torch.argmax(logits[-1]))
+        if tok in lm.eos_token_ids:
+            break
+        out.append(tok)
+        rows.append(keys[-1].float().cpu().numpy())
+        if len(out) == max_new_tokens or len(ids) + len(out) >= lm.max_context:
+            break
+        logits, keys = lm.forward([tok], cache)
+    d = lm.key_dim
+    return out, (np.stack(rows) if rows else np.zeros((0, d), np.float32))
+
+
+def _char_offsets(lm: Any, ids: Sequence[int]) -> tuple[str, np.ndarray]:
+    """Text of ``ids`` and ``(m, 2)`` char ranges tiling it (from prefix decodes)."""
+    text = lm.detokenize(ids)
+    ends = np.array([len(lm.detokenize(ids[: k + 1])) for k in range(len(ids))], np.int64)
+    ends = np.maximum.accumulate(np.clip(ends, 0, len(text))) if len(ends) else ends
+    off = np.zeros((len(ids), 2), np.int32)
+    if len(ids):
+        ends[-1] = len(text)
+        off[:, 1] = ends
+        off[1:, 0] = ends[:-1]
+    return text, off
+
+
+class PromptSource:
+    """Batches of the model's greedy responses to ``prompts`` (a ``Source`` for
+    ``build_datastore``)."""
+
+    def __init__(
+        self,
+        prompts: Sequence[dict[str, Any]],
+        lm: Any,
+        *,
+        max_new_tokens: int = 128,
+        batch_size: int = 8,
+        name: str = "prompts",
+    ) -> None:
+        if not prompts:
+            raise ValueError("no prompts to build a response datastore from")
+        self.prompts = list(prompts)
+        self.lm = lm
+        self.max_new_tokens = max_new_tokens
+        self.batch_size = batch_size
+        digest = hashlib.sha256(json.dumps(self.prompts, sort_keys=True).encode()).hexdigest()
+        self.spec = {"kind": name, "n_prompts": len(self.prompts), "hash": digest[:16],
+                     "max_new_tokens": max_new_tokens}  # fmt: skip
+        self.n_batches = math.ceil(len(self.prompts) / batch_size)
+
+    def batch(self, i: int) -> SourceBatch:
+        start = i * self.batch_size
+        b = SourceBatch([], [], [], [])
+        for j, item in enumerate(self.prompts[start : start + self.batch_size], start):
+            ids, keys = greedy_with_keys(self.lm, prompt_ids(self.lm, item), self.max_new_tokens)
+            text, off = _char_offsets(self.lm, ids)
+            pid = hashlib.sha256(json.dumps(item, sort_keys=True).encode()).hexdigest()[:16]
+            b.passages.append(Passage(id=f"response-{pid}", text=text, doc_id=f"prompt-{j}",
+                                      metadata={"prompt_index": j}))  # fmt: skip
+            b.token_ids.append(np.asarray(ids, np.int32))
+            b.offsets.append(off)
+            b.keys.append(keys)
+        return b
