@@ -1,0 +1,189 @@
+"""KNN-SSD profiles: per-domain skip sets and anchors for one model, stored as JSON.
+
+A profile is one JSON file::
+
+    {"format": "nest-knn-ssd-profile", "version": 1,
+     "model": "<lm.fingerprint>", "n_layers": 30, "hidden_size": 576,
+     "domains": {"python-code": {"skip": {"n_layers": 30, "attn": [...], "mlp": [...]},
+                                 "search": {...how it was found...}},
+                 "mixed": {...}},                     # Self-SD (Mix): searched on all domains
+     "anchors": {"python-code": {"vectors": [[...], ...], "n_prompts": 40}},
+     "router": {"min_similarity": 0.6}}
+
+Default location: ``$NEST_HOME/knn_ssd/<model fingerprint>/<name>.json`` with name
+``default`` (``profile_path(lm)``); a ``profile=`` option or ``--profile`` may give a name (looked
+up there) or a path. Loading checks the model fingerprint: a profile of another model is a clear
+``ProfileError``. Writes are read-modify-write of the whole file under a lock, through a temporary
+file and ``os.replace``, after the fingerprint check, so a refused update leaves the file as it was.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from nest_integrations.lm.layer_skip import SkipSet
+
+LOG = logging.getLogger(__name__)
+
+FORMAT = "nest-knn-ssd-profile"
+VERSION = 1
+#: The Self-SD (Mix) skip set's name: searched on prompts of every domain, used as the
+#: router's fallback; it has no anchors.
+MIXED = "mixed"
+DEFAULT_NAME = "default"
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used: missing, malformed, or built for another model."""
+
+
+def profiles_dir(fingerprint: str) -> Path:
+    """``$NEST_HOME/knn_ssd/<fingerprint>/`` (``/`` in a fingerprint becomes ``_``)."""
+    from nest_integrations.paths import nest_home
+
+    return nest_home() / "knn_ssd" / fingerprint.replace("/", "_").replace(os.sep, "_")
+
+
+def profile_path(lm: Any, name_or_path: str | os.PathLike[str] | None = None) -> Path:
+    """Where a profile lives: a path (anything with a separator or ending in ``.json``) as
+    given, else ``profiles_dir(lm.fingerprint) / f"{name}.json"`` (default name ``default``)."""
+    value = str(name_or_path) if name_or_path is not None else DEFAULT_NAME
+    if os.sep in value or "/" in value or value.endswith(".json"):
+        return Path(value)
+    return profiles_dir(lm.fingerprint) / f"{value}.json"
+
+
+@dataclass
+class Profile:
+    """Skip sets and anchors of one model (see the module docstring for the JSON)."""
+
+    model: str
+    n_layers: int
+    hidden_size: int
+    skips: dict[str, SkipSet] = field(default_factory=dict)
+    search: dict[str, dict[str, Any]] = field(default_factory=dict)
+    anchors: dict[str, np.ndarray] = field(default_factory=dict)
+    anchor_info: dict[str, dict[str, Any]] = field(default_factory=dict)
+    router: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls, lm: Any) -> "Profile":
+        from nest_integrations.lm.layer_skip import decoder_layers
+
+        return cls(model=lm.fingerprint, n_layers=len(decoder_layers(lm.model)),
+                   hidden_size=int(lm.key_dim))
+
+    # ------------------------------------------------------------------------- (de)serialise
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "model": self.model,
+            "n_layers": self.n_layers,
+            "hidden_size": self.hidden_size,
+            "domains": {
+                d: {"skip": s.to_dict(), "search": self.search.get(d, {})}
+                for d, s in sorted(self.skips.items())
+            },
+            "anchors": {
+                d: {"vectors": a.astype(float).round(6).tolist(), **self.anchor_info.get(d, {})}
+                for d, a in sorted(self.anchors.items())
+            },
+            "router": self.router,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "profile") -> "Profile":
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ProfileError(f"{where} is not a KNN-SSD profile (no \"format\": {FORMAT!r})")
+        if data.get("version") != VERSION:
+            raise ProfileError(f"{where} has version {data.get('version')!r}; this code reads "
+                               f"version {VERSION}")
+        try:
+            n_layers, hidden = int(data["n_layers"]), int(data["hidden_size"])
+            skips = {d: SkipSet.from_dict(v["skip"]) for d, v in data.get("domains", {}).items()}
+            search = {d: dict(v.get("search", {})) for d, v in data.get("domains", {}).items()}
+            anchors, info = {}, {}
+            for d, v in data.get("anchors", {}).items():
+                a = np.asarray(v["vectors"], dtype=np.float32)
+                if a.ndim != 2 or a.shape[1] != hidden or len(a) == 0:
+                    raise ProfileError(f"{where}: anchors of {d!r} have shape {a.shape}, "
+                                       f"expected (k, {hidden})")
+                anchors[d] = a
+                info[d] = {k: x for k, x in v.items() if k != "vectors"}
+        except (KeyError, TypeError) as exc:
+            raise ProfileError(f"{where} is malformed: {exc!r}") from None
+        for d, s in skips.items():
+            if s.n_layers != n_layers:
+                raise ProfileError(f"{where}: skip set {d!r} is for {s.n_layers} layers, the "
+                                   f"profile for {n_layers}")
+        return cls(str(data["model"]), n_layers, hidden, skips, search, anchors, info,
+                   dict(data.get("router", {})))
+
+    # ------------------------------------------------------------------------- checks
+
+    def check_model(self, lm: Any, where: str = "profile") -> None:
+        """Raise ``ProfileError`` unless the profile was built for ``lm``."""
+        if self.model != lm.fingerprint:
+            raise ProfileError(
+                f"{where} was built for model {self.model!r}, not {lm.fingerprint!r}: skip "
+                "sets and anchors do not transfer between models; run `nest knn-ssd search` "
+                "and `nest knn-ssd anchors` for this model"
+            )
+
+
+def load_profile(lm: Any, name_or_path: str | os.PathLike[str] | None = None) -> Profile:
+    """The profile for ``lm`` by name or path (default: ``default`` in the model's folder)."""
+    path = profile_path(lm, name_or_path)
+    if not path.is_file():
+        raise ProfileError(
+            f"no KNN-SSD profile at {path}: build one with `nest knn-ssd search --domain NAME "
+            "--prompts FILE` and `nest knn-ssd anchors --domain NAME --prompts FILE`, or pass "
+            "drafter_options={'profile': PATH}"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"{path} is not valid JSON: {exc}") from None
+    profile = Profile.from_json(data, str(path))
+    profile.check_model(lm, str(path))
+    return profile
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def update_profile(
+    lm: Any, name_or_path: str | os.PathLike[str] | None, change: Any
+) -> Profile:
+    """Load (or start) the profile, apply ``change(profile)`` and write it back atomically.
+
+    A profile of another model raises ``ProfileError`` before anything is written.
+    """
+    path = profile_path(lm, name_or_path)
+    with _locked(path):
+        profile = load_profile(lm, path) if path.is_file() else Profile.empty(lm)
+        change(profile)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(profile.to_json(), indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    LOG.info("wrote KNN-SSD profile %s", path)
+    return profile
