@@ -243,6 +243,29 @@ def _greedy(engine, prompt, n, **kw):
     return engine.generate([{"role": "user", "content": prompt}], max_new_tokens=n, **kw)
 
 
+class ForkSource:
+    """Every response twice: the copy has the same keys but its second half changed, so two
+    neighbours pass the first-token filter and their drafts fork into a token tree."""
+
+    def __init__(self, inner):
+        self.inner, self.n_batches = inner, inner.n_batches
+        self.spec = {**inner.spec, "kind": "fork"}
+
+    def batch(self, i):
+        from nest_integrations.dresd import SourceBatch
+
+        b = self.inner.batch(i)
+        out = SourceBatch(list(b.passages), list(b.token_ids), list(b.offsets), list(b.keys))
+        for p, t, o, k in zip(b.passages, b.token_ids, b.offsets, b.keys):
+            t2 = np.array(t)
+            t2[len(t2) // 2 :] = (t2[len(t2) // 2 :] + 1) % 49152
+            out.passages.append(Passage(id="fork-" + p.id, text=p.text, doc_id=p.doc_id))
+            out.token_ids.append(t2)
+            out.offsets.append(o)
+            out.keys.append(k)
+        return out
+
+
 def test_oracle_greedy_dresd_equals_greedy(tiny_lm, tmp_path):
     """Lossless: the same tokens as plain greedy decoding, with an in-domain datastore (the
     model's own responses: many acceptances) and an unrelated one (few)."""
@@ -255,23 +278,28 @@ def test_oracle_greedy_dresd_equals_greedy(tiny_lm, tmp_path):
     ind = build_datastore(tiny_lm, PromptSource(read_prompts(prompts), tiny_lm,
                                                 max_new_tokens=n), tmp_path / "in")  # fmt: skip
     ood = build_datastore(tiny_lm, PassageSource(_passages(), tiny_lm), tmp_path / "ood")
+    fork = build_datastore(tiny_lm, ForkSource(PromptSource(read_prompts(prompts), tiny_lm,
+                                                            max_new_tokens=n)), tmp_path / "fork")
     from nest_integrations.drafters.dresd import STATS
 
     engine = NestEngine(tiny_lm, None, config=NestConfig(temperature=0.0))
     STATS.reset()
-    acc = {}
-    for name, ds in (("in", ind), ("ood", ood)):
+    acc, n_citations = {}, 0
+    for name, ds in (("in", ind), ("ood", ood), ("fork", fork)):
         acc[name] = 0
         for p in PROMPTS + ["Tell me about rivers."]:
             ref = _greedy(engine, p, n, decoding="greedy")
-            for shape in ("tree", "chain"):
+            for shape in ("tree", "chain") if name != "fork" else ("tree",):
                 res = _greedy(engine, p, n, decoding="dresd",
                               drafter_options={"datastore": str(ds.root), "shape": shape})
                 assert res.token_ids == ref.token_ids, (name, p, shape)
                 acc[name] += res.stats.accepted_tokens
-                for c in res.citations:  # verbatim provenance: exact corpus slices
+                for c in res.citations if name != "fork" else []:  # exact corpus slices
                     assert c.kind == "verbatim"
+                    n_citations += 1
                     assert res.text[c.start : c.end] == c.text
-    assert STATS.drafts > STATS.proposals  # several drafts per step: real token trees ran
+    assert n_citations > 0
+    assert STATS.trees > 0  # the fork datastore made the loop verify real token trees
+    assert acc["fork"] > 4 * max(1, acc["ood"]), acc
     assert acc["in"] > 4 * max(1, acc["ood"]), acc
     assert acc["in"] >= len(PROMPTS) * n  # most of every in-domain answer came from drafts

@@ -52,10 +52,11 @@ class DraftStats:
     proposals: int = 0
     drafts: int = 0
     nodes: int = 0
+    trees: int = 0
     search_seconds: float = 0.0
 
     def reset(self) -> None:
-        self.proposals = self.drafts = self.nodes = 0
+        self.proposals = self.drafts = self.nodes = self.trees = 0
         self.search_seconds = 0.0
 
 
@@ -178,6 +179,7 @@ class DresdDrafter:
         self.stats.nodes += len(tokens)
         sources: list[Source] = [self._source(state, r) for r in rows]
         tree = any(p != i - 1 for i, p in enumerate(parents))
+        self.stats.trees += tree
         return Draft(tokens, sources, parents=parents if tree else None)
 
     def _source(self, state: DecodeState, row: int) -> Source:

@@ -149,6 +149,7 @@ class RestDrafter:
                 self._registered[p] = state.add_passage(ds.passage(p), ds.passage_offsets(p))
             sources.append((self._registered[p], r - int(ds.bounds[p])))
         tree = any(p != i - 1 for i, p in enumerate(parents))
+        self.stats.trees += tree
         return Draft(tokens, sources, parents=parents if tree else None)
 
     def candidates(
