@@ -17,8 +17,12 @@ p_M worse than p_LM. This module fits them on a split of the user's own corpus:
   LM's** (if no grid point keeps held-out text at or below base, the one with the lowest
   held-out perplexity is taken and the result says so).
 
+The (slightly flat) optimum is taken as: among feasible points within 1% of the best in-corpus
+perplexity, the one with the lowest held-out perplexity.
+
 It also *suggests* delta (span threshold: the largest grid value at which at most 10% of
-held-out positions would start a span) and gamma (relaxation: accept 95% of true in-corpus
+held-out positions would start a span; the smallest grid value, flagged
+``span_start_rate["criterion_met"] = False``, when none does) and gamma (relaxation: accept 95% of true in-corpus
 tokens, ``2 * q05(p_M(true) / max p_M)``, clipped to [5e-4, 1]).
 
 The result is stored beside the key store, ``<persist_dir>/calibration/<collection>.json``,
@@ -56,7 +60,7 @@ LOG = logging.getLogger(__name__)
 
 CALIBRATION_VERSION = 1
 #: mu grid, as multiples of 1/sqrt(d) (the paper's reading of the default is 1x).
-MU_MULTIPLES = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 24.0, 32.0, 48.0, 64.0, 128.0)
+MU_MULTIPLES = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 24.0, 32.0, 48.0, 64.0, 128.0, 256.0)
 ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 TAUS = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 DELTAS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -296,10 +300,6 @@ def fit_calibration(
     pout = _Pool([s for s in scored if not s.in_corpus])
     if pin.n == 0 or pout.n == 0:
         raise ValueError("calibration needs scored tokens both in and out of the corpus")
-    dim = None
-    for s in scored:
-        if s.dist.shape[1]:
-            dim = True
     key_dim = int(getattr(lm, "key_dim", 0) or 0) or _key_dim(key_store)
     base_mu = 1.0 / math.sqrt(key_dim) if key_dim else 1.0 / math.sqrt(576)
     mus = sorted({base_mu * m for m in MU_MULTIPLES})
@@ -313,7 +313,11 @@ def fit_calibration(
             for tau in TAUS:
                 grid.append((mu, a, tau, pin.nll(k_in, a, tau), pout.nll(k_out, a, tau)))
     feasible = [g for g in grid if g[4] <= base_out + 1e-9]
-    best = min(feasible, key=lambda g: (g[3], g[4])) if feasible else min(grid, key=lambda g: g[4])
+    if feasible:  # within 1% of the best in-corpus PPL, the lowest held-out PPL
+        floor = min(g[3] for g in feasible) + math.log(1.01)
+        best = min((g for g in feasible if g[3] <= floor), key=lambda g: (g[4], g[3]))
+    else:
+        best = min(grid, key=lambda g: (g[4], g[3]))
     mu, alpha, tau = best[0], best[1], best[2]
     d_mu = d_cfg.knn_temperature or base_mu
     d_in = pin.nll(pin.p_knn_true(d_mu), d_cfg.rrc_offset, d_cfg.rrc_scale)
@@ -321,7 +325,6 @@ def fit_calibration(
 
     delta, rates = _suggest_delta(pin, pout, alpha, tau)
     gamma = _suggest_gamma(pin, mu, alpha, tau)
-    del dim
     return {
         "overrides": {"knn_temperature": mu, "rrc_offset": alpha, "rrc_scale": tau},
         "suggested": {"span_threshold": delta, "relaxation": gamma},
@@ -355,14 +358,16 @@ def _suggest_delta(pin: _Pool, pout: _Pool, alpha: float, tau: float) -> tuple[f
     lam_in = torch.where(pin.has_hits, _lam(pin.ratio, alpha, tau), torch.ones_like(pin.ratio))
     lam_out = torch.where(pout.has_hits, _lam(pout.ratio, alpha, tau),
                           torch.ones_like(pout.ratio))
-    rates = {}
+    rates: dict[str, Any] = {}
     chosen = DELTAS[0]
+    met = False
     for d in DELTAS:
         r_in = float((lam_in <= d).double().mean())
         r_out = float((lam_out <= d).double().mean())
         rates[str(d)] = {"in_corpus": r_in, "held_out": r_out}
         if r_out <= HELD_OUT_SPAN_RATE:
-            chosen = d
+            chosen, met = d, True
+    rates["criterion_met"] = met
     return chosen, rates
 
 
@@ -540,9 +545,7 @@ def calibrate_collection(
     store = ChromaPassageStore.from_persist_dir(root, collection)
     store.count()  # a missing collection fails here, naming the existing ones
     if lm is None:
-        from nest_integrations.lm.hf import HFLanguageModel
-
-        lm = HFLanguageModel.from_default()
+        lm = _load_lm()
     passages = list(store.iter_passages())
     keys = DiskKeyStore.open(paths.keys_dir(root), lm, allow_new_namespace=True)
     try:
@@ -559,6 +562,17 @@ def calibrate_collection(
 
 
 # ----------------------------------------------------------------------------- CLI
+
+
+def _load_lm() -> Any:
+    """The embedded model, shared with the rest of the process (tests replace this)."""
+    try:
+        from nest_integrations.assembly import shared_model
+    except ImportError:  # pragma: no cover - before the assembly module
+        from nest_integrations.lm.hf import HFLanguageModel
+
+        return HFLanguageModel.from_default()
+    return shared_model()
 
 CALIBRATE_HELP = "fit the kNN temperature and RRC (mu, alpha, tau) to the model and a collection"
 
@@ -578,13 +592,7 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.n_texts < 1 or args.passages < 1:
         raise ValueError("--n-texts and --passages must be at least 1")
-    lm = None
-    try:  # the CLI's model loader (tests replace it)
-        from nest_integrations import cli
-
-        lm = cli._load_lm()
-    except (ImportError, AttributeError):  # pragma: no cover
-        pass
+    lm = _load_lm()
     res = calibrate_collection(
         args.persist_dir, args.collection, lm, n_texts=args.n_texts, n_passages=args.passages,
         seed=args.seed, save=not args.dry_run, progress=not args.json,

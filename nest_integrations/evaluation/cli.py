@@ -34,7 +34,8 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
         "--config",
         choices=sorted(SETTINGS),
         default="small",
-        help="evaluation size: small (~20 min on 2 CPU cores) or full (default: small)",
+        help="evaluation size: small (~20 min on 2 CPU cores), medium (>= 50 examples per "
+        "task, entity QA, calibrated NEST, paired statistics) or full (default: small)",
     )
     p.add_argument(
         "--out", default=DEFAULT_OUT, metavar="DIR", help=f"output folder (default: {DEFAULT_OUT})"
@@ -42,7 +43,8 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--systems",
         metavar="LIST",
-        help="comma-separated subset of base,ra,knn-lm,nest,ra-nest (default: all)",
+        help="comma-separated subset of base,ra,knn-lm,nest,ra-nest,nest-cal "
+        "(default: the configuration's)",
     )
     p.add_argument(
         "--n-examples",
@@ -120,7 +122,7 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
 def settings_from_args(args: argparse.Namespace) -> Any:
     """``EvalSettings`` of ``--config`` with the command-line overrides applied."""
     from nest_integrations.evaluation.runner import SETTINGS
-    from nest_integrations.evaluation.systems import SYSTEM_KEYS
+    from nest_integrations.evaluation.systems import ALL_SYSTEM_KEYS as SYSTEM_KEYS
 
     settings = SETTINGS[args.config]
     systems = None
@@ -144,6 +146,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
     out = settings.with_overrides(
         n_completion=n,
         n_qa=n,
+        n_entity_qa=n if n is not None and settings.n_entity_qa else None,
         reference_tokens=args.reference_tokens,
         qa_max_new_tokens=args.qa_max_new_tokens,
         jsonl_max_new_tokens=args.qa_max_new_tokens,

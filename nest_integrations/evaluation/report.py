@@ -22,6 +22,15 @@ TASK_TITLES = {
     "completion-in": "Completion, in-corpus",
     "completion-out": "Completion, held-out",
     "qa": 'QA "What is X?"',
+    "entity-qa": "Grounded entity QA",
+}
+
+#: The per-example metric of the paired comparisons, per task (binary ones get McNemar).
+PAIRED_METRIC = {
+    "completion-in": ("rouge1_f", False),
+    "completion-out": ("rouge1_f", False),
+    "qa": ("alr", True),
+    "entity-qa": ("correct", True),
 }
 
 
@@ -137,6 +146,8 @@ def markdown(run: EvalRun) -> str:
         "accepted per verification forward pass.",
         "",
     ]
+    lines += _grounded(run, table, names)
+    lines += _paired(run, names)
     lines += _breakdown(run, table, names)
     sweep = run.gamma_table()
     if sweep:
@@ -162,6 +173,115 @@ def markdown(run: EvalRun) -> str:
         ]
     lines += _protocol(run)
     return "\n".join(lines) + "\n"
+
+
+def _grounded(run: EvalRun, table: dict, names: dict) -> list[str]:
+    """The grounded-QA table (tasks whose records carry ``correct``)."""
+    tasks = [t for t in run.tasks if any(r.get("correct") is not None
+                                         for r in run.records.get(t.name, []))]
+    if not tasks:
+        return []
+    lines = ["## Grounded QA", ""]
+    for t in tasks:
+        lines += [
+            f"{TASK_TITLES.get(t.name, t.name)} ({len(t.examples)} questions):",
+            "",
+            "| System | correct % | wrong entity % | gold-cited chars % | off-topic copied % "
+            "| run-on % | tok/s |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for s in run.systems:
+            row = table[t.name][s.key]
+            lines.append(
+                f"| {names[s.key]} | {fmt(row.get('correct'))} | {fmt(row.get('wrong_entity'))} "
+                f"| {fmt(row.get('gold_cited_share'))} | {fmt(row.get('off_topic_share'))} | "
+                f"{fmt(row.get('run_on_share'))} | {fmt(row.get('tokens_per_s'))} |"
+            )
+        lines.append("")
+    lines += [
+        "correct: the gold value (normalised, whole words) and no other entity's value for the "
+        "attribute. gold-cited chars: pooled share of cited characters on the gold document. "
+        "off-topic copied / run-on: output tokens attributed to another document / after the "
+        "first sentence end following the answer, as shares of all output tokens.",
+        "",
+    ]
+    return lines
+
+
+def paired_rows(run: EvalRun) -> list[dict[str, Any]]:
+    """Per task and system: the mean of the task's per-example metric with a bootstrap 95%
+    interval, and against the reference system (``ra`` for QA tasks when run, else ``base``)
+    the paired mean difference with its interval, wins/ties/losses and, for binary metrics,
+    McNemar's exact p."""
+    from nest_integrations.evaluation import stats
+
+    keys = [s.key for s in run.systems]
+    out = []
+    for t in run.tasks:
+        metric, binary = PAIRED_METRIC.get(t.name, ("rouge1_f", False))
+        ref = "ra" if "qa" in t.name and "ra" in keys else "base" if "base" in keys else keys[0]
+        by = {
+            k: {r["example"]: r.get(metric) for r in run.records.get(t.name, [])
+                if r["system"] == k and r.get(metric) is not None}
+            for k in keys
+        }
+        for k in keys:
+            vals = list(by[k].values())
+            if not vals:
+                continue
+            mean, lo, hi = stats.bootstrap_ci(vals)
+            row: dict[str, Any] = {"task": t.name, "system": k, "metric": metric, "n": len(vals),
+                                   "mean": mean, "ci": (lo, hi), "reference": ref}
+            if k != ref:
+                common = [e for e in by[k] if e in by[ref]]
+                a = [float(by[k][e]) for e in common]
+                b = [float(by[ref][e]) for e in common]
+                if common:
+                    d, dlo, dhi = stats.paired_bootstrap_diff(a, b)
+                    row.update(diff=d, diff_ci=(dlo, dhi), **stats.win_rate(a, b))
+                    if binary:
+                        row["mcnemar_p"] = stats.mcnemar([x > 0 for x in a],
+                                                         [y > 0 for y in b])["p"]
+            out.append(row)
+    return out
+
+
+def _paired(run: EvalRun, names: dict) -> list[str]:
+    rows = paired_rows(run)
+    if not rows:
+        return []
+    lines = [
+        "## Paired comparisons (95% bootstrap intervals over examples)",
+        "",
+        "| Task | System | metric | mean (95% CI) | vs reference: diff (95% CI) | wins/ties/losses "
+        "| win rate | McNemar p |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        scale = 100.0
+        lo, hi = r["ci"]
+        cell = f"{scale * r['mean']:.1f} ({scale * lo:.1f} to {scale * hi:.1f})"
+        if "diff" in r:
+            dlo, dhi = r["diff_ci"]
+            vs = (f"{scale * r['diff']:+.1f} ({scale * dlo:+.1f} to {scale * dhi:+.1f}) vs "
+                  f"{names.get(r['reference'], r['reference'])}")
+            wtl = f"{r['wins']}/{r['ties']}/{r['losses']}"
+            wr = f"{100 * r['win_rate']:.0f}%"
+        else:
+            vs, wtl, wr = "(reference)", "-", "-"
+        p = r.get("mcnemar_p")
+        lines.append(
+            f"| {TASK_TITLES.get(r['task'], r['task'])} | {names.get(r['system'], r['system'])} | "
+            f"{r['metric']} | {cell} | {vs} | {wtl} | {wr} | {'-' if p is None else f'{p:.3f}'} |"
+        )
+    lines += [
+        "",
+        "Metrics x100: rouge1_f (ROUGE-1 F1), alr (answer-level recall), correct (grounded "
+        "answer correct). Differences are paired per example; an interval that contains 0 (or "
+        "McNemar p >= 0.05) is not a real difference at this sample size.",
+        "",
+    ]
+    return lines
 
 
 def _nest_gamma(run: EvalRun) -> str:
@@ -313,7 +433,11 @@ def load_run(out_dir: str | Path, name: str) -> EvalRun:
         ids = list(dict.fromkeys(r["example"] for r in records.get(t["name"], [])))
         examples = [Example(id=i, prompt="") for i in ids]
         tasks.append(Task(t["name"], examples, t["max_new_tokens"], t["description"], t["filters"]))
-    run = EvalRun(settings, tasks, make_systems(settings.nest_config(), settings.systems))
+    calibration = (data["provenance"].get("calibration") or {}).get("overrides")
+    run = EvalRun(
+        settings, tasks,
+        make_systems(settings.nest_config(), settings.systems, calibration=calibration),
+    )
     run.records, run.gamma_records = records, gamma
     run.retrieval, run.provenance = data["retrieval"], data["provenance"]
     return run

@@ -52,6 +52,10 @@ class EvalSettings:
         systems: which systems to compare.
         gammas: the gamma sweep (NEST only); empty skips it.
         n_gamma: examples per completion setting in the gamma sweep.
+        n_entity_qa: grounded QA questions over the generated entity corpus (added to the
+            datastore; 0 = no such task).
+        entity_seed: seed of the entity corpus and of the question sample.
+        calibration_texts: documents held out / kept in by ``nest calibrate`` for ``nest-cal``.
     """
 
     name: str
@@ -69,6 +73,9 @@ class EvalSettings:
     systems: tuple[str, ...] = SYSTEM_KEYS
     gammas: tuple[float, ...] = (5e-1, 5e-2, 5e-3, 5e-4, 5e-5)
     n_gamma: int = 3
+    n_entity_qa: int = 0
+    entity_seed: int = 0
+    calibration_texts: int = 24
 
     def nest_config(self) -> NestConfig:
         cfg = NestConfig.from_preset(self.preset, n_passages=self.n_passages)
@@ -98,6 +105,21 @@ SETTINGS: dict[str, EvalSettings] = {
         retriever="bm25",
         gammas=(5e-1, 5e-2, 5e-3, 5e-4, 5e-5),
         n_gamma=3,
+    ),
+    # ``medium``: >= 50 examples per task, the grounded entity-QA task and the calibrated NEST
+    # system, with paired statistics in the report. 300 examples x 6 systems; a few hours on
+    # 2 CPU cores (estimate), so it is a benchmark, never run in CI.
+    "medium": EvalSettings(
+        name="medium",
+        n_completion=50,
+        n_qa=50,
+        reference_tokens=48,
+        qa_max_new_tokens=40,
+        retriever="bm25",
+        systems=("base", "ra", "knn-lm", "nest", "ra-nest", "nest-cal"),
+        gammas=(5e-1, 5e-2, 5e-3, 5e-4),
+        n_gamma=10,
+        n_entity_qa=100,
     ),
     "full": EvalSettings(
         name="full",
@@ -205,6 +227,19 @@ def aggregate(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     share = metrics.ratio(tot("time_knn") + tot("time_keys"), tot("time_total"))
     out["knn_time_share"] = None if share is None else 100.0 * share
     out["mean_lambda"] = metrics.mean([r["mean_lambda"] for r in recs if "mean_lambda" in r])
+    grounded = [r for r in recs if "correct" in r]
+    if grounded:
+        gnew = float(sum(r["new_tokens"] for r in grounded))
+        out["correct"] = pct([r["correct"] for r in grounded])
+        out["wrong_entity"] = pct([r["wrong_entity"] for r in grounded])
+        gcs = metrics.ratio(
+            sum(r["gold_cited_chars"] for r in grounded), sum(r["cited_chars"] for r in grounded)
+        )
+        out["gold_cited_share"] = None if gcs is None else 100.0 * gcs
+        ot = metrics.ratio(sum(r["off_topic_tokens"] for r in grounded), gnew)
+        out["off_topic_share"] = None if ot is None else 100.0 * ot
+        ro = metrics.ratio(sum(r["run_on_tokens"] for r in grounded), gnew)
+        out["run_on_share"] = None if ro is None else 100.0 * ro
     return out
 
 
@@ -254,16 +289,17 @@ def run_eval(
     *,
     progress: bool = True,
     on_record: Callable[[str, dict[str, Any]], None] | None = None,
+    calibration: dict[str, Any] | None = None,
 ) -> EvalRun:
     """Evaluate every system of ``settings`` on ``tasks`` (and the gamma sweep).
 
     ``engine`` is a ``NestEngine`` whose key store caches passage keys; stage 1 uses
-    ``retriever`` once per example.
+    ``retriever`` once per example. ``calibration``: the NestConfig overrides of ``nest-cal``.
     """
     from nest_integrations.index.store import ensure_keys
 
     cfg = settings.nest_config()
-    systems = make_systems(cfg, settings.systems)
+    systems = make_systems(cfg, settings.systems, calibration=calibration)
     run = EvalRun(settings=settings, tasks=list(tasks), systems=systems)
     passages, run.retrieval = retrieve_all(retriever, tasks, settings.n_passages, progress)
 

@@ -60,14 +60,42 @@ def wiki_setup(
             train, n=settings.n_qa, max_new_tokens=settings.qa_max_new_tokens, pool=split("train")
         ),
     ]
+    description = (
+        f"Wikipedia leads ({prov['requirement']}), datastore = train split "
+        f"({len(train)} leads, {len(passages)} passages)"
+    )
+    if settings.n_entity_qa > 0:
+        task, extra = entity_setup(settings)
+        tasks.append(task)
+        passages = passages + extra
+        description += (
+            f" + the generated entity corpus (seed {settings.entity_seed}, {len(extra)} "
+            "documents)"
+        )
     tasks = [t for t in tasks if t.examples]
-    prov = {
-        **prov,
-        "description": f"Wikipedia leads ({prov['requirement']}), datastore = train split "
-        f"({len(train)} leads, {len(passages)} passages)",
-        "datastore_passages": len(passages),
-    }
+    prov = {**prov, "description": description, "datastore_passages": len(passages)}
     return tasks, passages, prov
+
+
+def entity_setup(settings: EvalSettings) -> tuple[Task, list[Any]]:
+    """The entity-QA task and the entity corpus's passages (one per document)."""
+    from nest_integrations.evaluation.entities import generate_corpus
+    from nest_integrations.evaluation.tasks import entity_qa_task
+    from nest_integrations.ingest import default_token_counter, load_documents, split_documents
+
+    corpus = generate_corpus(settings.entity_seed)
+    questions = corpus.sample_questions(settings.n_entity_qa, seed=settings.entity_seed)
+    task = entity_qa_task(
+        questions, max_new_tokens=settings.qa_max_new_tokens, seed=settings.entity_seed
+    )
+    docs, issues = load_documents(
+        texts=[d.text for d in corpus.documents],
+        ids=[d.id for d in corpus.documents],
+        metadatas=[{"title": d.name, "kind": d.kind} for d in corpus.documents],
+    )
+    for issue in issues:
+        LOG.warning("entity corpus: %s", issue)
+    return task, split_documents(docs, default_token_counter())
 
 
 def custom_setup(
@@ -117,19 +145,16 @@ def evaluate(
     ``lm`` defaults to the embedded SmolLM2-135M-Instruct; token keys are cached in
     ``key_dir`` (default ``$NEST_HOME/eval/keys``).
     """
-    from nest_integrations.engine import NestEngine
+    from nest_integrations import assembly
     from nest_integrations.evaluation.report import write_outputs
     from nest_integrations.evaluation.retrieval import build_retriever
     from nest_integrations.index.store import DiskKeyStore
 
     start = time.perf_counter()
     machine_start = machine_info()
+    spec = assembly.EngineSpec(config=settings.nest_config(), device=device)
     if lm is None:
-        from nest_integrations.lm.hf import HFLanguageModel
-
-        lm = HFLanguageModel.from_default(
-            device=device, key_source=settings.nest_config().key_source
-        )
+        lm = assembly.shared_model(None, device, spec.config.key_source)
     if tasks_file is not None:
         if not corpus:
             raise ValueError("a JSONL task file needs a corpus (folder or files) as the datastore")
@@ -144,7 +169,8 @@ def evaluate(
     store = DiskKeyStore.open(
         Path(key_dir) if key_dir else eval_home() / "keys", lm, allow_new_namespace=True
     )
-    engine = NestEngine(lm, None, store, settings.nest_config())
+    # Stage 1 runs in the harness (per system); the engine gets the passages it retrieved.
+    engine = assembly.build_engine(spec, lm=lm, key_store=store)
     try:
         run = run_eval(engine, tasks, settings, retriever, progress=progress)
     finally:
@@ -157,9 +183,13 @@ def evaluate(
         "machine_end": machine_info(),
         "wall_s": time.perf_counter() - start,
     }
+    if calibration is not None:
+        run.provenance["calibration"] = {
+            k: cal[k] for k in ("overrides", "suggested", "ppl", "feasible", "n_tokens", "split")
+        }
     paths = write_outputs(run, out_dir, plots=plots)
     LOG.info("evaluation %s done in %.0f s: %s", settings.name, run.provenance["wall_s"], paths)
     return run, paths
 
 
-__all__ = ["custom_setup", "eval_home", "evaluate", "wiki_setup"]
+__all__ = ["custom_setup", "entity_setup", "eval_home", "evaluate", "wiki_setup"]

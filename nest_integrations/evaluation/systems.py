@@ -42,6 +42,10 @@ KNN_LM_WEIGHT = 0.7
 RA_NEST_GAMMA = 5e-1
 
 SYSTEM_KEYS = ("base", "ra", "knn-lm", "nest", "ra-nest")
+#: Systems that need more than the settings: ``nest-cal`` is NEST with ``nest calibrate``'s
+#: fitted mu, alpha, tau (``make_systems(..., calibration=overrides)``).
+EXTRA_SYSTEM_KEYS = ("nest-cal",)
+ALL_SYSTEM_KEYS = SYSTEM_KEYS + EXTRA_SYSTEM_KEYS
 
 
 @dataclass(frozen=True)
@@ -73,12 +77,18 @@ class System:
 
 
 def make_systems(
-    config: NestConfig, keys: Sequence[str] = SYSTEM_KEYS, ra_nest_gamma: float = RA_NEST_GAMMA
+    config: NestConfig,
+    keys: Sequence[str] = SYSTEM_KEYS,
+    ra_nest_gamma: float = RA_NEST_GAMMA,
+    calibration: dict[str, Any] | None = None,
 ) -> list[System]:
-    """The systems named by ``keys``, all derived from ``config`` (the NEST setting)."""
-    unknown = [k for k in keys if k not in SYSTEM_KEYS]
+    """The systems named by ``keys``, all derived from ``config`` (the NEST setting);
+    ``nest-cal`` needs ``calibration`` (NestConfig overrides from ``nest calibrate``)."""
+    unknown = [k for k in keys if k not in ALL_SYSTEM_KEYS]
     if unknown:
-        raise ValueError(f"unknown system(s) {unknown}: choose from {SYSTEM_KEYS}")
+        raise ValueError(f"unknown system(s) {unknown}: choose from {ALL_SYSTEM_KEYS}")
+    if "nest-cal" in keys and not calibration:
+        raise ValueError("system 'nest-cal' needs the calibration overrides")
     plain = dict(span_copying=False, fixed_lm_weight=1.0, cite_token_mode=False)
     table = {
         "base": System("base", "Base LM", config.replace(ra_passages=0, **plain), False, False),
@@ -99,6 +109,11 @@ def make_systems(
             True,
         ),
     }
+    if calibration:
+        table["nest-cal"] = System(
+            "nest-cal", "+NEST (calibrated)", config.replace(ra_passages=0, **calibration),
+            True, False,
+        )
     return [table[k] for k in keys]
 
 
@@ -227,10 +242,35 @@ def run_example(
     if example.answers:
         rec["alr"] = metrics.answer_recall(text, example.answers)
         rec["answer_token_recall"] = metrics.answer_token_recall(text, example.answers)
+    if example.grounded:
+        rec.update(grounded_record(lm, result, text, example))
     return rec
 
 
+def grounded_record(lm: Any, result: Any, text: str, example: Example) -> dict[str, Any]:
+    """The grounded-QA metrics of one output (see ``evaluation.grounded``)."""
+    from nest_integrations.evaluation import grounded
+
+    answer = example.answers[0] if example.answers else None
+    gold = example.gold_doc_id
+    cites = list(result.citations)
+    ends = grounded.token_char_ends(lm, result.token_ids)
+    return {
+        "correct": float(
+            any(grounded.answer_correct(text, a, example.distractors) for a in example.answers)
+        ),
+        "wrong_entity": float(grounded.wrong_entity(text, example.distractors)),
+        "cited_chars": sum(len(c.text) for c in cites),
+        "gold_cited_chars": sum(len(c.text) for c in cites if c.doc_id == gold),
+        "off_topic_tokens": grounded.off_topic_tokens(result.token_sources, result.passages, gold),
+        "run_on_tokens": grounded.run_on_tokens(result.text, ends, answer, example.distractors),
+    }
+
+
 __all__ = [
+    "ALL_SYSTEM_KEYS",
+    "EXTRA_SYSTEM_KEYS",
+    "grounded_record",
     "KNN_LM_WEIGHT",
     "RA_NEST_GAMMA",
     "RA_PASSAGES",

@@ -42,6 +42,10 @@ class Example:
         query: stage-1 retrieval query (default: ``prompt``).
         max_new_tokens: generation budget (default: the task's).
         stop: stop strings (the output is cut before the earliest one).
+        distractors: grounded QA: the other entities' values for the asked attribute (an
+            answer naming one is wrong; see ``grounded.answer_correct``).
+        grounded: score with the grounded-QA metrics (correct, gold-cited share, off-topic
+            copied tokens, run-on tokens).
     """
 
     id: str
@@ -53,6 +57,8 @@ class Example:
     query: str | None = None
     max_new_tokens: int | None = None
     stop: tuple[str, ...] = ()
+    distractors: tuple[str, ...] = ()
+    grounded: bool = False
 
     def engine_prompt(self) -> Any:
         """What ``NestEngine.generate`` takes: a string, or one chat user message."""
@@ -204,6 +210,31 @@ def qa_task(leads: Sequence[WikiLead], *, n: int, max_new_tokens: int, pool: str
     )
 
 
+def entity_qa_task(questions: Sequence[Any], *, max_new_tokens: int, seed: int = 0) -> Task:
+    """Grounded QA over the generated fictional-entity corpus (``entities.generate_corpus``):
+    "What is the <attribute> of <entity>?" as a chat message; gold answer = the value, gold
+    document = the entity's, distractors = the other entities' values for the attribute."""
+    examples = [
+        Example(
+            id=q.id,
+            prompt=q.question,
+            chat=True,
+            answers=(q.answer,),
+            gold_doc_id=q.gold_doc_id,
+            distractors=tuple(q.distractors),
+            grounded=True,
+        )
+        for q in questions
+    ]
+    return Task(
+        name="entity-qa",
+        examples=examples,
+        max_new_tokens=max_new_tokens,
+        description="grounded QA over generated fictional entities sharing sentence frames",
+        filters=[f"entities.generate_corpus(seed={seed}).sample_questions(n, seed={seed})"],
+    )
+
+
 # ----------------------------------------------------------------------------- JSONL
 
 
@@ -268,6 +299,7 @@ __all__ = [
     "Task",
     "completion_task",
     "cut_lead",
+    "entity_qa_task",
     "gold_answers",
     "load_jsonl_task",
     "qa_task",
