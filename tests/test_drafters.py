@@ -1,0 +1,256 @@
+"""The drafter port and the one loop: lossless methods equal greedy decoding, speculative sampling
+keeps the sampling distribution, and the port takes a new drafter in one file + one line.
+
+- every lossless mode (``greedy``, ``prompt-lookup``) equals HF ``generate`` greedy output token
+  for token, on grounded and open prompts and with ``max_new_tokens`` hit mid-draft;
+- speculative sampling (``temperature > 0``): the empirical distribution of the first tokens
+  equals the exact sampling distribution (chi-square), and a deliberately wrong residual rule
+  fails the same test.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from nest_integrations import loop as loop_module
+from nest_integrations.config import NestConfig
+from nest_integrations.core.sampling import warp
+from nest_integrations.drafters import METHODS, Draft, Method, get_method, register
+from nest_integrations.engine import NestEngine
+from nest_integrations.types import Passage
+from tests.fakes import FakeLM
+
+GROUNDED = (
+    "The assert statement is a convenient way to insert debugging assertions into a program. "
+    "The simple form, assert expression, is equivalent to: if __debug__: if not expression: "
+    "raise AssertionError."
+)
+
+PROMPTS = [
+    [{"role": "user", "content": f"Background: {GROUNDED}\n\nWhat does assert do? Quote it."}],
+    [{"role": "user", "content": "Repeat exactly: one two three four five six seven."}],
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "user", "content": "Write a Python function that adds two numbers."}],
+    [{"role": "user", "content": "List the days of the week."}],
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    f"{GROUNDED}\n\nIn short, the assert statement",
+    "Roses are red, violets are blue,",
+    [{"role": "user", "content": "Count from 1 to 20, separated by commas."}],
+]
+
+
+def _hf_greedy(lm, ids: list[int], n: int) -> list[int]:
+    out = lm.model.generate(
+        torch.tensor([ids], device=lm.device),
+        attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=lm.device),
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=sorted(lm.eos_token_ids),
+        pad_token_id=sorted(lm.eos_token_ids)[0],
+    )
+    new = out[0, len(ids) :].tolist()
+    for i, t in enumerate(new):
+        if t in lm.eos_token_ids:
+            return new[:i]
+    return new
+
+
+@pytest.mark.slow
+def test_lossless_modes_equal_hf_greedy(default_lm):
+    """greedy and prompt-lookup equal HF greedy generate token for token on 10 prompts, and
+    prompt-lookup's drafts were really verified (some accepted, some rejected)."""
+    engine = NestEngine(default_lm)
+    drafted = accepted = 0
+    for prompt in PROMPTS:
+        ref = _hf_greedy(default_lm, engine.prompt_ids(prompt), 24)
+        for decoding in ("greedy", "prompt-lookup"):
+            res = engine.generate(prompt, max_new_tokens=24, decoding=decoding)
+            assert res.token_ids == ref, (decoding, prompt)
+            assert res.citations == []
+            if decoding == "prompt-lookup":
+                drafted += res.stats.drafted_tokens
+                accepted += res.stats.accepted_tokens
+                assert res.stats.forward_passes <= len(ref) + 1
+    assert accepted > 0 and drafted > accepted
+
+
+@pytest.mark.slow
+def test_prompt_lookup_stops_at_max_new_tokens_mid_draft(default_lm):
+    """A draft longer than the budget is cut: the output ends at max_new_tokens exactly."""
+    engine = NestEngine(default_lm)
+    prompt = PROMPTS[1]
+    ref = _hf_greedy(default_lm, engine.prompt_ids(prompt), 7)
+    res = engine.generate(prompt, max_new_tokens=7, decoding="prompt-lookup")
+    assert res.token_ids == ref and len(ref) == 7
+    assert res.stats.finish_reason == "length"
+
+
+def test_lossless_modes_equal_greedy_on_tiny_model(tiny_lm):
+    """The same oracle on the tiny random Llama (fast): repetitive output, many drafts."""
+    engine = NestEngine(tiny_lm)
+    for prompt in ["The Roman Empire was", "a b a b a b a b", "def f(x): return x"]:
+        ref = engine.generate(prompt, max_new_tokens=40, decoding="greedy")
+        res = engine.generate(prompt, max_new_tokens=40, decoding="prompt-lookup")
+        assert res.token_ids == ref.token_ids
+        hf = _hf_greedy(tiny_lm, engine.prompt_ids(prompt), 40)
+        assert ref.token_ids == hf
+
+
+def test_lossless_modes_keep_passages_and_give_no_citations(tiny_lm):
+    """Lossless modes still return the passages they were given, without copy citations."""
+    engine = NestEngine(tiny_lm)
+    p = Passage("p1", GROUNDED, doc_id="d", char_start=0, char_end=len(GROUNDED))
+    res = engine.generate("The assert statement", max_new_tokens=8, decoding="prompt-lookup",
+                          passages=[p])
+    assert res.passages == [p]
+    assert res.stats.n_keys == 0  # no token memory is built for lossless methods
+    assert all(c.kind == "verbatim" for c in res.citations)
+
+
+def test_unknown_decoding_is_a_clear_error(tiny_lm):
+    with pytest.raises(ValueError, match="unknown decoding 'nope'.*prompt-lookup"):
+        NestEngine(tiny_lm, decoding="nope")
+    with pytest.raises(ValueError, match="unknown decoding"):
+        NestEngine(tiny_lm).generate("x", decoding="nope")
+
+
+def test_new_drafter_is_one_class_and_one_registry_line(tiny_lm):
+    """A drafter that always proposes the same wrong tokens still gives greedy output, and its
+    update() sees every verification (the port's contract, shown with a throwaway method)."""
+    seen: list[int] = []
+
+    class Always:
+        def propose(self, state):
+            return Draft([5, 6, 7], [None, None, None])
+
+        def update(self, state, draft, n_accepted):
+            seen.append(n_accepted)
+
+    register(Method("always-567", lambda ctx: Always()))
+    try:
+        engine = NestEngine(tiny_lm)
+        ref = engine.generate("The Roman Empire was", max_new_tokens=12, decoding="greedy")
+        res = engine.generate("The Roman Empire was", max_new_tokens=12, decoding="always-567")
+        assert res.token_ids == ref.token_ids
+        assert len(seen) == res.stats.verify_steps > 0
+        assert len(seen) < res.stats.drafted_tokens <= 3 * len(seen)  # cut to the budget at the end
+    finally:
+        METHODS.pop("always-567")
+    assert get_method("prompt-lookup").make_drafter is not None
+
+
+# ------------------------------------------------------------------ speculative sampling
+
+V = 6  # a small vocabulary: the exact distribution of three tokens has V ** 3 cells
+
+
+def _fake_lm() -> FakeLM:
+    lm = FakeLM(key_dim=8, vocab_size=V, seed=3)
+    lm.eos_token_ids = frozenset({99})  # no EOS in the vocabulary: always two tokens
+    return lm
+
+
+def _exact_probs(lm: FakeLM, prompt_ids: list[int], cfg: NestConfig, n_tokens: int) -> dict:
+    """Exact probability of every sequence of ``n_tokens`` sampled tokens."""
+
+    def step(prefix: list[int]) -> torch.Tensor:
+        logits, _ = lm.forward(prompt_ids + prefix, lm.new_cache())
+        return warp(torch.softmax(logits[-1], -1), cfg.temperature, cfg.top_p)
+
+    probs = {(): 1.0}
+    for _ in range(n_tokens):
+        nxt = {}
+        for seq, pr in probs.items():
+            p = step(list(seq))
+            for t in range(V):
+                if p[t] > 0:
+                    nxt[seq + (t,)] = pr * float(p[t])
+        probs = nxt
+    return probs
+
+
+def _chi2_pvalue(counts: Counter, probs: dict, n: int) -> float:
+    """Pearson chi-square goodness of fit, p-value by Wilson-Hilferty (cells pooled to E >= 5)."""
+    stat, df, pool_o, pool_e = 0.0, -1, 0.0, 0.0
+    for cell, p in sorted(probs.items(), key=lambda kv: kv[1]):
+        pool_o += counts.get(cell, 0)
+        pool_e += p * n
+        if pool_e >= 5:
+            stat += (pool_o - pool_e) ** 2 / pool_e
+            df += 1
+            pool_o = pool_e = 0.0
+    k = max(df, 1)
+    z = ((stat / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+class _Repeat:
+    """Always drafts the tokens 2, 3 (a deterministic draft: q is one-hot)."""
+
+    def __init__(self, ctx):
+        pass
+
+    def propose(self, state):
+        return Draft([2, 3][: state.budget], None)
+
+    def update(self, state, draft, n_accepted):
+        pass
+
+
+def _sample_pairs(method: str, n: int, cfg: NestConfig) -> tuple[Counter, list[int]]:
+    engine = NestEngine(_fake_lm())
+    counts: Counter = Counter()
+    acc = [0, 0]
+    for i in range(n):
+        res = engine.generate(" x", max_new_tokens=3, decoding=method,
+                              config=cfg.replace(seed=i), passages=[])
+        counts[tuple(res.token_ids)] += 1
+        acc[0] += res.stats.accepted_tokens
+        acc[1] += res.stats.drafted_tokens
+    return counts, acc
+
+
+@pytest.fixture()
+def repeat_method():
+    register(Method("test-repeat", lambda ctx: _Repeat(ctx)))
+    yield "test-repeat"
+    METHODS.pop("test-repeat")
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_speculative_sampling_matches_plain_sampling(repeat_method, top_p):
+    """Over 3000 seeded draws, the first three tokens (two of them drafted) follow the exact sampling distribution,
+    with drafts that are partly accepted (the rule is exercised, not bypassed)."""
+    cfg = NestConfig(temperature=1.3, top_p=top_p)
+    n = 3000
+    counts, (accepted, drafted) = _sample_pairs(repeat_method, n, cfg)
+    lm = _fake_lm()
+    probs = _exact_probs(lm, lm.tokenize(" x"), cfg, 3)
+    assert 0 < accepted < drafted
+    assert _chi2_pvalue(counts, probs, n) > 1e-3
+
+
+def test_a_wrong_residual_rule_fails_the_same_test(repeat_method, monkeypatch):
+    """Resampling from p instead of the residual max(0, p - q) biases the output: the
+    chi-square test above rejects it, so it can catch a broken rule."""
+
+    def wrong(p, draft, q, generator):
+        n = int(draft.numel())
+        idx = torch.arange(n)
+        u = torch.rand(n, generator=generator, dtype=torch.float64)
+        ok = u < p[idx, draft].double()
+        m = int((~ok).nonzero()[0, 0]) if (~ok).any() else n
+        return m, int(torch.multinomial(p[m].float(), 1, generator=generator))  # not residual
+
+    monkeypatch.setattr(loop_module, "speculative_sampling", wrong)
+    cfg = NestConfig(temperature=1.3)
+    n = 3000
+    counts, _ = _sample_pairs(repeat_method, n, cfg)
+    lm = _fake_lm()
+    probs = _exact_probs(lm, lm.tokenize(" x"), cfg, 3)
+    assert _chi2_pvalue(counts, probs, n) < 1e-3
