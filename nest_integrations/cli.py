@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from nest_integrations.ask import ASK_HELP, add_ask_args, cmd_ask
+from nest_integrations.dresd.cli import DRESD_HELP, add_dresd_args, cmd_dresd
 from nest_integrations.evaluation.cli import EVAL_HELP, add_eval_arguments, run_eval
 
 LOG = logging.getLogger("nest_integrations.cli")
@@ -251,6 +252,7 @@ COMMANDS: dict[str, Command] = {
     "info": (_info_args, _cmd_info, "show collections, passages, tokens and key-store size"),
     "ask": (add_ask_args, cmd_ask, ASK_HELP),
     "eval": (add_eval_arguments, run_eval, EVAL_HELP),
+    "dresd": (add_dresd_args, cmd_dresd, DRESD_HELP),
 }
 
 
