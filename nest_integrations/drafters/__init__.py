@@ -55,6 +55,9 @@ register(Method("nest", _nest, uses_memory=True, needs_target=True,
 register(Method("greedy", None, description="plain decoding of the LM (no drafts)"))
 register(Method("prompt-lookup", _prompt_lookup,
                 description="lossless n-gram drafts from the prompt and output"))
+from nest_integrations.drafters import dresd as _dresd, rest as _rest  # noqa: E402
+register(_dresd.METHOD)
+register(_rest.METHOD)
 
 __all__ = [
     "METHODS",
