@@ -1,0 +1,95 @@
+"""``nest serve``: argument parsing and start-up (registered in ``nest_integrations.cli``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from nest_integrations.config import PRESETS
+
+LOG = logging.getLogger(__name__)
+
+#: One-line help of the subcommand (shown by `nest --help`).
+SERVE_HELP = "serve an OpenAI-compatible API with span citations, and a playground page at /"
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``nest serve`` (the parser comes from the CLI registry)."""
+    p.description = (
+        "Serve NEST over HTTP: POST /v1/chat/completions (streamed or not), /v1/completions, "
+        "GET /v1/models, /health, and the playground page at /. Copied spans come back as "
+        "url_citation annotations with their source offsets."
+    )
+    p.add_argument("--collection", default="nest", help="Chroma collection (default: nest)")
+    p.add_argument("--persist-dir", default=None, help="store folder (default: $NEST_HOME/store)")
+    p.add_argument("--chroma-url", default=None, help="a Chroma server, e.g. http://localhost:8000")
+    p.add_argument("--model", default=None,
+                   help="a Hugging Face model id or folder (default: embedded SmolLM2)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: no auth)")
+    p.add_argument("--preset", default="paper", choices=sorted(PRESETS),
+                   help="NestConfig preset when a request names none (default paper)")
+    p.add_argument("--decoding", default=None,
+                   help="decoding method when a request names none (default: nest)")
+    p.add_argument("--served-model-name", default="nest",
+                   help="the model id clients send and /v1/models lists (default nest)")
+    p.add_argument("--max-queue", type=int, default=8,
+                   help="requests that may wait while one generates; more get 429 (default 8)")
+    p.add_argument("--max-tokens-cap", type=int, default=1024,
+                   help="largest max_tokens accepted (default 1024)")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20,
+                   help="largest request body accepted (default 1 MiB)")
+
+
+def build_engine(args: argparse.Namespace) -> Any:
+    """The engine ``nest serve`` runs (one place, so assembly can change in one line)."""
+    from nest_integrations.engine import NestEngine
+
+    return NestEngine.from_defaults(
+        collection=args.collection,
+        persist_dir=args.persist_dir,
+        chroma_url=args.chroma_url,
+        config=args.preset,
+        model=args.model,
+    )
+
+
+def settings_from_args(args: argparse.Namespace) -> Any:
+    from nest_integrations.server.app import ServerSettings
+
+    if args.max_queue < 0:
+        raise ValueError(f"--max-queue={args.max_queue} is invalid: use an integer >= 0")
+    if args.max_tokens_cap < 1 or args.max_body_bytes < 1024:
+        raise ValueError("--max-tokens-cap must be >= 1 and --max-body-bytes >= 1024")
+    return ServerSettings(
+        model_name=args.served_model_name,
+        preset=args.preset,
+        decoding=args.decoding,
+        api_key=args.api_key,
+        max_queue=args.max_queue,
+        max_tokens_cap=args.max_tokens_cap,
+        default_max_tokens=min(256, args.max_tokens_cap),
+        max_body_bytes=args.max_body_bytes,
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from nest_integrations._optional import require
+
+    uvicorn = require("uvicorn", extra="server")
+    from nest_integrations.server.app import create_app
+
+    settings = settings_from_args(args)  # bad options fail before the model loads
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        LOG.warning("binding %s without --api-key: anyone who can reach it can use it", args.host)
+    app = create_app(build_engine(args), settings)
+    sys.stderr.write(
+        f"nest serve: http://{args.host}:{args.port}/ (playground), OpenAI API at /v1\n"
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0

@@ -1,0 +1,454 @@
+"""The OpenAI wire format: request validation and response bodies (no web framework here).
+
+Requests are plain dicts parsed from JSON; ``parse_chat`` / ``parse_completion`` check them the
+way OpenAI does (unknown fields are ignored, invalid values raise ``ApiError`` with a status and
+OpenAI's error shape) and return a ``GenerationRequest`` for the engine. Responses are built
+from the engine's ``Citation`` / ``NestResult`` by the functions below.
+
+Citations use the shape OpenAI's clients already parse (``message.annotations`` entries of type
+``url_citation``), with NEST's source side as extra keys on the same object::
+
+    {"type": "url_citation",
+     "url_citation": {"start_index": 12, "end_index": 57, "url": "...", "title": "...",
+                      "cited_text": "...", "doc_id": "...", "passage_id": "...",
+                      "source_start": 104, "source_end": 149,
+                      "passage_start": 104, "passage_end": 149, "n_tokens": 9}}
+
+``answer[start_index:end_index] == cited_text == source[source_start:source_end]`` (offsets
+count Unicode code points, as Python strings do).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from nest_integrations.types import Citation, NestResult
+
+#: Roles accepted in ``messages`` (``developer`` is OpenAI's newer name for ``system``).
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's JSON shape: ``{"error": {message, type, param, code}}``."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type: str = "invalid_request_error",
+        headers: Mapping[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def invalid(param: str, message: str, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+@dataclass
+class GenerationRequest:
+    """One validated request: what to pass to ``engine.stream`` and how to answer."""
+
+    prompt: str | list[dict[str, str]]
+    max_tokens: int
+    stream: bool = False
+    stop: list[str] = field(default_factory=list)
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    preset: str | None = None
+    decoding: str | None = None
+    include_usage: bool = False
+    model: str = ""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Server-side caps checked at validation time."""
+
+    max_tokens_cap: int = 1024
+    default_max_tokens: int = 256
+
+
+# --------------------------------------------------------------------------------- requests
+
+
+def parse_chat(body: Any, limits: Limits) -> GenerationRequest:
+    """Validate a ``/v1/chat/completions`` body."""
+    body = _object(body)
+    if "messages" not in body:
+        raise ApiError(
+            400, "missing required parameter: 'messages'", param="messages",
+            code="missing_required_parameter",
+        )
+    raw = body["messages"]
+    if not isinstance(raw, list) or not raw:
+        raise invalid("messages", "'messages' must be a non-empty array of {role, content} objects")
+    messages = [_message(m, i) for i, m in enumerate(raw)]
+    users = [m for m in messages if m["role"] == "user"]
+    if not users:
+        raise invalid("messages", "'messages' must contain at least one message with role 'user'")
+    if not users[-1]["content"].strip():
+        raise invalid(
+            f"messages[{messages.index(users[-1])}].content",
+            "the last user message has empty content: send the question as non-empty text",
+        )
+    req = _common(body, limits, max_keys=("max_completion_tokens", "max_tokens"))
+    req.prompt = messages
+    return req
+
+
+def parse_completion(body: Any, limits: Limits) -> GenerationRequest:
+    """Validate a ``/v1/completions`` body (one prompt string)."""
+    body = _object(body)
+    if "prompt" not in body:
+        raise ApiError(
+            400, "missing required parameter: 'prompt'", param="prompt",
+            code="missing_required_parameter",
+        )
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise invalid("prompt", "'prompt' must be a string (one prompt per request)")
+    if not prompt.strip():
+        raise invalid("prompt", "'prompt' is empty: send non-empty text")
+    if body.get("echo"):
+        raise invalid("echo", "'echo' is not supported")
+    req = _common(body, limits, max_keys=("max_tokens",))
+    req.prompt = prompt
+    return req
+
+
+def _object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def _message(m: Any, i: int) -> dict[str, str]:
+    where = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise invalid(where, f"{where} must be an object with 'role' and 'content'")
+    role = m.get("role")
+    if role not in ROLES:
+        raise invalid(
+            f"{where}.role", f"{where}.role={role!r} is not supported: use one of {sorted(ROLES)}"
+        )
+    content = m.get("content")
+    if isinstance(content, list):  # content parts: only text is supported
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
+                part.get("text"), str
+            ):
+                raise invalid(
+                    f"{where}.content[{j}]",
+                    f"{where}.content[{j}] is not a text part: only "
+                    '{"type": "text", "text": ...} parts are supported',
+                )
+            texts.append(part["text"])
+        content = "".join(texts)
+    if content is None and role == "assistant":
+        content = ""
+    if not isinstance(content, str):
+        raise invalid(f"{where}.content", f"{where}.content must be a string or text parts")
+    return {"role": ROLES[role], "content": content}
+
+
+def _common(body: dict[str, Any], limits: Limits, max_keys: Sequence[str]) -> GenerationRequest:
+    """Options shared by chat and completions (unknown fields are ignored)."""
+    model = body.get("model", "")
+    if not isinstance(model, str):
+        raise invalid("model", "'model' must be a string")
+    max_tokens = limits.default_max_tokens
+    for key in max_keys:
+        if body.get(key) is not None:
+            max_tokens = _int(body, key)
+            if max_tokens < 1:
+                raise invalid(key, f"'{key}' must be >= 1 (got {max_tokens})")
+            if max_tokens > limits.max_tokens_cap:
+                raise invalid(
+                    key,
+                    f"'{key}'={max_tokens} is over this server's cap of "
+                    f"{limits.max_tokens_cap} tokens",
+                )
+            break
+    n = body.get("n")
+    if n is not None and (_int(body, "n") != 1):
+        raise invalid("n", "only n=1 is supported")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise invalid("stream", "'stream' must be a boolean")
+    include_usage = False
+    opts = body.get("stream_options")
+    if opts is not None:
+        if not isinstance(opts, dict):
+            raise invalid("stream_options", "'stream_options' must be an object")
+        include_usage = bool(opts.get("include_usage", False))
+    return GenerationRequest(
+        prompt="",
+        max_tokens=max_tokens,
+        stream=stream,
+        stop=_stop(body.get("stop")),
+        temperature=_number(body, "temperature", 0.0, 2.0),
+        top_p=_top_p(body),
+        seed=_int(body, "seed") if body.get("seed") is not None else None,
+        preset=_name(body, "preset"),
+        decoding=_name(body, "decoding"),
+        include_usage=include_usage,
+        model=model,
+    )
+
+
+def _int(body: dict[str, Any], key: str) -> int:
+    v = body[key]
+    if isinstance(v, bool) or not isinstance(v, int):
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        raise invalid(key, f"'{key}' must be an integer (got {v!r})")
+    return v
+
+
+def _number(body: dict[str, Any], key: str, lo: float, hi: float) -> float | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise invalid(key, f"'{key}' must be a number (got {v!r})")
+    if not lo <= v <= hi:
+        raise invalid(key, f"'{key}'={v} is out of range: use a number in [{lo:g}, {hi:g}]")
+    return float(v)
+
+
+def _top_p(body: dict[str, Any]) -> float | None:
+    v = _number(body, "top_p", 0.0, 1.0)
+    if v is not None and v <= 0:
+        raise invalid("top_p", "'top_p' must be in (0, 1]")
+    return v
+
+
+def _stop(v: Any) -> list[str]:
+    if v is None:
+        return []
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise invalid("stop", "'stop' must be a string or an array of strings")
+    if len(v) > 4:
+        raise invalid("stop", "'stop' takes at most 4 sequences")
+    return [s for s in v if s]
+
+
+def _name(body: dict[str, Any], key: str) -> str | None:
+    """An extension option, top level (``extra_body``) or inside a ``nest`` object."""
+    v = body.get(key)
+    nest = body.get("nest")
+    if v is None and isinstance(nest, dict):
+        v = nest.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v:
+        raise invalid(key, f"'{key}' must be a non-empty string")
+    return v
+
+
+# --------------------------------------------------------------------------------- responses
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def annotation(c: Citation) -> dict[str, Any]:
+    """A NEST citation as an OpenAI ``url_citation`` annotation plus NEST's source keys."""
+    meta = c.metadata or {}
+    url = meta.get("url") or meta.get("source") or c.doc_id
+    title = meta.get("title") or meta.get("source") or c.doc_id
+    return {
+        "type": "url_citation",
+        "url_citation": {
+            "start_index": c.start,
+            "end_index": c.end,
+            "url": str(url),
+            "title": str(title),
+            "cited_text": c.text,
+            "doc_id": c.doc_id,
+            "passage_id": c.passage_id,
+            "source_start": c.source_start,
+            "source_end": c.source_end,
+            "passage_start": c.passage_start,
+            "passage_end": c.passage_end,
+            "n_tokens": c.n_tokens,
+            "kind": getattr(c, "kind", "copy"),
+        },
+    }
+
+
+def usage(result: NestResult) -> dict[str, int]:
+    s = result.stats
+    return {
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.new_tokens,
+        "total_tokens": s.prompt_tokens + s.new_tokens,
+    }
+
+
+def nest_extension(result: NestResult, preset: str, decoding: str | None) -> dict[str, Any]:
+    """The one extension field: NEST's stats, the preset and the decoding mode."""
+    stats = result.stats.to_dict()
+    stats["mean_span_length"] = result.mean_span_length
+    return {"preset": preset, "decoding": decoding or "nest", "stats": stats}
+
+
+def finish_reason(result: NestResult) -> str:
+    return "length" if result.stats.finish_reason == "length" else "stop"
+
+
+def chat_response(
+    rid: str, model: str, result: NestResult, ext: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": result.text,
+                    "refusal": None,
+                    "annotations": [annotation(c) for c in result.citations],
+                },
+                "logprobs": None,
+                "finish_reason": finish_reason(result),
+            }
+        ],
+        "usage": usage(result),
+        "nest": ext,
+    }
+
+
+def completion_response(
+    rid: str, model: str, result: NestResult, ext: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "text": result.text,
+                "logprobs": None,
+                "finish_reason": finish_reason(result),
+                "annotations": [annotation(c) for c in result.citations],
+            }
+        ],
+        "usage": usage(result),
+        "nest": ext,
+    }
+
+
+def chat_chunk(
+    rid: str,
+    model: str,
+    created: int,
+    delta: dict[str, Any],
+    finish: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        **extra,
+    }
+
+
+def completion_chunk(
+    rid: str,
+    model: str,
+    created: int,
+    text: str,
+    annotations: list[dict[str, Any]] | None = None,
+    finish: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    if annotations:
+        choice["annotations"] = annotations
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        **extra,
+    }
+
+
+class AnnotationStream:
+    """Which annotations a streamed chunk carries.
+
+    A copied delta carries its citation *as known so far*; a run that keeps growing is sent
+    again with the same ``start_index`` and ``passage_id`` and a larger ``end_index``, so a
+    client keeps the last annotation per ``(passage_id, start_index)``. ``finish`` returns
+    what the final result holds and was not sent in that final form, so the merged stream
+    equals the non-streamed ``annotations`` exactly.
+    """
+
+    def __init__(self) -> None:
+        self.sent: dict[tuple[str, int], tuple[int, str]] = {}
+
+    def step(self, citation: Citation | None) -> list[dict[str, Any]]:
+        if citation is None:
+            return []
+        self.sent[(citation.passage_id, citation.start)] = (citation.end, citation.text)
+        return [annotation(citation)]
+
+    def finish(self, result: NestResult) -> list[dict[str, Any]]:
+        out = []
+        for c in result.citations:
+            if self.sent.get((c.passage_id, c.start)) != (c.end, c.text):
+                out.append(annotation(c))
+        return out
+
+
+def merge_annotations(stream: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Client side of ``AnnotationStream``: the last annotation per (passage, start), in order."""
+    merged: dict[tuple[str, int], dict[str, Any]] = {}
+    for a in stream:
+        u = a["url_citation"]
+        merged[(u["passage_id"], u["start_index"])] = dict(a)
+    return sorted(merged.values(), key=lambda a: a["url_citation"]["start_index"])
