@@ -1,4 +1,8 @@
-"""`nest ask`: answer a question with NEST over an ingested collection, with its sources."""
+"""`nest ask`: answer a question over an ingested collection, with its sources.
+
+Defaults (collection, token budget, preset, decoding) come from ``nest_integrations.assembly``,
+which also builds the engine.
+"""
 
 from __future__ import annotations
 
@@ -6,25 +10,43 @@ import argparse
 import json
 import sys
 
+from nest_integrations import assembly
 from nest_integrations.config import PRESETS, NestConfig
-
 
 #: One-line help of the subcommand (shown by `nest --help`).
 ASK_HELP = "answer a question with NEST; every copied span is cited"
+
+
+def _decoding_choices() -> list[str]:
+    from nest_integrations.drafters import METHODS
+
+    return sorted(METHODS)
 
 
 def add_ask_args(p: argparse.ArgumentParser) -> None:
     """Arguments of `nest ask` (the parser itself comes from the CLI registry)."""
     p.description = (
         "Retrieve passages for QUESTION from a collection filled by `nest ingest`, decode "
-        "with NEST (kNN-LM mixture + copied spans), and print the answer with numbered "
-        "markers and the sources of every copied span."
+        "with NEST (kNN-LM mixture + copied spans) or another --decoding method, and print "
+        "the answer with numbered markers and the sources of every copied span."
     )
+    d = assembly
     p.add_argument("question", help="the question (sent to the model as a chat user message)")
-    p.add_argument("--collection", default="nest", help="Chroma collection (default: nest)")
+    p.add_argument(
+        "--collection", default=d.DEFAULT_COLLECTION,
+        help=f"Chroma collection (default: {d.DEFAULT_COLLECTION})",
+    )
     p.add_argument("--persist-dir", default=None, help="store folder (default: $NEST_HOME/store)")
     p.add_argument("--chroma-url", default=None, help="a Chroma server, e.g. http://localhost:8000")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="generation budget (default 128)")
+    p.add_argument(
+        "--max-new-tokens", type=int, default=d.DEFAULT_MAX_NEW_TOKENS,
+        help=f"generation budget (default {d.DEFAULT_MAX_NEW_TOKENS})",
+    )
+    p.add_argument(
+        "--decoding", default=d.DEFAULT_DECODING, choices=_decoding_choices(),
+        help=f"decoding method (default {d.DEFAULT_DECODING}); lossless ones (greedy, "
+        "prompt-lookup, ...) equal greedy decoding and copy nothing",
+    )
     p.add_argument(
         "--ra",
         action="store_true",
@@ -32,7 +54,13 @@ def add_ask_args(p: argparse.ArgumentParser) -> None:
         "the paper's RA-NEST setting, gamma 0.5; recommended for QA with small models)",
     )
     p.add_argument(
-        "--preset", default="paper", choices=sorted(PRESETS), help="NestConfig preset (default paper)"
+        "--hybrid",
+        action="store_true",
+        help="stage 1 fuses BM25 over the collection with dense search (the paper's hybrid)",
+    )
+    p.add_argument(
+        "--preset", default=d.DEFAULT_PRESET, choices=sorted(PRESETS),
+        help=f"NestConfig preset (default {d.DEFAULT_PRESET})",
     )
     p.add_argument("--gamma", type=float, default=None, help="relaxation gamma (overrides the preset)")
     p.add_argument("--passages", type=int, default=None, help="passages retrieved (b; default 40)")
@@ -40,10 +68,8 @@ def add_ask_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the whole NestResult as JSON")
 
 
-def cmd_ask(args: argparse.Namespace) -> int:
-    from nest_integrations.engine import NestEngine
-    from nest_integrations.formatting import render
-
+def ask_spec(args: argparse.Namespace) -> assembly.EngineSpec:
+    """The engine `nest ask` builds for ``args`` (always over the Chroma store)."""
     overrides: dict[str, object] = {}
     if args.gamma is not None:
         overrides["relaxation"] = args.gamma
@@ -54,14 +80,21 @@ def cmd_ask(args: argparse.Namespace) -> int:
         preset = "paper-ra"  # the paper's RA-NEST setting: 3 passages in the prompt, gamma 0.5
     elif args.ra:
         overrides["ra_passages"] = max(3, NestConfig.from_preset(preset).ra_passages)
-    config = NestConfig.from_preset(preset, **overrides)
-    engine = NestEngine.from_defaults(
-        collection=args.collection,
+    return assembly.EngineSpec.for_store(
+        args.collection,
         persist_dir=args.persist_dir,
         chroma_url=args.chroma_url,
-        config=config,
         model=args.model,
+        config=NestConfig.from_preset(preset, **overrides),
+        decoding=args.decoding,
+        hybrid=True if args.hybrid else None,
     )
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    from nest_integrations.formatting import render
+
+    engine = assembly.build_engine(ask_spec(args))
     result = engine.generate(
         [{"role": "user", "content": args.question}], max_new_tokens=args.max_new_tokens
     )

@@ -10,7 +10,10 @@ Usage::
     nest ingest docs/ notes.jsonl --collection docs     # embedded store in $NEST_HOME/store
     nest ingest --sample                                 # the shipped sample corpus
     nest ingest docs/ --chroma-url http://localhost:8000 # a `chroma run` server
+    nest info                                            # every collection
     nest info --collection docs
+
+Defaults (collection name, store folder) come from ``nest_integrations.assembly``.
 """
 
 from __future__ import annotations
@@ -24,13 +27,15 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from nest_integrations import assembly
 from nest_integrations.ask import ASK_HELP, add_ask_args, cmd_ask
 from nest_integrations.dresd.cli import DRESD_HELP, add_dresd_args, cmd_dresd
+from nest_integrations.calibrate import CALIBRATE_HELP, add_calibrate_args, cmd_calibrate
 from nest_integrations.evaluation.cli import EVAL_HELP, add_eval_arguments, run_eval
+from nest_integrations.knn_ssd.cli import KNN_SSD_HELP, add_knn_ssd_args, cmd_knn_ssd
+from nest_integrations.server.cli import SERVE_HELP, add_serve_args, cmd_serve
 
 LOG = logging.getLogger("nest_integrations.cli")
-
-DEFAULT_COLLECTION = "nest"
 
 
 # --------------------------------------------------------------------------------- shared options
@@ -41,11 +46,12 @@ def _out(text: str = "") -> None:
     sys.stdout.write(f"{text}\n")
 
 
-def _store_args(p: argparse.ArgumentParser) -> None:
+def _store_args(p: argparse.ArgumentParser, collection_help: str | None = None) -> None:
+    default = None if collection_help else assembly.DEFAULT_COLLECTION
     p.add_argument(
         "--collection",
-        default=DEFAULT_COLLECTION,
-        help=f"Chroma collection name (default: {DEFAULT_COLLECTION!r})",
+        default=default,
+        help=collection_help or f"Chroma collection name (default: {default!r})",
     )
     p.add_argument(
         "--persist-dir",
@@ -61,21 +67,8 @@ def _store_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
 
 
-def _open_store(args: argparse.Namespace, **kwargs: Any) -> Any:
-    from nest_integrations.retrieval.chroma import ChromaPassageStore
-
-    if args.chroma_url:
-        return ChromaPassageStore.from_url(
-            args.chroma_url, args.collection, persist_dir=args.persist_dir, **kwargs
-        )
-    return ChromaPassageStore.from_persist_dir(args.persist_dir, args.collection, **kwargs)
-
-
-def _load_lm() -> Any:
-    """The language model for token keys (tests replace this)."""
-    from nest_integrations.lm.hf import HFLanguageModel
-
-    return HFLanguageModel.from_default()
+def _open_store(args: argparse.Namespace) -> Any:
+    return assembly.open_store(args.collection, args.persist_dir, args.chroma_url)
 
 
 def _quiet_transformers() -> None:
@@ -117,12 +110,14 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         inputs += sample_corpus_inputs()
     if not inputs:
         raise UsageError("nothing to ingest: give one or more PATHs, or --sample")
+    from nest_integrations.ingest.pipeline import IngestPipeline
+
     _quiet_transformers()
     with_keys = not args.no_keys
-    store = _open_store(args, with_keys=with_keys)  # connect first: fail fast, before the LM
-    if with_keys:
-        store.lm = _load_lm()
-    report = store.ingest(inputs, strict=args.strict, progress=not args.json)
+    store = _open_store(args)  # connect first: fail fast, before the LM
+    lm = assembly.shared_model() if with_keys else None
+    pipeline = IngestPipeline(store, lm, with_keys=with_keys)
+    report = pipeline.ingest(inputs, strict=args.strict, progress=not args.json)
     if args.json:
         _out(json.dumps(report.to_dict(), indent=2))
     else:
@@ -152,23 +147,22 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def _info_args(p: argparse.ArgumentParser) -> None:
-    _store_args(p)
+    _store_args(p, "also show this collection's passages, documents and tokens "
+                "(default: list every collection)")
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
     if not args.chroma_url:
         from nest_integrations import paths
 
-        root = Path(args.persist_dir) if args.persist_dir else paths.default_persist_dir()
+        root = assembly.persist_root(args.persist_dir)
         if not paths.chroma_dir(root).is_dir():  # do not create an empty store just to look
             raise FileNotFoundError(
                 f"no store at {root}; create one with `nest ingest PATH...` or "
                 "`nest ingest --sample`"
             )
-    store = _open_store(args, with_keys=False)
-    collections = {name: None for name in store.list_collections()}
-    for name in collections:
-        collections[name] = _count(store, name)
+    store = _open_store(args)
+    collections = {name: store.with_collection(name).count() for name in store.list_collections()}
     info: dict[str, Any] = {"chroma": store.location, "collections": collections}
     if args.collection in collections:
         info["collection"] = store.stats()
@@ -178,7 +172,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         _out(json.dumps(info, indent=2, default=str))
     else:
         _print_info(info, args.collection)
-    if args.collection not in collections:
+    if args.collection is not None and args.collection not in collections:
         listed = ", ".join(repr(c) for c in collections) or "none"
         sys.stderr.write(
             f"nest: error: no collection {args.collection!r} (existing: {listed}); create it "
@@ -186,12 +180,6 @@ def _cmd_info(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
-
-
-def _count(store: Any, name: str) -> int:
-    from nest_integrations.retrieval.chroma import ChromaPassageStore
-
-    return ChromaPassageStore(store.client, name, location=store.location).count()
 
 
 def key_store_stats(keys_dir: Path) -> list[dict[str, Any]]:
@@ -211,7 +199,7 @@ def key_store_stats(keys_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _print_info(info: dict[str, Any], collection: str) -> None:
+def _print_info(info: dict[str, Any], collection: str | None) -> None:
     _out(f"Chroma:       {info['chroma']}")
     cols = info["collections"]
     listed = ", ".join(f"{n} ({c:,} passages)" for n, c in cols.items()) if cols else "none"
@@ -253,6 +241,9 @@ COMMANDS: dict[str, Command] = {
     "ask": (add_ask_args, cmd_ask, ASK_HELP),
     "eval": (add_eval_arguments, run_eval, EVAL_HELP),
     "dresd": (add_dresd_args, cmd_dresd, DRESD_HELP),
+    "calibrate": (add_calibrate_args, cmd_calibrate, CALIBRATE_HELP),
+    "knn-ssd": (add_knn_ssd_args, cmd_knn_ssd, KNN_SSD_HELP),
+    "serve": (add_serve_args, cmd_serve, SERVE_HELP),
 }
 
 

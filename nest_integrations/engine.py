@@ -102,37 +102,32 @@ class NestEngine:
     @classmethod
     def from_defaults(
         cls,
-        collection: str = "nest",
+        collection: str | None = None,
         persist_dir: str | None = None,
         chroma_url: str | None = None,
         config: NestConfig | str | None = None,
         model: str | None = None,
         device: str | None = None,
+        *,
+        decoding: str | None = None,
+        drafter_options: dict[str, Any] | None = None,
+        hybrid: bool | None = None,
     ) -> "NestEngine":
-        """The embedded default: SmolLM2-135M-Instruct + Chroma + the on-disk key store.
+        """The embedded default: SmolLM2-135M-Instruct + the Chroma store + its key store.
 
-        ``persist_dir`` defaults to ``$NEST_HOME/store`` (filled by ``nest ingest``); with
-        ``chroma_url`` passages come from a Chroma server and keys stay in ``persist_dir``.
-        ``config`` is a ``NestConfig`` or a preset name.
+        ``collection`` defaults to ``assembly.DEFAULT_COLLECTION`` in ``persist_dir`` (default
+        ``$NEST_HOME/store``, filled by ``nest ingest``); with ``chroma_url`` passages come from
+        a Chroma server and keys stay in ``persist_dir``. ``config`` is a ``NestConfig`` or a
+        preset name. Built by ``nest_integrations.assembly`` (every default lives there).
         """
-        from nest_integrations import paths
-        from nest_integrations.index.store import DiskKeyStore
-        from nest_integrations.lm.hf import HFLanguageModel
-        from nest_integrations.retrieval.chroma import ChromaPassageStore
+        from nest_integrations import assembly
 
-        cfg = NestConfig.from_preset(config) if isinstance(config, str) else config or NestConfig()
-        root = persist_dir or paths.default_persist_dir()
-        if chroma_url:  # passages on the server; token keys stay in the local persist dir
-            retriever = ChromaPassageStore.from_url(chroma_url, collection, persist_dir=root)
-        else:
-            retriever = ChromaPassageStore.from_persist_dir(root, collection)
-        retriever.count()  # a missing collection fails here, with the existing ones listed
-        if model is None:
-            lm = HFLanguageModel.from_default(device=device, key_source=cfg.key_source)
-        else:
-            lm = HFLanguageModel.from_pretrained(model, device=device, key_source=cfg.key_source)
-        retriever.lm = lm  # one model for ingest-time and query-time keys
-        return cls(lm, retriever, DiskKeyStore.open(paths.keys_dir(root), lm), cfg)
+        spec = assembly.EngineSpec.for_store(
+            collection, persist_dir=persist_dir, chroma_url=chroma_url, config=config,
+            model=model, device=device, decoding=decoding, drafter_options=drafter_options,
+            hybrid=hybrid,
+        )
+        return assembly.build_engine(spec)
 
     # ----------------------------------------------------------------- stage 1 and 2
     def retrieve(self, query: str, k: int | None = None) -> list[Passage]:
@@ -234,7 +229,7 @@ class NestEngine:
         stats.n_passages = len(passages)
         stats.n_keys = len(memory) if memory is not None else 0
 
-        ids = self.prompt_ids(prompt, passages[: cfg.ra_passages])
+        ids = self.prompt_ids(prompt, passages[: cfg.ra_passages or method.ra_passages])
         max_new = self._check_length(len(ids), max_new_tokens)
         stats.prompt_tokens = len(ids)
         gen = None

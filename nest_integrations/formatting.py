@@ -4,7 +4,9 @@ Markers number source *passages*: every span copied from the same passage gets t
 ``[n]``, and the source list under the answer shows each copied span with its location.
 Single-token attributions (token mode, where the emitted token merely equals its nearest
 neighbour's value, NEST §8) are counted in the stats but not marked, so that a lone " the"
-does not read as a quotation; ``min_tokens=1`` shows them too.
+does not read as a quotation; ``min_tokens=1`` shows them too. Spans a lossless method
+generated that match a passage verbatim (``Citation.kind == "verbatim"``) are marked the same
+way and labelled "verbatim match" in the source list.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ def source_lines(result: NestResult, width: int = 100, min_tokens: int = 2) -> l
             text = " ".join(c.text.split())
             if len(text) > width:
                 text = text[: width - 3] + "..."
-            lines.append(f"    {loc}, {c.n_tokens} tokens: \"{text}\"")
+            how = "verbatim match, " if c.kind == "verbatim" else ""
+            lines.append(f"    {loc}, {how}{c.n_tokens} tokens: \"{text}\"")
     return lines
 
 

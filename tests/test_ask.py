@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nest_integrations import cli
+from nest_integrations import assembly, cli
 
 ROME = (
     "The Roman Empire was the post-Republican state of ancient Rome. It included large "
@@ -39,7 +39,7 @@ def test_ask_cites_the_copied_span(tmp_path: Path, default_lm, monkeypatch, caps
     docs.mkdir()
     (docs / "rome.txt").write_text(ROME)
     (docs / "plants.txt").write_text(PLANTS)
-    monkeypatch.setattr(cli, "_load_lm", lambda: default_lm)
+    monkeypatch.setattr(assembly, "shared_model", lambda *a, **k: default_lm)
     store = str(tmp_path / "store")
     assert cli.main(["ingest", str(docs), "--persist-dir", store]) == 0
     capsys.readouterr()

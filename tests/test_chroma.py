@@ -1,4 +1,5 @@
-"""ChromaPassageStore against real Chroma and the real embedder (FakeLM for token keys)."""
+"""ChromaPassageStore (read) and IngestPipeline (write) against real Chroma and the real
+embedder (FakeLM for token keys)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from nest_integrations.ingest.pipeline import IngestPipeline
 from nest_integrations.retrieval.chroma import (
     ChromaConnectionError,
     ChromaPassageStore,
@@ -63,9 +65,11 @@ def lm() -> FakeLM:
     return FakeLM()
 
 
-def make_store(persist: Path, lm: FakeLM, **kwargs) -> ChromaPassageStore:
+def make_store(persist: Path, lm: FakeLM, **kwargs) -> tuple[ChromaPassageStore, IngestPipeline]:
+    """The read-only store and the pipeline that writes it."""
     kwargs.setdefault("max_passage_tokens", 12)  # several passages per small doc
-    return ChromaPassageStore.from_persist_dir(persist, "test-col", lm=lm, **kwargs)
+    store = ChromaPassageStore.from_persist_dir(persist, "test-col")
+    return store, IngestPipeline(store, lm, **kwargs)
 
 
 def source_texts(root: Path) -> dict[str, str]:
@@ -78,13 +82,13 @@ def source_texts(root: Path) -> dict[str, str]:
 
 def test_ingest_is_idempotent_and_offsets_exact(tmp_path: Path, corpus: Path, lm: FakeLM) -> None:
     """Twice -> same counts, nothing added; every stored passage is its source slice; keys exist."""
-    store = make_store(tmp_path / "store", lm)
-    first = store.ingest([corpus])
+    store, pipe = make_store(tmp_path / "store", lm)
+    first = pipe.ingest([corpus])
     assert not first.issues and first.documents == 4
     assert first.added == first.passages == store.count() > 4
     assert first.keys_added == first.passages
     encoded = lm.encoded_passages
-    second = store.ingest([corpus])
+    second = pipe.ingest([corpus])
     assert (second.added, second.removed, second.keys_added) == (0, 0, 0)
     assert second.unchanged == first.passages == store.count()
     assert lm.encoded_passages == encoded  # no key recomputed
@@ -104,15 +108,15 @@ def test_ingest_is_idempotent_and_offsets_exact(tmp_path: Path, corpus: Path, lm
 
 def test_changed_file_replaces_its_passages(tmp_path: Path, corpus: Path, lm: FakeLM) -> None:
     """A changed file's old passages go (after the new ones are in); other files are untouched."""
-    store = make_store(tmp_path / "store", lm)
-    store.ingest([corpus])
+    store, pipe = make_store(tmp_path / "store", lm)
+    pipe.ingest([corpus])
     before = {p.id: p for p in store.iter_passages()}
     old_cats = {i for i, p in before.items() if p.doc_id == "corpus/cats.md"}
     old_amazon = {i for i, p in before.items() if p.doc_id == "Amazon"}
 
     (corpus / "cats.md").write_text("# Cats\n\nCats sleep most of the day.\n", encoding="utf-8")
     (corpus / "rivers.jsonl").write_text(DOCS["rivers.jsonl"].splitlines()[0] + "\n")
-    report = store.ingest([corpus])
+    report = pipe.ingest([corpus])
     after = {p.id: p for p in store.iter_passages()}
     assert report.removed == len(old_cats - set(after)) + len(old_amazon) > 0
     assert report.added == len(set(after) - set(before)) > 0
@@ -126,12 +130,12 @@ def test_changed_file_replaces_its_passages(tmp_path: Path, corpus: Path, lm: Fa
 
 def test_bad_line_never_deletes_stored_passages(tmp_path: Path, corpus: Path, lm: FakeLM) -> None:
     """A JSONL file that gained a bad line keeps every passage it had (nothing is removed)."""
-    store = make_store(tmp_path / "store", lm, with_keys=False)
-    store.ingest([corpus])
+    store, pipe = make_store(tmp_path / "store", lm, with_keys=False)
+    pipe.ingest([corpus])
     before = {p.id for p in store.iter_passages()}
     first = DOCS["rivers.jsonl"].splitlines()[0]
     (corpus / "rivers.jsonl").write_text(first + "\n{not json\n")  # the Amazon line is damaged
-    report = store.ingest([corpus])
+    report = pipe.ingest([corpus])
     assert [str(i) for i in report.issues] == [
         "corpus/rivers.jsonl:2: invalid JSON: Expecting "
         "property name enclosed in double quotes (column 2)"
@@ -140,8 +144,8 @@ def test_bad_line_never_deletes_stored_passages(tmp_path: Path, corpus: Path, lm
 
 
 def test_retrieve_scores_metadata_and_lookup(tmp_path: Path, corpus: Path, lm: FakeLM) -> None:
-    store = make_store(tmp_path / "store", lm, with_keys=False)
-    store.ingest([corpus])
+    store, pipe = make_store(tmp_path / "store", lm, with_keys=False)
+    pipe.ingest([corpus])
     hits = store.retrieve("Which river flows through Brazil?", k=3)
     assert hits[0].doc_id == "Amazon" and len(hits) == 3
     assert all(-1.0 <= h.score <= 1.0 for h in hits)
@@ -160,15 +164,15 @@ def test_retrieve_scores_metadata_and_lookup(tmp_path: Path, corpus: Path, lm: F
 
 
 def test_collection_uses_registered_embedding_function(tmp_path: Path, corpus: Path, lm) -> None:
-    store = make_store(tmp_path / "store", lm, with_keys=False)
-    store.ingest([corpus])
+    store, pipe = make_store(tmp_path / "store", lm, with_keys=False)
+    pipe.ingest([corpus])
     col = store.client.get_collection("test-col", embedding_function=store.embedding_function)
     assert col.configuration["hnsw"]["space"] == "cosine"
     assert col.configuration["embedding_function"].name() == "nest_minilm"
 
 
 def test_missing_collection_error(tmp_path: Path, corpus: Path, lm: FakeLM) -> None:
-    make_store(tmp_path / "store", lm, with_keys=False).ingest([corpus])
+    make_store(tmp_path / "store", lm, with_keys=False)[1].ingest([corpus])
     other = ChromaPassageStore.from_persist_dir(tmp_path / "store", "nope-col")
     with pytest.raises(CollectionNotFoundError) as err:
         other.retrieve("x", 3)
@@ -176,50 +180,69 @@ def test_missing_collection_error(tmp_path: Path, corpus: Path, lm: FakeLM) -> N
     assert "nest ingest" in str(err.value)
 
 
-def test_batches_respect_max_batch_size(tmp_path: Path, corpus: Path, lm: FakeLM) -> None:
-    store = make_store(tmp_path / "store", lm, with_keys=False)
+def test_batches_respect_max_batch_size(
+    tmp_path: Path, corpus: Path, lm: FakeLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, pipe = make_store(tmp_path / "store", lm, with_keys=False)
     store._max_batch = 2  # as if the server allowed 2 records per call
     calls: list[int] = []
-    col = store._write_collection()
-    original = col.add
-    col.add = lambda **kw: (calls.append(len(kw["ids"])), original(**kw))[1]
-    report = store.ingest([corpus])
+    collection_type = type(pipe._collection())
+    original = collection_type.add
+    monkeypatch.setattr(
+        collection_type, "add",
+        lambda self, **kw: (calls.append(len(kw["ids"])), original(self, **kw))[1],
+    )
+    report = pipe.ingest([corpus])
     assert max(calls) <= 2 and sum(calls) == report.added
     assert len(store.get_passages([p.id for p in store.iter_passages()])) == report.added
 
 
 def test_strict_writes_nothing_and_keeps_data(tmp_path: Path, corpus: Path, lm: FakeLM) -> None:
-    store = make_store(tmp_path / "store", lm, with_keys=False)
-    store.ingest([corpus])
+    store, pipe = make_store(tmp_path / "store", lm, with_keys=False)
+    pipe.ingest([corpus])
     n = store.count()
     (corpus / "python.txt").write_text("Changed text that would replace passages.\n")
     (corpus / "bad.jsonl").write_text("{broken\n")
     from nest_integrations.ingest import IngestError
 
     with pytest.raises(IngestError, match=r"corpus/bad.jsonl:1: invalid JSON"):
-        store.ingest([corpus], strict=True)
+        pipe.ingest([corpus], strict=True)
     assert store.count() == n
-    report = store.ingest([corpus])  # non-strict: skips the bad file, ingests the rest
+    report = pipe.ingest([corpus])  # non-strict: skips the bad file, ingests the rest
     assert [str(i).split(":")[0] for i in report.issues] == ["corpus/bad.jsonl"]
 
 
 def test_add_passages_and_texts(tmp_path: Path, lm: FakeLM) -> None:
-    store = make_store(tmp_path / "store", lm, with_keys=False)
-    report = store.ingest(texts=["Alpha text.", "Beta text."], ids=["a", "b"])
+    store, pipe = make_store(tmp_path / "store", lm, with_keys=False)
+    report = pipe.ingest(texts=["Alpha text.", "Beta text."], ids=["a", "b"])
     assert report.added == 2
     p = Passage("custom-1", "Gamma passage", doc_id="g", char_start=5, char_end=18,
                 metadata={"nested": {"x": 1}})  # fmt: skip
-    assert store.add_passages([p]) == (1, 0)
-    assert store.add_passages([p]) == (0, 1)
+    assert pipe.add_passages([p]) == (1, 0)
+    assert pipe.add_passages([p]) == (0, 1)
     got = store.get_passages(["custom-1"])[0]
     assert (got.doc_id, got.char_start, got.metadata["nested.x"]) == ("g", 5, 1)
-    assert store.delete_documents(["a", "g", "unknown"]) == 2 and store.count() == 1
+    assert pipe.delete_documents(["a", "g", "unknown"]) == 2 and store.count() == 1
+
+
+def test_store_reads_only_and_follows_the_pipeline(tmp_path: Path, lm: FakeLM) -> None:
+    """The store holds no model and has no write method; it sees a dropped, re-created
+    collection through the pipeline."""
+    store, pipe = make_store(tmp_path / "store", lm, with_keys=False)
+    assert not any(hasattr(store, n) for n in ("lm", "ingest", "add_passages", "delete_documents"))
+    pipe.ingest(texts=["Alpha text."], ids=["a"])
+    assert store.count() == 1
+    pipe.delete_collection()
+    with pytest.raises(CollectionNotFoundError):
+        store.count()
+    pipe.ingest(texts=["Beta text.", "Gamma text."], ids=["b", "g"])
+    assert store.count() == 2 and store.with_collection("test-col").count() == 2
 
 
 def test_persistence_across_processes(tmp_path: Path, corpus: Path, lm: FakeLM) -> None:
     """A new process reopens the store offline (registered embedding function) and retrieves."""
-    store = make_store(tmp_path / "store", lm, with_keys=False)
-    store.ingest([corpus])
+    store, pipe = make_store(tmp_path / "store", lm, with_keys=False)
+    pipe.ingest([corpus])
     ids = sorted(p.id for p in store.iter_passages())
     script = (
         "import json, sys\n"
@@ -317,19 +340,19 @@ def test_server_ingest_through_cli_and_read_back(
     tmp_path: Path, corpus: Path, chroma_server: str, monkeypatch: pytest.MonkeyPatch, lm: FakeLM
 ) -> None:
     """`nest ingest --chroma-url` writes to a real server; keys go to the local persist dir."""
-    from nest_integrations import cli
+    from nest_integrations import assembly, cli
 
-    monkeypatch.setattr(cli, "_load_lm", lambda: lm)
+    monkeypatch.setattr(assembly, "shared_model", lambda *a, **k: lm)
     persist = tmp_path / "local"
     args = ["--chroma-url", chroma_server, "--collection", "srv-col", "--persist-dir", str(persist)]
     assert cli.main(["ingest", str(corpus), *args]) == 0
-    store = ChromaPassageStore.from_url(chroma_server, "srv-col", persist_dir=persist, lm=lm)
+    store = ChromaPassageStore.from_url(chroma_server, "srv-col", persist_dir=persist)
     passages = list(store.iter_passages())
     sources = source_texts(corpus)
     assert len(passages) == store.count() > 0
     assert all(sources[p.doc_id][p.char_start : p.char_end] == p.text for p in passages)
     assert store.retrieve("purring cats", 1)[0].doc_id == "corpus/cats.md"
-    assert store.ingest([corpus]).added == 0  # idempotent over HTTP too
+    assert IngestPipeline(store, lm).ingest([corpus]).added == 0  # idempotent over HTTP too
     from nest_integrations.index.store import DiskKeyStore
 
     with DiskKeyStore.open(persist / "keys", lm) as keys:

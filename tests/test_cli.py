@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nest_integrations import cli
+from nest_integrations import assembly, cli
 from tests.fakes import FakeLM
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,7 +29,7 @@ def corpus(tmp_path: Path) -> Path:
 @pytest.fixture
 def fake_lm(monkeypatch: pytest.MonkeyPatch) -> FakeLM:
     lm = FakeLM()
-    monkeypatch.setattr(cli, "_load_lm", lambda: lm)
+    monkeypatch.setattr(assembly, "shared_model", lambda *a, **k: lm)
     return lm
 
 
@@ -58,7 +58,8 @@ def test_ingest_then_info(tmp_path: Path, corpus: Path, fake_lm: FakeLM, capsys)
 
 
 def test_ingest_json_and_no_keys(tmp_path: Path, corpus: Path, capsys, monkeypatch) -> None:
-    monkeypatch.setattr(cli, "_load_lm", lambda: pytest.fail("--no-keys must not load the LM"))
+    never = lambda *a, **k: pytest.fail("--no-keys must not load the LM")  # noqa: E731
+    monkeypatch.setattr(assembly, "shared_model", never)
     code = cli.main(["ingest", str(corpus), "--no-keys", "--json", *store_args(tmp_path)])
     assert code == 0
     report = json.loads(capsys.readouterr().out)
@@ -73,6 +74,23 @@ def test_sample_flag_uses_shipped_corpus(tmp_path: Path, fake_lm, capsys, monkey
     monkeypatch.setattr(ingest, "sample_corpus_inputs", lambda: [one])  # keep the test fast
     assert cli.main(["ingest", "--sample", *store_args(tmp_path)]) == 0
     assert "documents   1" in capsys.readouterr().out
+
+
+def test_info_without_collection_lists_every_collection(
+    tmp_path: Path, corpus: Path, fake_lm: FakeLM, capsys
+) -> None:
+    """No --collection: every collection is listed, though the default one does not exist."""
+    for name in ("alpha-col", "beta-col"):
+        assert cli.main(["ingest", str(corpus), *store_args(tmp_path, name)]) == 0
+    capsys.readouterr()
+    where = ["--persist-dir", str(tmp_path / "store")]
+    assert cli.main(["info", *where]) == 0
+    out = capsys.readouterr().out
+    assert "alpha-col (2 passages), beta-col (2 passages)" in out
+    assert assembly.DEFAULT_COLLECTION not in out.split("Collections:")[1].splitlines()[0]
+    assert cli.main(["info", "--json", *where]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["collections"] == {"alpha-col": 2, "beta-col": 2} and "collection" not in info
 
 
 def test_bad_inputs_are_listed(tmp_path: Path, corpus: Path, fake_lm, capsys) -> None:
@@ -149,14 +167,14 @@ def test_end_to_end_with_default_lm(
     tmp_path: Path, corpus: Path, default_lm, monkeypatch, capsys
 ) -> None:
     """Real SmolLM2 keys: stored keys decode back to each passage's tokens."""
-    monkeypatch.setattr(cli, "_load_lm", lambda: default_lm)
+    monkeypatch.setattr(assembly, "shared_model", lambda *a, **k: default_lm)
     assert cli.main(["ingest", str(corpus), *store_args(tmp_path)]) == 0
     assert cli.main(["info", *store_args(tmp_path)]) == 0
     assert default_lm.fingerprint in capsys.readouterr().out
     from nest_integrations.index.store import DiskKeyStore
     from nest_integrations.retrieval.chroma import ChromaPassageStore
 
-    store = ChromaPassageStore.from_persist_dir(tmp_path / "store", "cli-col", lm=default_lm)
+    store = ChromaPassageStore.from_persist_dir(tmp_path / "store", "cli-col")
     passages = list(store.iter_passages())
     with DiskKeyStore.open(store.keys_dir, default_lm) as ks:
         for p, k in zip(passages, ks.get_keys(passages), strict=True):

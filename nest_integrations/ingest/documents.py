@@ -386,3 +386,66 @@ def _make_doc(
     fallback = Path(source).stem if source != "<text>" else first_line[:80]
     title = str(meta.get("title") or fallback)
     return SourceDocument(doc_id, text, source, title, meta, f"doc:{doc_id}", "text")
+
+
+def load_documents(
+    sources: Iterable[Any] = (),
+    *,
+    texts: Sequence[str] | None = None,
+    ids: Sequence[str] | None = None,
+    metadatas: Sequence[dict[str, Any] | None] | None = None,
+    strict: bool = False,
+    progress: bool = False,
+) -> tuple[list[SourceDocument], list[IngestIssue]]:
+    """Load every input into :class:`SourceDocument` objects.
+
+    Args:
+        sources: paths (``str`` or ``PathLike``; files or folders, walked recursively) of
+            .txt/.md/.rst/.html/.htm/.jsonl files, and/or document objects (LangChain
+            ``Document``, LlamaIndex nodes/``Document``, ``SourceDocument``).
+        texts: raw strings, one document each (ids default to a hash of the text).
+        ids: optional document ids for ``texts``.
+        metadatas: optional metadata dicts for ``texts``.
+        strict: raise :class:`IngestError` on the first bad item instead of skipping it.
+        progress: show a tqdm bar (stderr) while reading files.
+
+    Returns:
+        ``(documents, issues)``; a document id seen twice is kept once (an issue names the
+        second).
+    """
+    log = IssueLog(strict)
+    paths: list[str | os.PathLike[str]] = []
+    objects: list[SourceDocument] = []
+    for i, item in enumerate(sources):
+        if isinstance(item, (str, os.PathLike)):
+            paths.append(item)
+        else:
+            doc = load_object(item, i, log)
+            if doc is not None:
+                objects.append(doc)
+    docs = load_paths(paths, log, progress) + objects
+    if texts is not None:
+        docs += load_texts(texts, ids, metadatas, log)
+    unique: dict[str, SourceDocument] = {}
+    for doc in docs:
+        if doc.doc_id in unique:
+            log.add(
+                doc.source,
+                f"duplicate document id {doc.doc_id!r} (already loaded from "
+                f"{unique[doc.doc_id].source}); kept the first",
+            )
+            continue
+        unique[doc.doc_id] = doc
+    return list(unique.values()), log.issues
+
+
+def sample_corpus_path() -> Path:
+    """Folder of the sample corpus shipped in the package (see its NOTICE.md)."""
+    return Path(__file__).resolve().parent.parent / "data" / "sample"
+
+
+def sample_corpus_inputs() -> list[Path]:
+    """The sample corpus's inputs for ``load_documents`` (its pydoc folder and Wikipedia JSONL;
+    NOTICE.md and MANIFEST.json are not corpus text)."""
+    root = sample_corpus_path()
+    return [root / "pydoc", root / "wikipedia.jsonl"]

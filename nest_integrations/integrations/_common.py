@@ -1,8 +1,12 @@
-"""Shared by the framework adapters: one citation format and one record -> Passage mapping.
+"""Shared by the framework adapters (and a server): one citation format, one record -> Passage
+mapping, and one streaming citation tracker. Framework-free: imports no LangChain/LlamaIndex.
 
 Adapters convert in (framework documents/nodes -> ``Passage``), call the engine, and convert out
 (``Citation`` -> the framework's native slot) with these helpers, so every framework reports
-the same fields.
+the same fields. Citations of every ``kind`` are handled alike: ``"copy"`` (NEST copied the
+span) and ``"verbatim"`` (a lossless method generated text that matches a passage verbatim:
+provenance, not copying); ``extras["kind"]`` says which, ``extras["copied"]`` is True only for
+copies.
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ def citation_extras(c: Citation) -> dict[str, Any]:
         "passage_start_char": c.passage_start,
         "passage_end_char": c.passage_end,
         "n_tokens": c.n_tokens,
-        "copied": True,
+        "kind": c.kind,
+        "copied": c.kind == "copy",
     }
 
 
@@ -88,3 +93,48 @@ def messages_to_dicts(messages: Any) -> list[dict[str, str]]:
         role, content = (m["role"], m["content"]) if isinstance(m, Mapping) else m
         out.append({"role": roles.get(str(role), str(role)), "content": str(content)})
     return out
+
+
+class CitationTracker:
+    """Turns the engine's per-delta citations into each citation exactly once, complete.
+
+    While streaming, the engine reports a growing span again with a larger ``end``; a span is
+    complete when a later delta is not part of it. ``finish`` adds what the final result holds
+    and was not reported yet, so the reported citations add up to ``result.citations``.
+
+    Usage::
+
+        tracker = CitationTracker()
+        for chunk in engine.stream(prompt):
+            done = tracker.finish(chunk.result) if chunk.result else tracker.step(chunk.citation)
+            send(chunk.text, [citation_payload(c) for c in done])
+    """
+
+    def __init__(self) -> None:
+        self.open: Citation | None = None
+        self.reported: set[tuple[str, int, int, str]] = set()
+
+    def step(self, citation: Citation | None) -> list[Citation]:
+        """Citations completed before this delta (whose citation, if any, is ``citation``)."""
+        done = []
+        if self.open is not None and (
+            citation is None or _span_start(citation) != _span_start(self.open)
+        ):
+            done.append(self.open)
+            self.reported.add(_key(self.open))
+            self.open = None
+        if citation is not None:
+            self.open = citation
+        return done
+
+    def finish(self, result: NestResult) -> list[Citation]:
+        """The final result's citations not reported yet."""
+        return [c for c in result.citations if _key(c) not in self.reported]
+
+
+def _span_start(c: Citation) -> tuple[str, int, str]:
+    return (c.passage_id, c.start, c.kind)
+
+
+def _key(c: Citation) -> tuple[str, int, int, str]:
+    return (c.passage_id, c.start, c.end, c.kind)

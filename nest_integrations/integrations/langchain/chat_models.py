@@ -15,12 +15,15 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from pydantic import ConfigDict, Field, SecretStr
 
 from nest_integrations.integrations._common import (
+    CitationTracker,
     citation_payload,
     messages_to_dicts,
     stats_payload,
 )
 from nest_integrations.integrations.langchain._engine import NestModelParams
 from nest_integrations.types import Citation, NestResult
+
+__all__ = ["ChatNest", "citation_annotation", "to_chat_messages", "usage_metadata"]
 
 
 class ChatNest(NestModelParams, BaseChatModel):
@@ -42,13 +45,17 @@ class ChatNest(NestModelParams, BaseChatModel):
             from nest_integrations.langchain import ChatNest
 
             chat = ChatNest()                                  # no corpus: plain decoding
-            chat = ChatNest(collection="docs", max_tokens=128)  # the store filled by `nest ingest`
+            chat = ChatNest(collection="nest")                 # the store filled by `nest ingest`
+            chat = ChatNest(collection="docs", max_tokens=128, decoding="nest")
             chat = ChatNest(retriever=vectorstore.as_retriever(search_kwargs={"k": 8}))
             chat = ChatNest(engine=my_engine)                   # a ready NestEngine
 
         Nothing is loaded until the first call. ``model`` picks another causal LM (a local
         folder); ``config`` takes a ``NestConfig`` or a preset name (``"paper"``,
-        ``"lossless"``, ...); ``temperature`` samples from NEST's mixture (0 = greedy).
+        ``"lossless"``, ...); ``temperature`` samples from NEST's mixture (0 = greedy);
+        ``decoding`` picks the method (``"nest"``, ``"greedy"``, ``"prompt-lookup"``, ...:
+        lossless methods have no copy citations, only ``kind="verbatim"`` provenance ones,
+        annotated the same way with ``extras["kind"]``). Defaults: ``nest_integrations.assembly``.
 
     Invoke:
         .. code-block:: python
@@ -89,9 +96,9 @@ class ChatNest(NestModelParams, BaseChatModel):
         threads); concurrent generations interleave, with one model call at a time per model.
 
     Call arguments:
-        ``invoke(..., max_tokens=, temperature=, stop=, query=, passages=)``: ``query``
-        replaces the retrieval query; ``passages`` (``Document``s or NEST ``Passage``s) skips
-        retrieval.
+        ``invoke(..., max_tokens=, temperature=, stop=, query=, passages=, decoding=)``:
+        ``query`` replaces the retrieval query; ``passages`` (``Document``s or NEST
+        ``Passage``s) skips retrieval; ``decoding`` switches the method for this call.
 
     Not supported: tool calling, structured output and images (the base class's defaults
     raise ``NotImplementedError``).
@@ -121,6 +128,7 @@ class ChatNest(NestModelParams, BaseChatModel):
             "chroma_url": self.chroma_url,
             "retriever": type(self.retriever).__name__ if self.retriever is not None else None,
             "config": self.nest_config.to_dict(),
+            "decoding": self.decoding,
             "max_tokens": self.max_tokens,
         }
 
@@ -190,41 +198,6 @@ class ChatNest(NestModelParams, BaseChatModel):
         }
 
 
-class CitationTracker:
-    """Turns the engine's per-delta citations into each citation exactly once, complete.
-
-    The engine reports a growing span again with a larger ``end``; a span is complete when a
-    later delta is not part of it. ``finish`` adds what the final result holds and was not
-    reported yet, so the reported citations add up to ``result.citations``.
-    """
-
-    def __init__(self) -> None:
-        self.open: Citation | None = None
-        self.reported: set[tuple[str, int, int]] = set()
-
-    def step(self, citation: Citation | None) -> list[Citation]:
-        """Citations completed before this delta."""
-        done = []
-        if self.open is not None and (
-            citation is None
-            or (citation.passage_id, citation.start) != (self.open.passage_id, self.open.start)
-        ):
-            done.append(self.open)
-            self.reported.add(_key(self.open))
-            self.open = None
-        if citation is not None:
-            self.open = citation
-        return done
-
-    def finish(self, result: NestResult) -> list[Citation]:
-        """The final result's citations not reported yet."""
-        return [c for c in result.citations if _key(c) not in self.reported]
-
-
-def _key(c: Citation) -> tuple[str, int, int]:
-    return (c.passage_id, c.start, c.end)
-
-
 def _block(text: str, citations: list[Citation], block_id: str) -> Any:
     annotations = [citation_annotation(c) for c in citations] or None
     return create_text_block(text, id=block_id, annotations=annotations, index=0)
@@ -235,7 +208,7 @@ def citation_annotation(c: Citation) -> Any:
 
     ``start_index``/``end_index`` index the answer text; ``extras`` holds the source side
     (``doc_id``, ``passage_id``, ``source``, ``source_start_char``/``source_end_char``,
-    ``passage_start_char``/``passage_end_char``, ``n_tokens``, ``copied``).
+    ``passage_start_char``/``passage_end_char``, ``n_tokens``, ``kind``, ``copied``).
     """
     p = citation_payload(c)
     return create_citation(

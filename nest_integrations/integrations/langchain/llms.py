@@ -11,9 +11,8 @@ from langchain_core.language_models.llms import LLM
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from pydantic import ConfigDict
 
-from nest_integrations.integrations._common import citation_payload, stats_payload
+from nest_integrations.integrations._common import CitationTracker, citation_payload, stats_payload
 from nest_integrations.integrations.langchain._engine import NestModelParams
-from nest_integrations.integrations.langchain.chat_models import CitationTracker
 from nest_integrations.types import NestResult
 
 
@@ -21,8 +20,9 @@ class NestLLM(NestModelParams, LLM):
     """Complete raw text with NEST (no chat template): the natural fit for "continue this".
 
     Takes the same parameters as ``ChatNest`` (``model``, ``collection``, ``persist_dir``,
-    ``chroma_url``, ``retriever``, ``engine``, ``config``, ``temperature``, ``max_tokens``,
-    ``stop``); nothing is loaded until the first call.
+    ``chroma_url``, ``retriever``, ``engine``, ``config``, ``decoding``, ``temperature``,
+    ``max_tokens``, ``stop``) with the same defaults (``nest_integrations.assembly``: no
+    corpus unless one is named); nothing is loaded until the first call.
 
     Instantiate:
         .. code-block:: python
@@ -73,6 +73,7 @@ class NestLLM(NestModelParams, LLM):
             "model_name": self.resolved_model_name,
             "collection": self.collection,
             "config": self.nest_config.to_dict(),
+            "decoding": self.decoding,
             "max_tokens": self.max_tokens,
         }
 

@@ -1,7 +1,7 @@
 """LangChain <-> NEST retrieval: LangChain stores as NEST passage sources, citations as Documents.
 
-- ``LangChainPassageRetriever``: NEST's ``PassageRetriever`` port over any LangChain
-  ``BaseRetriever`` or ``VectorStore`` (Chroma, InMemoryVectorStore, FAISS, ...).
+- ``LangChainPassageRetriever`` (defined in ``passages``): NEST's ``PassageRetriever`` port over
+  any LangChain ``BaseRetriever`` or ``VectorStore`` (Chroma, InMemoryVectorStore, FAISS, ...).
 - ``citations_to_documents``: NEST citations as ``Document`` objects (one per cited span).
 - ``NestCitationRetriever``: a ``BaseRetriever`` that answers the query with NEST and returns
   the spans the answer copied, for chains and agents.
@@ -10,99 +10,33 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.messages import BaseMessage
 from langchain_core.retrievers import BaseRetriever
-from langchain_core.vectorstores import VectorStore
 from pydantic import Field
 
-from nest_integrations.integrations._common import citation_payload, passage_from_record
+from nest_integrations.integrations._common import citation_payload
 from nest_integrations.integrations.langchain.chat_models import ChatNest
 from nest_integrations.integrations.langchain.llms import NestLLM
-from nest_integrations.types import Citation, NestResult, Passage
+from nest_integrations.integrations.langchain.passages import (
+    LangChainPassageRetriever,
+    as_passages,
+    document_to_passage,
+)
+from nest_integrations.types import Citation, NestResult
 
 LOG = logging.getLogger(__name__)
 
-
-def document_to_passage(doc: Document, score: float | None = None) -> Passage:
-    """A NEST ``Passage`` from a LangChain ``Document`` (id, metadata and offsets kept)."""
-    if score is None:
-        value = doc.metadata.get("score", doc.metadata.get("relevance_score"))
-        score = float(value) if isinstance(value, (int, float)) else None
-    return passage_from_record(doc.page_content, doc.metadata, doc.id, score)
-
-
-def as_passages(items: Iterable[Passage | Document | str]) -> list[Passage]:
-    """``Passage`` objects from passages, Documents or plain strings."""
-    out = []
-    for item in items:
-        if isinstance(item, Passage):
-            out.append(item)
-        elif isinstance(item, Document):
-            out.append(document_to_passage(item))
-        else:
-            out.append(passage_from_record(str(item)))
-    return out
-
-
-class LangChainPassageRetriever:
-    """NEST stage-1 retrieval from a LangChain retriever or vector store.
-
-    Instantiate:
-        .. code-block:: python
-
-            from langchain_core.vectorstores import InMemoryVectorStore
-            from nest_integrations.langchain import LangChainPassageRetriever, NestEmbeddings
-
-            store = InMemoryVectorStore.from_texts(texts, NestEmbeddings())
-            passages = LangChainPassageRetriever(store).retrieve("what is a list?", k=8)
-
-    Passage ids come from ``metadata["passage_id"]``, else the Document id, else a hash of the
-    text; the doc id from ``metadata["doc_id"]`` or ``metadata["source"]``. All metadata
-    (``title``, ``url``, your own keys) flows into the citations. ``ChatNest(retriever=...)``
-    wraps retrievers and stores with this class for you.
-
-    Args:
-        source: a ``BaseRetriever`` (returns as many documents as it is configured for, e.g.
-            ``as_retriever(search_kwargs={"k": 8})``; NEST keeps at most ``k``) or a
-            ``VectorStore`` (searched with the engine's ``k = n_passages``; relevance scores
-            are kept when the store provides them).
-        search_kwargs: extra arguments for the vector store search (e.g. ``filter``).
-    """
-
-    def __init__(
-        self, source: BaseRetriever | VectorStore, *, search_kwargs: Mapping[str, Any] | None = None
-    ) -> None:
-        if not isinstance(source, (BaseRetriever, VectorStore)):
-            raise TypeError(
-                f"expected a LangChain BaseRetriever or VectorStore, got {type(source).__name__}"
-            )
-        self.source = source
-        self.search_kwargs = dict(search_kwargs or {})
-
-    def retrieve(self, query: str, k: int) -> list[Passage]:
-        """The top ``k`` passages for ``query``, best first."""
-        if k < 1:
-            return []
-        if isinstance(self.source, VectorStore):
-            return [document_to_passage(d, s) for d, s in self._search(query, k)]
-        docs = self.source.invoke(query)
-        return [document_to_passage(d) for d in docs[:k]]
-
-    def _search(self, query: str, k: int) -> list[tuple[Document, float | None]]:
-        store = self.source
-        assert isinstance(store, VectorStore)
-        try:
-            pairs = store.similarity_search_with_relevance_scores(query, k=k, **self.search_kwargs)
-            return [(d, float(s)) for d, s in pairs]
-        except NotImplementedError:  # the store has no relevance function
-            return [(d, None) for d in store.similarity_search(query, k=k, **self.search_kwargs)]
-
-    def __repr__(self) -> str:
-        return f"LangChainPassageRetriever({type(self.source).__name__})"
+__all__ = [
+    "LangChainPassageRetriever",
+    "NestCitationRetriever",
+    "as_passages",
+    "citations_to_documents",
+    "document_to_passage",
+]
 
 
 def citations_to_documents(
@@ -118,7 +52,8 @@ def citations_to_documents(
       are known), so ``source_text[char_start:char_end] == page_content``;
     - ``passage_start_char``/``passage_end_char``: the span in the passage;
     - ``answer_start_index``/``answer_end_index``: where the answer copied it;
-    - ``n_tokens`` and, for ``Citation`` objects, the passage's own metadata.
+    - ``n_tokens``, ``citation_kind`` (``"copy"`` or ``"verbatim"``) and, for ``Citation``
+      objects, the passage's own metadata.
     """
     if isinstance(citations, NestResult):
         items: Sequence[Any] = citations.citations
@@ -148,6 +83,7 @@ def _citation_document(c: Citation | Mapping[str, Any]) -> Document:
         "answer_start_index": payload.get("start_index"),
         "answer_end_index": payload.get("end_index"),
         "n_tokens": extras.get("n_tokens"),
+        "citation_kind": extras.get("kind"),
     }
     for key in ("title", "url"):
         if payload.get(key):

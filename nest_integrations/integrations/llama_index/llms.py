@@ -9,7 +9,6 @@ in ``extras``), ``additional_kwargs["nest"]`` (stats), ``CitationBlock``s after 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from typing import Any, AsyncIterator, Iterator, Sequence
 
@@ -30,8 +29,9 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 
-from nest_integrations.config import NestConfig
+from nest_integrations import assembly
 from nest_integrations.integrations._common import (
+    CitationTracker,
     citation_payload,
     messages_to_dicts,
     stats_payload,
@@ -41,15 +41,20 @@ from nest_integrations.types import Citation, NestResult, StreamChunk
 LOG = logging.getLogger(__name__)
 
 #: Per-call keyword arguments understood by every NestLLM method (others are ignored).
-CALL_KWARGS = ("max_new_tokens", "max_tokens", "stop", "config", "passages", "query")
+CALL_KWARGS = (
+    "max_new_tokens", "max_tokens", "stop", "config", "passages", "query", "decoding",
+    "drafter_options",
+)
 
 
 class NestLLM(CustomLLM):
     """NEST (Nearest Neighbor Speculative Decoding) as a LlamaIndex LLM with span citations.
 
-    The engine (model, passage retriever, key store) is built on first use, so constructing is
-    cheap. Without ``engine`` or ``retriever`` it is ``NestEngine.from_defaults`` over the
-    Chroma ``collection`` in ``persist_dir`` (or at ``chroma_url``) filled by ``nest ingest``.
+    The engine (model, passage retriever, key store) is built on first use by
+    ``nest_integrations.assembly``, so constructing is cheap and the defaults are the
+    LangChain adapter's: a bare ``NestLLM()`` has no corpus (plain decoding); ``collection``,
+    ``persist_dir`` or ``chroma_url`` open the Chroma store filled by ``nest ingest``;
+    ``retriever`` takes any LlamaIndex index/retriever or ``PassageRetriever``.
 
     Instantiate:
         .. code-block:: python
@@ -60,7 +65,8 @@ class NestLLM(CustomLLM):
             Settings.embed_model = NestEmbedding()
             index = VectorStoreIndex.from_documents(docs)
             llm = NestLLM(retriever=index, config="paper", max_new_tokens=64)
-            # or: NestLLM(collection="nest"), NestLLM(engine=my_engine)
+            # or: NestLLM(collection="nest"), NestLLM(engine=my_engine),
+            #     NestLLM(collection="nest", decoding="prompt-lookup")   # lossless
 
     Complete / chat:
         .. code-block:: python
@@ -71,7 +77,9 @@ class NestLLM(CustomLLM):
             [b for b in msg.blocks if b.block_type == "citation"]
 
     Stream (``delta``s concatenate to the final ``text``; a copied delta carries
-    ``additional_kwargs["citation"]``; the last item has ``delta=""`` and all the citations):
+    ``additional_kwargs["citation"]``, and the delta after a span ends carries it complete in
+    ``additional_kwargs["completed_citations"]``; the last item has ``delta=""`` and all the
+    citations):
         .. code-block:: python
 
             for r in llm.stream_complete("The assert statement"):
@@ -91,20 +99,38 @@ class NestLLM(CustomLLM):
 
     Per-call keyword arguments: ``max_new_tokens`` (alias ``max_tokens``), ``stop``, ``config``
     (a ``NestConfig`` or preset name), ``passages`` (``Passage``s or LlamaIndex nodes: skips
-    retrieval) and ``query`` (the retrieval query).
+    retrieval), ``query`` (the retrieval query), ``decoding`` and ``drafter_options``.
+
+    Decoding methods: ``decoding="nest"`` (default), ``"greedy"``, ``"prompt-lookup"``, ...
+    Lossless methods cite nothing except ``kind="verbatim"`` provenance, reported in the same
+    slots with ``extras["kind"]`` (``additional_location_info["copied"] == 0`` in blocks).
     """
 
     model: str | None = Field(
         default=None, description="HF id or folder of the model; None = SmolLM2-135M-Instruct."
     )
-    collection: str = Field(default="nest", description="Chroma collection of passages.")
+    collection: str | None = Field(
+        default=None, description="Chroma collection of passages (None: no store unless "
+        "persist_dir/chroma_url is given, then assembly.DEFAULT_COLLECTION)."
+    )
     persist_dir: str | None = Field(
         default=None, description="Store folder (Chroma + keys); None = $NEST_HOME/store."
     )
     chroma_url: str | None = Field(default=None, description="A Chroma server URL.")
     device: str | None = Field(default=None, description="Torch device (default CPU).")
     config: Any = Field(default=None, description="NestConfig or preset name; None = paper.")
-    max_new_tokens: int = Field(default=256, gt=0, description="Default tokens per call.")
+    decoding: str | None = Field(
+        default=None, description="Decoding method (drafters.METHODS); None = nest."
+    )
+    drafter_options: dict[str, Any] | None = Field(
+        default=None, description="Options for the decoding method's drafter."
+    )
+    hybrid: bool | None = Field(
+        default=None, description="BM25 + dense retrieval; None = config.hybrid_retrieval."
+    )
+    max_new_tokens: int = Field(
+        default=assembly.DEFAULT_MAX_NEW_TOKENS, gt=0, description="Default tokens per call."
+    )
     stop: list[str] | None = Field(default=None, description="Default stop strings.")
     context_window: int | None = Field(
         default=None, description="Override the model's context window (tokens)."
@@ -121,10 +147,9 @@ class NestLLM(CustomLLM):
 
     def __init__(self, engine: Any = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if isinstance(self.config, str):
-            self.config = NestConfig.from_preset(self.config)
-        elif isinstance(self.config, dict):  # from to_dict()
-            self.config = NestConfig(**self.config)
+        if self.config is not None:
+            self.config = assembly.resolve_config(self.config)  # a preset name or to_dict()
+        assembly.check_sources(self.retriever, self.collection, self.chroma_url)
         self._engine = engine
 
     @classmethod
@@ -139,25 +164,25 @@ class NestLLM(CustomLLM):
             self._engine = self._build_engine()
         return self._engine
 
-    def _build_engine(self) -> Any:
-        from nest_integrations.engine import NestEngine
+    def engine_spec(self) -> assembly.EngineSpec:
+        """What the engine is built from (no I/O)."""
+        return assembly.EngineSpec(
+            collection=self.collection,
+            persist_dir=self.persist_dir,
+            chroma_url=self.chroma_url,
+            model=self.model,
+            device=self.device,
+            config=self.config,
+            decoding=self.decoding,
+            drafter_options=self.drafter_options,
+            hybrid=self.hybrid,
+        )
 
-        cfg = self.config or NestConfig()
-        if self.retriever is None:
-            return NestEngine.from_defaults(
-                collection=self.collection, persist_dir=self.persist_dir,
-                chroma_url=self.chroma_url, config=cfg, model=self.model, device=self.device,
-            )
+    def _build_engine(self) -> Any:
         from nest_integrations.integrations.llama_index.retrievers import as_passage_retriever
 
-        lm = _load_lm(self.model, self.device, cfg.key_source)
-        key_store = None  # in memory, unless a persist dir holds a key store
-        if self.persist_dir is not None:
-            from nest_integrations import paths
-            from nest_integrations.index.store import DiskKeyStore
-
-            key_store = DiskKeyStore.open(paths.keys_dir(self.persist_dir), lm)
-        return NestEngine(lm, as_passage_retriever(self.retriever), key_store, cfg)
+        retriever = as_passage_retriever(self.retriever) if self.retriever is not None else None
+        return assembly.build_engine(self.engine_spec(), retriever=retriever)
 
     @property
     def metadata(self) -> LLMMetadata:
@@ -165,9 +190,7 @@ class NestLLM(CustomLLM):
         if self._engine is not None:
             name = str(self._engine.lm.name)
         else:
-            from nest_integrations.lm.default import DEFAULT_MODEL_NAME
-
-            name = self.model or DEFAULT_MODEL_NAME
+            name = assembly.model_name(self.model)
         return LLMMetadata(
             context_window=self.context_window or int(self.engine.lm.max_context),
             num_output=self.max_new_tokens,
@@ -184,18 +207,20 @@ class NestLLM(CustomLLM):
         if ignored:
             LOG.debug("NestLLM ignores keyword arguments %s", ignored)
         config = kwargs.get("config", self.config)
-        if isinstance(config, str):
-            config = NestConfig.from_preset(config)
         passages = kwargs.get("passages")
-        return {
-            "max_new_tokens": kwargs.get("max_new_tokens")
-            or kwargs.get("max_tokens")
-            or self.max_new_tokens,
+        out = {
+            "max_new_tokens": assembly.resolve_max_new_tokens(
+                kwargs.get("max_new_tokens"), kwargs.get("max_tokens"), self.max_new_tokens
+            ),
             "stop": kwargs.get("stop", self.stop),
-            "config": config,
+            "config": assembly.resolve_config(config) if config is not None else None,
             "passages": to_passages(passages) if passages is not None else None,
             "query": kwargs.get("query"),
         }
+        for key in ("decoding", "drafter_options"):
+            if kwargs.get(key) is not None:
+                out[key] = kwargs[key]
+        return out
 
     def _completion_prompt(self, prompt: str, formatted: bool) -> Any:
         if formatted:
@@ -210,12 +235,11 @@ class NestLLM(CustomLLM):
     # ----------------------------------------------------------------- completion
     def _stream_complete(self, prompt: str, formatted: bool, kwargs: dict) -> CompletionResponseGen:
         text = ""
-        for chunk in self._stream(self._completion_prompt(prompt, formatted), kwargs):
+        for chunk, extra in _deltas(self._stream(self._completion_prompt(prompt, formatted), kwargs)):
             if chunk.result is not None:
                 yield _completion(chunk.result, delta="")
                 return
             text += chunk.text
-            extra = {"citation": citation_payload(chunk.citation)} if chunk.citation else {}
             yield CompletionResponse(text=text, delta=chunk.text, additional_kwargs=extra)
 
     def _complete(self, prompt: str, formatted: bool, kwargs: dict) -> CompletionResponse:
@@ -247,12 +271,11 @@ class NestLLM(CustomLLM):
     def _stream_chat(self, messages: Sequence[ChatMessage], kwargs: dict) -> ChatResponseGen:
         prompt = messages_to_dicts([(m.role.value, m.content or "") for m in messages])
         text = ""
-        for chunk in self._stream(prompt, kwargs):
+        for chunk, extra in _deltas(self._stream(prompt, kwargs)):
             if chunk.result is not None:
                 yield _chat(chunk.result, delta="")
                 return
             text += chunk.text
-            extra = {"citation": citation_payload(chunk.citation)} if chunk.citation else {}
             message = ChatMessage(role=MessageRole.ASSISTANT, content=text)
             yield ChatResponse(message=message, delta=chunk.text, additional_kwargs=extra)
 
@@ -280,12 +303,14 @@ class NestLLM(CustomLLM):
 
 # --------------------------------------------------------------------- convert out
 def citation_block(c: Citation) -> CitationBlock:
-    """One copied span as a ``CitationBlock`` (int locations: source, response, passage)."""
-    loc = {
+    """One cited span as a ``CitationBlock`` (int locations: source, response, passage; and
+    ``copied``: 1 for a NEST copy, 0 for ``kind="verbatim"`` provenance)."""
+    loc: dict[str, Any] = {
         "response_start_char": c.start,
         "response_end_char": c.end,
         "passage_start_char": c.passage_start,
         "passage_end_char": c.passage_end,
+        "copied": int(c.kind == "copy"),  # 0: verbatim provenance (ints only in this slot)
     }
     if c.source_start is not None and c.source_end is not None:
         loc.update(source_start_char=c.source_start, source_end_char=c.source_end)
@@ -329,6 +354,23 @@ def _chat(result: NestResult, delta: str | None = None) -> ChatResponse:
     return ChatResponse(message=message, delta=delta, additional_kwargs=extras, raw=_raw(result))
 
 
+def _deltas(chunks: Iterator[StreamChunk]) -> Iterator[tuple[StreamChunk, dict[str, Any]]]:
+    """Each stream chunk with its ``additional_kwargs``: ``citation`` (the span this delta is
+    part of, growing) and ``completed_citations`` (spans that ended before it, each once)."""
+    tracker = CitationTracker()
+    for chunk in chunks:
+        if chunk.result is not None:
+            yield chunk, {}
+            return
+        extra: dict[str, Any] = {}
+        if chunk.citation is not None:
+            extra["citation"] = citation_payload(chunk.citation)
+        done = tracker.step(chunk.citation)
+        if done:
+            extra["completed_citations"] = [citation_payload(c) for c in done]
+        yield chunk, extra
+
+
 def _last(gen: Iterator[Any]) -> Any:
     item = None
     for item in gen:
@@ -344,13 +386,3 @@ async def _in_thread(gen: Iterator[Any]) -> AsyncIterator[Any]:
         if item is done:
             return
         yield item
-
-
-@functools.lru_cache(maxsize=4)
-def _load_lm(model: str | None, device: str | None, key_source: Any) -> Any:
-    """One loaded model per (model, device, key source), shared by every NestLLM."""
-    from nest_integrations.lm.hf import HFLanguageModel
-
-    if model is None:
-        return HFLanguageModel.from_default(device=device, key_source=key_source)
-    return HFLanguageModel.from_pretrained(model, device=device, key_source=key_source)

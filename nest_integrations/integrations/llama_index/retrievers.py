@@ -34,7 +34,8 @@ from nest_integrations.types import NestResult, Passage
 #: Metadata keys that ``citation_nodes`` adds (hidden from LLM prompts and embeddings).
 CITATION_KEYS = (
     "doc_id", "passage_id", "source_start_char", "source_end_char", "passage_start_char",
-    "passage_end_char", "response_start_char", "response_end_char", "n_tokens", "copied",
+    "passage_end_char", "response_start_char", "response_end_char", "n_tokens", "kind",
+    "copied",
 )
 
 

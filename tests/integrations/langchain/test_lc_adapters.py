@@ -123,7 +123,7 @@ def test_invoke_returns_v1_citations(chat: ChatNest) -> None:
     assert msg.text.startswith(" on the Eddystone Rocks")
     assert notes and notes[0]["title"] == "Eddystone Lighthouse"
     check_annotations(msg.text, notes)
-    assert notes[0]["extras"]["copied"] is True
+    assert notes[0]["extras"]["copied"] is True and notes[0]["extras"]["kind"] == "copy"
     assert msg.additional_kwargs["citations"] == msg.response_metadata["citations"]
     assert [c["cited_text"] for c in msg.additional_kwargs["citations"]] == [
         n["cited_text"] for n in notes
@@ -359,12 +359,15 @@ def test_model_calls_are_serialised() -> None:
 def test_engine_wiring(monkeypatch, tmp_path, fake_store) -> None:
     """Parameters pick the parts: LangChain store -> LangChainPassageRetriever; persist_dir ->
     keys on disk; collection/persist_dir alone -> NEST's Chroma store; nothing -> no corpus."""
-    import nest_integrations.integrations.langchain._engine as engine_mod
+    from nest_integrations import assembly
     from nest_integrations.index.in_memory_store import InMemoryKeyStore
     from nest_integrations.index.store import DiskKeyStore
+    from nest_integrations.ingest.pipeline import IngestPipeline
     from nest_integrations.retrieval.chroma import ChromaPassageStore
 
-    monkeypatch.setattr(engine_mod, "shared_lm", lambda model, device, key_source: FakeLM())
+    monkeypatch.setattr(assembly, "shared_model", lambda *a, **k: FakeLM())
+    docs = ChromaPassageStore.from_persist_dir(tmp_path / "store", "docs")
+    IngestPipeline(docs, FakeLM(), with_keys=False).ingest(texts=["A lighthouse."])
     plain = ChatNest().get_engine()
     assert plain.retriever is None and isinstance(plain.key_store, InMemoryKeyStore)
     over_lc = ChatNest(retriever=fake_store.as_retriever()).get_engine()
@@ -377,3 +380,26 @@ def test_engine_wiring(monkeypatch, tmp_path, fake_store) -> None:
     assert isinstance(chroma.retriever, ChromaPassageStore)
     assert chroma.retriever.collection_name == "docs"
     assert chroma.key_store.path == tmp_path / "store" / "keys"
+
+
+def test_verbatim_citations_are_annotated_with_their_kind() -> None:
+    """A lossless method's ``kind="verbatim"`` provenance is annotated like a copy, with its kind
+    in ``extras``, and the shared tracker streams it once (LangChain and LlamaIndex alike)."""
+    import dataclasses
+
+    from nest_integrations.integrations._common import CitationTracker, citation_payload
+    from nest_integrations.integrations.langchain.chat_models import citation_annotation
+
+    result = fake_engine().generate(PROMPT, max_new_tokens=20)
+    copy = result.citations[0]
+    verbatim = dataclasses.replace(copy, kind="verbatim")
+    note = citation_annotation(verbatim)
+    assert note["extras"]["kind"] == "verbatim" and note["extras"]["copied"] is False
+    assert {k: v for k, v in note.items() if k != "extras"} == {
+        k: v for k, v in citation_annotation(copy).items() if k != "extras"
+    }
+    docs = citations_to_documents([citation_payload(verbatim)])
+    assert docs[0].metadata["citation_kind"] == "verbatim"
+    tracker = CitationTracker()
+    assert tracker.step(verbatim) == [] and tracker.step(None) == [verbatim]
+    assert tracker.finish(dataclasses.replace(result, citations=[verbatim])) == []

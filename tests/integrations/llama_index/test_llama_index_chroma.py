@@ -71,12 +71,15 @@ def test_query_engine_over_chroma(tiny_lm, chroma_index):
 
 
 def test_nest_ingested_collection_through_llama_index(tmp_path):
-    """A collection written by ChromaPassageStore reads back through ChromaVectorStore with our
+    """A collection written by our ingest pipeline reads back through ChromaVectorStore with our
     passage ids, doc ids and offsets unchanged."""
+    from nest_integrations.ingest.pipeline import IngestPipeline
     from nest_integrations.retrieval.chroma import ChromaPassageStore
 
-    ours = ChromaPassageStore.from_client(_client(tmp_path), collection="nest", with_keys=False)
-    ours.ingest(texts=list(DOCS.values()), ids=list(DOCS), metadatas=[{"title": d} for d in DOCS])
+    ours = ChromaPassageStore.from_client(_client(tmp_path), collection="nest")
+    IngestPipeline(ours, with_keys=False).ingest(
+        texts=list(DOCS.values()), ids=list(DOCS), metadatas=[{"title": d} for d in DOCS]
+    )
     expected = ours.retrieve("the Roman Empire", k=2)
     store = ChromaVectorStore(chroma_collection=ours.client.get_collection("nest"))
     got = LlamaIndexPassageRetriever.from_vector_store(store).retrieve("the Roman Empire", k=2)

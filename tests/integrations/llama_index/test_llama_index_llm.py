@@ -65,6 +65,10 @@ def test_stream_complete_concatenates_to_complete(tiny_llm):
     assert all(a.text + b.delta == b.text for a, b in zip(items, items[1:]))
     assert items[-1].delta == ""
     assert items[-1].additional_kwargs["citations"] == done.additional_kwargs["citations"]
+    # the shared CitationTracker: each completed span once, complete, and in the final list
+    completed = [c for i in items for c in i.additional_kwargs.get("completed_citations", [])]
+    assert all(c in done.additional_kwargs["citations"] for c in completed)
+    assert len({(c["id"], c["start_index"]) for c in completed}) == len(completed)
     check_citations(done.text, done.additional_kwargs)
     usage = done.raw["usage"]
     assert usage["completion_tokens"] == len(done.raw["nest_result"].token_ids) > 0
@@ -145,10 +149,11 @@ def test_grounded_completion_copies_the_passage(nest_llm):
 @pytest.mark.slow
 def test_built_from_parameters(index, tmp_path):
     """The lazy parameter paths: a Chroma collection in a persist dir, and a LlamaIndex index."""
+    from nest_integrations.ingest.pipeline import IngestPipeline
     from nest_integrations.retrieval.chroma import ChromaPassageStore
 
-    store = ChromaPassageStore.from_persist_dir(tmp_path, collection="li-docs", with_keys=False)
-    store.ingest(texts=list(DOCS.values()), ids=list(DOCS))
+    store = ChromaPassageStore.from_persist_dir(tmp_path, collection="li-docs")
+    IngestPipeline(store, with_keys=False).ingest(texts=list(DOCS.values()), ids=list(DOCS))
     for llm in (
         NestLLM(collection="li-docs", persist_dir=str(tmp_path), config="paper", max_new_tokens=8),
         NestLLM(retriever=index, max_new_tokens=8),

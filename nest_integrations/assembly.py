@@ -1,0 +1,388 @@
+"""Engine assembly: every default, the shared model cache, and (store, model, config, decoding)
+-> a ready ``NestEngine``.
+
+Every entry point builds its engine here: ``nest ask`` and ``nest ingest/info`` (``open_store``),
+``NestEngine.from_defaults``, LangChain's ``ChatNest``/``NestLLM``, LlamaIndex's
+``NestLLM``/``NestQueryEngine`` and the evaluation harness. So each default is decided once:
+
+- ``DEFAULT_COLLECTION`` (``"nest"``), ``DEFAULT_MAX_NEW_TOKENS`` (256), ``DEFAULT_DECODING``
+  (``"nest"``) and ``DEFAULT_PRESET`` (``"paper"``).
+- **Where passages come from.** A corpus is opened only when asked for: a ready ``retriever``,
+  or any of ``collection`` / ``persist_dir`` / ``chroma_url`` (the Chroma store filled by
+  ``nest ingest``; the collection then defaults to ``DEFAULT_COLLECTION``). A bare
+  ``ChatNest()`` or ``NestLLM()`` (LangChain and LlamaIndex alike) has no corpus and decodes
+  with the plain LM; ``ChatNest(collection="nest")`` opens the default store. The entry points
+  that are *about* the store (``nest ask``, ``NestEngine.from_defaults``) always open it
+  (``EngineSpec.for_store``). A missing collection fails when the engine is built, naming the
+  existing ones.
+- **Token keys** live in the key store of the persist dir (``$NEST_HOME/store/keys`` by
+  default) whenever a persist dir or the Chroma store is used, else in memory.
+- **Hybrid retrieval** (``NestConfig.hybrid_retrieval``, ``nest ask --hybrid``) fuses the
+  Chroma store's dense scores with BM25 over the same collection (``retrieval.hybrid``).
+- **Models** are loaded once per process per ``(model, device, key_source)``
+  (``shared_model``; thread-safe).
+- **Serialising model calls.** One policy for every engine built here and every engine handed
+  to an adapter: its model's method calls run one at a time per model, process-wide
+  (``serialized``). LangChain ``batch``/``astream`` and LlamaIndex ``achat``/``astream_*`` run
+  generations in threads; those interleave step by step, and an abandoned stream blocks
+  nobody. ``HFLanguageModel`` also locks its key hooks itself; the wrapper covers any other
+  ``LanguageModel`` and the tokenizer.
+
+Usage::
+
+    from nest_integrations import assembly
+
+    engine = assembly.build_engine(assembly.EngineSpec.for_store(config="paper-ra"))
+    engine = assembly.build_engine(assembly.EngineSpec(decoding="prompt-lookup"))  # no corpus
+    engine = assembly.build_engine(assembly.EngineSpec(), retriever=my_passage_retriever)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import logging
+import os
+import threading
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from nest_integrations.config import NestConfig
+
+LOG = logging.getLogger(__name__)
+
+#: Chroma collection of ``nest ingest`` / ``nest ask`` / ``from_defaults`` (and of the framework
+#: adapters when they are given a persist dir or Chroma URL without a collection).
+DEFAULT_COLLECTION = "nest"
+#: New tokens per generation when no budget is given (CLI, both adapters, the engine's callers).
+DEFAULT_MAX_NEW_TOKENS = 256
+#: The decoding method (``nest_integrations.drafters.METHODS``) when none is given.
+DEFAULT_DECODING = "nest"
+#: The ``NestConfig`` preset when no config is given (``NestConfig()`` is this preset).
+DEFAULT_PRESET = "paper"
+
+
+# --------------------------------------------------------------------------------- resolution
+
+
+def resolve_config(config: NestConfig | str | Mapping[str, Any] | None) -> NestConfig:
+    """A ``NestConfig`` from a config, a preset name, a ``to_dict()`` mapping or None (the
+    ``DEFAULT_PRESET``)."""
+    if config is None:
+        return NestConfig.from_preset(DEFAULT_PRESET)
+    if isinstance(config, NestConfig):
+        return config
+    if isinstance(config, str):
+        return NestConfig.from_preset(config)
+    if isinstance(config, Mapping):
+        return NestConfig(**config)
+    raise TypeError(f"config must be a NestConfig, a preset name or None, not {type(config)}")
+
+
+def resolve_max_new_tokens(*budgets: int | None) -> int:
+    """The first budget given (per call, then per model), else ``DEFAULT_MAX_NEW_TOKENS``."""
+    for budget in budgets:
+        if budget is not None:
+            if int(budget) < 1:
+                raise ValueError(f"max new tokens must be >= 1, got {budget!r}")
+            return int(budget)
+    return DEFAULT_MAX_NEW_TOKENS
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Everything that decides an engine, as plain data (equal specs build equal engines).
+
+    Args:
+        collection, persist_dir, chroma_url: the Chroma store; any of them opens it (see
+            ``opens_store``), the collection defaulting to ``DEFAULT_COLLECTION``.
+        model: a Hugging Face id or folder; None = the embedded SmolLM2-135M-Instruct.
+        device: torch device (None = CPU).
+        config: a ``NestConfig``, preset name or None (``DEFAULT_PRESET``); resolved here.
+        decoding: a ``drafters.METHODS`` name (None = ``DEFAULT_DECODING``); the engine
+            validates it.
+        drafter_options: options for the method's drafter (e.g. a datastore path).
+        hybrid: fuse BM25 with the store's dense scores; None = ``config.hybrid_retrieval``.
+    """
+
+    collection: str | None = None
+    persist_dir: str | None = None
+    chroma_url: str | None = None
+    model: str | None = None
+    device: str | None = None
+    config: Any = None
+    decoding: str | None = None
+    drafter_options: Any = None
+    hybrid: bool | None = None
+
+    def __post_init__(self) -> None:
+        cfg = resolve_config(self.config)
+        if self.hybrid is not None and self.hybrid != cfg.hybrid_retrieval:
+            cfg = cfg.replace(hybrid_retrieval=bool(self.hybrid))
+        set_ = functools.partial(object.__setattr__, self)
+        set_("config", cfg)
+        set_("hybrid", cfg.hybrid_retrieval)
+        set_("decoding", self.decoding or DEFAULT_DECODING)
+        if self.persist_dir is not None:
+            set_("persist_dir", os.fspath(self.persist_dir))
+        if self.drafter_options is not None:
+            set_("drafter_options", tuple(sorted(dict(self.drafter_options).items())))
+
+    @classmethod
+    def for_store(cls, collection: str | None = None, **kwargs: Any) -> "EngineSpec":
+        """A spec that always opens the Chroma store (``DEFAULT_COLLECTION`` unless named):
+        what ``nest ask`` and ``NestEngine.from_defaults`` build."""
+        return cls(collection=collection or DEFAULT_COLLECTION, **kwargs)
+
+    @property
+    def opens_store(self) -> bool:
+        """Whether the engine reads passages from the Chroma store."""
+        return any(v is not None for v in (self.collection, self.persist_dir, self.chroma_url))
+
+    @property
+    def store_collection(self) -> str:
+        return self.collection or DEFAULT_COLLECTION
+
+    @property
+    def options(self) -> dict[str, Any] | None:
+        """``drafter_options`` as a dict (None when not given)."""
+        return dict(self.drafter_options) if self.drafter_options is not None else None
+
+
+# --------------------------------------------------------------------------------- models
+
+_MODELS: dict[tuple[str | None, str | None, str], Any] = {}
+_MODELS_LOCK = threading.Lock()
+
+
+def load_model(model: str | None = None, device: str | None = None, key_source: Any = None) -> Any:
+    """Load a language model (uncached): None is the embedded default, anything else goes to
+    ``HFLanguageModel.from_pretrained`` (a local folder, or a Hub id in the HF cache)."""
+    from nest_integrations.lm.hf import HFLanguageModel
+
+    key_source = NestConfig().key_source if key_source is None else key_source
+    if model is None:
+        return HFLanguageModel.from_default(device=device, key_source=key_source)
+    return HFLanguageModel.from_pretrained(model, device=device, key_source=key_source)
+
+
+def shared_model(model: str | None = None, device: str | None = None, key_source: Any = None) -> Any:
+    """The process-wide model for ``(model, device, key_source)``, loaded once (thread-safe).
+
+    ``model=None`` or the default's name is the embedded SmolLM2-135M-Instruct.
+    """
+    from nest_integrations.lm.default import DEFAULT_MODEL_NAME
+
+    name = None if model in (None, DEFAULT_MODEL_NAME) else model
+    key_source = NestConfig().key_source if key_source is None else key_source
+    key = (name, device, str(key_source))
+    with _MODELS_LOCK:  # one load at a time: a second caller waits for the first's model
+        if key not in _MODELS:
+            _MODELS[key] = load_model(name, device, key_source)
+        return _MODELS[key]
+
+
+def model_name(model: str | None = None) -> str:
+    """The name of ``model`` for metadata (no load): the embedded default's name for None."""
+    if model:
+        return model
+    from nest_integrations.lm.default import DEFAULT_MODEL_NAME
+
+    return DEFAULT_MODEL_NAME
+
+
+def clear_model_cache() -> None:
+    """Forget the shared models (tests; freeing memory)."""
+    with _MODELS_LOCK:
+        _MODELS.clear()
+
+
+_CALL_LOCKS: "weakref.WeakKeyDictionary[Any, threading.RLock]" = weakref.WeakKeyDictionary()
+_CALL_LOCKS_LOCK = threading.Lock()
+
+
+class SerializedLM:
+    """A language model whose method calls run one at a time, process-wide per model.
+
+    Every wrapper of the same model shares one lock, so engines built at different times still
+    take turns. Attributes pass through unchanged; ``wrapped`` is the model itself.
+    """
+
+    def __init__(self, lm: Any) -> None:
+        self.wrapped = lm
+        with _CALL_LOCKS_LOCK:
+            try:
+                self._lock = _CALL_LOCKS.setdefault(lm, threading.RLock())
+            except TypeError:  # not weak-referenceable: one lock per class
+                self._lock = _CALL_LOCKS.setdefault(type(lm), threading.RLock())
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.wrapped, name)
+        if not inspect.ismethod(value):
+            return value
+        lock = self._lock
+
+        @functools.wraps(value)
+        def locked(*args: Any, **kwargs: Any) -> Any:
+            with lock:
+                return value(*args, **kwargs)
+
+        self.__dict__[name] = locked  # bound once: later lookups skip __getattr__
+        return locked
+
+    def __repr__(self) -> str:
+        return f"SerializedLM({self.wrapped!r})"
+
+
+def serialized(lm: Any) -> Any:
+    """``lm`` with its calls serialised (see ``SerializedLM``); idempotent."""
+    return lm if isinstance(lm, SerializedLM) else SerializedLM(lm)
+
+
+def unwrap(lm: Any) -> Any:
+    """The model inside a ``SerializedLM`` (or ``lm`` itself)."""
+    return lm.wrapped if isinstance(lm, SerializedLM) else lm
+
+
+# --------------------------------------------------------------------------------- stores
+
+
+def persist_root(persist_dir: str | os.PathLike[str] | None) -> Path:
+    """The store folder: ``persist_dir``, else ``$NEST_HOME/store``."""
+    from nest_integrations import paths
+
+    return Path(persist_dir) if persist_dir is not None else paths.default_persist_dir()
+
+
+def open_store(
+    collection: str | None = None,
+    persist_dir: str | os.PathLike[str] | None = None,
+    chroma_url: str | None = None,
+) -> Any:
+    """The read-only ``ChromaPassageStore`` for ``collection`` (default ``DEFAULT_COLLECTION``):
+    embedded in ``persist_dir`` (default ``$NEST_HOME/store``), or on the server at
+    ``chroma_url`` with token keys in ``persist_dir``. No I/O beyond connecting."""
+    from nest_integrations.retrieval.chroma import ChromaPassageStore
+
+    name = collection or DEFAULT_COLLECTION
+    root = persist_root(persist_dir)
+    if chroma_url:
+        return ChromaPassageStore.from_url(chroma_url, name, persist_dir=root)
+    return ChromaPassageStore.from_persist_dir(root, name)
+
+
+def open_key_store(persist_dir: str | os.PathLike[str] | None, lm: Any) -> Any:
+    """The on-disk key store of ``persist_dir`` (default ``$NEST_HOME/store``) for ``lm``."""
+    from nest_integrations import paths
+    from nest_integrations.index.store import DiskKeyStore
+
+    return DiskKeyStore.open(paths.keys_dir(persist_root(persist_dir)), unwrap(lm))
+
+
+def hybrid_retriever(dense: Any) -> Any:
+    """``dense`` fused with BM25 over every passage it holds (needs ``iter_passages``)."""
+    from nest_integrations.retrieval.hybrid import HybridRetriever
+
+    if not callable(getattr(dense, "iter_passages", None)):
+        raise ValueError(
+            f"hybrid retrieval needs the whole corpus for BM25, and {type(dense).__name__} "
+            "cannot list its passages: use the Chroma store (collection=...) or drop hybrid"
+        )
+    passages = list(dense.iter_passages())
+    LOG.info("hybrid retrieval: BM25 over %d passages", len(passages))
+    return HybridRetriever(dense, passages)
+
+
+# --------------------------------------------------------------------------------- engines
+
+
+def check_sources(retriever: Any, collection: str | None, chroma_url: str | None) -> None:
+    """Raise ``ValueError`` when both a retriever and a Chroma collection/URL are given."""
+    if retriever is not None and (collection or chroma_url):
+        raise ValueError(
+            "pass either retriever= or collection=/chroma_url=, not both "
+            "(persist_dir= may accompany retriever=: it keeps the token keys)"
+        )
+
+
+def build_engine(
+    spec: EngineSpec | None = None, *, retriever: Any = None, lm: Any = None, key_store: Any = None
+) -> Any:
+    """A ready ``NestEngine`` for ``spec``.
+
+    Args:
+        spec: what to build (default ``EngineSpec()``: the default model, no corpus).
+        retriever: a ready ``PassageRetriever`` (framework adapters convert theirs first);
+            excludes ``spec.collection``/``chroma_url``. With ``spec.persist_dir`` its keys
+            persist there.
+        lm: a ready ``LanguageModel`` instead of ``spec.model``/``device``.
+        key_store: a ready ``KeyStore`` (e.g. the evaluation's cache) instead of the persist
+            dir's.
+    """
+    from nest_integrations.engine import NestEngine
+
+    spec = spec or EngineSpec()
+    cfg = spec.config
+    check_sources(retriever, spec.collection, spec.chroma_url)
+    if retriever is None and spec.opens_store:
+        retriever = open_store(spec.store_collection, spec.persist_dir, spec.chroma_url)
+        retriever.count()  # a missing collection fails here, with the existing ones listed
+    if spec.hybrid:
+        if retriever is None:
+            raise ValueError("hybrid retrieval needs a corpus: give a collection or retriever")
+        retriever = hybrid_retriever(retriever)
+    model = serialized(lm if lm is not None else shared_model(spec.model, spec.device, cfg.key_source))
+    if key_store is None and (spec.persist_dir is not None or spec.opens_store):
+        key_store = open_key_store(spec.persist_dir, model)
+    LOG.debug("building NestEngine(%s, retriever=%r)", spec, retriever)
+    return NestEngine(
+        model,
+        retriever,
+        key_store,
+        cfg,
+        decoding=spec.decoding,
+        drafter_options=spec.options,
+    )
+
+
+def share_engine(engine: Any) -> Any:
+    """A shallow copy of a user's ``engine`` whose model calls are serialised (the adapters'
+    policy); the given engine is left as it is."""
+    import copy
+
+    shared = copy.copy(engine)
+    shared.lm = serialized(engine.lm)
+    return shared
+
+
+def spec_fields() -> tuple[str, ...]:
+    """Names of the ``EngineSpec`` fields (what adapters forward)."""
+    return tuple(f.name for f in dataclasses.fields(EngineSpec))
+
+
+__all__ = [
+    "DEFAULT_COLLECTION",
+    "DEFAULT_DECODING",
+    "DEFAULT_MAX_NEW_TOKENS",
+    "DEFAULT_PRESET",
+    "EngineSpec",
+    "SerializedLM",
+    "build_engine",
+    "check_sources",
+    "clear_model_cache",
+    "hybrid_retriever",
+    "load_model",
+    "model_name",
+    "open_key_store",
+    "open_store",
+    "persist_root",
+    "resolve_config",
+    "resolve_max_new_tokens",
+    "serialized",
+    "share_engine",
+    "shared_model",
+    "unwrap",
+]

@@ -1,0 +1,306 @@
+"""The ingest pipeline: load -> split -> add to Chroma -> fill token keys -> remove stale -> report.
+
+The write side of a ``ChromaPassageStore`` (which only reads). The pipeline owns the model that
+measures passages and computes their token keys; keys go to the on-disk key store of the
+store's persist dir (``store.keys_dir``), shared by every collection there.
+
+Usage::
+
+    from nest_integrations.assembly import open_store, shared_model
+    from nest_integrations.ingest import IngestPipeline
+
+    store = open_store("docs")                                  # $NEST_HOME/store
+    report = IngestPipeline(store, shared_model()).ingest(["docs/"], progress=True)
+    print(report)                                               # idempotent on re-ingest
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Sequence
+
+from nest_integrations.ingest.documents import IngestIssue, load_documents
+from nest_integrations.ingest.splitter import (
+    MAX_PASSAGE_TOKENS,
+    TokenCounter,
+    default_token_counter,
+    flatten_metadata,
+    split_documents,
+    token_counter_for,
+)
+from nest_integrations.types import Passage
+
+LOG = logging.getLogger(__name__)
+
+#: Passages embedded and written per Chroma call (also capped by the client's max batch size).
+WRITE_CHUNK = 256
+#: Passages per ``ensure_keys`` call (bounds memory; keys are also batched inside).
+KEYS_CHUNK = 64
+
+
+@dataclass
+class IngestReport:
+    """What one ``ingest`` call did (``str()`` is a one-paragraph summary)."""
+
+    collection: str
+    location: str
+    documents: int = 0
+    passages: int = 0
+    added: int = 0
+    unchanged: int = 0
+    removed: int = 0
+    tokens: int = 0
+    keys_added: int = 0
+    issues: list[IngestIssue] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["issues"] = [str(i) for i in self.issues]
+        return d
+
+    def __str__(self) -> str:
+        text = (
+            f"{self.documents} documents -> {self.passages} passages ({self.tokens} tokens) in "
+            f"collection {self.collection!r} at {self.location}: {self.added} added, "
+            f"{self.unchanged} unchanged, {self.removed} removed; "
+            f"{self.keys_added} passages newly encoded into the key store ({self.seconds:.1f} s)"
+        )
+        if self.issues:
+            text += f"; {len(self.issues)} input(s) skipped"
+        return text
+
+
+class IngestPipeline:
+    """Writes documents into a ``ChromaPassageStore`` and fills its token-key store.
+
+    Args:
+        store: the ``ChromaPassageStore`` to write (its collection is created on first write,
+            in cosine space, with the registered ``NestEmbeddingFunction``).
+        lm: the ``LanguageModel`` whose tokenizer measures passages and whose keys are stored;
+            ``None`` uses the shared default model (``assembly.shared_model``) when keys are
+            needed.
+        with_keys: fill the key store (default True); without keys they are computed on
+            first use by the engine.
+        token_count: passage-length function; default ``lm``'s tokenizer, else the default
+            model's tokenizer (loaded without the weights).
+        max_passage_tokens: passage budget in tokens (NEST: 200).
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        lm: Any = None,
+        *,
+        with_keys: bool = True,
+        token_count: TokenCounter | None = None,
+        max_passage_tokens: int = MAX_PASSAGE_TOKENS,
+    ) -> None:
+        self.store = store
+        self.lm = lm
+        self.with_keys = with_keys
+        self.token_count = token_count
+        self.max_passage_tokens = max_passage_tokens
+
+    def ingest(
+        self,
+        sources: Iterable[Any] = (),
+        *,
+        texts: Sequence[str] | None = None,
+        ids: Sequence[str] | None = None,
+        metadatas: Sequence[dict[str, Any] | None] | None = None,
+        strict: bool = False,
+        progress: bool = False,
+        with_keys: bool | None = None,
+    ) -> IngestReport:
+        """Load, split, embed and store documents; fill the token-key store.
+
+        Idempotent: passages already stored are skipped, so re-ingesting unchanged inputs adds
+        nothing. A changed file (or document) replaces its passages: new ones are written first,
+        then the file's old passages that are not in the new set are deleted (files removed
+        from disk are not pruned: use ``delete_documents``). Bad inputs are skipped and listed
+        in ``report.issues``; with ``strict=True`` the first one raises ``IngestError`` before
+        anything is written.
+
+        Args:
+            sources: paths (files/folders) and/or LangChain/LlamaIndex document objects; see
+                ``nest_integrations.ingest.load_documents``.
+            texts, ids, metadatas: raw strings as documents, with optional ids and metadata.
+            strict: stop at the first bad input, writing nothing.
+            progress: tqdm progress bars on stderr.
+            with_keys: override the pipeline's ``with_keys``.
+        """
+        start = time.perf_counter()
+        docs, issues = load_documents(
+            sources, texts=texts, ids=ids, metadatas=metadatas, strict=strict, progress=progress
+        )
+        report = IngestReport(self.store.collection_name, self.store.location, issues=issues)
+        report.documents = len(docs)
+        keys = self.with_keys if with_keys is None else with_keys
+        passages = split_documents(
+            docs, self._token_counter(keys), self.max_passage_tokens, progress
+        )
+        report.passages = len(passages)
+        report.tokens = sum(int(p.metadata.get("n_tokens", 0)) for p in passages)
+        if docs:
+            if keys:
+                self.key_store().close()  # refuse a key store of another model before writing
+            report.added, report.unchanged = self._write(passages, progress)
+            # A file with a bad line keeps its old passages: bad input never deletes data.
+            damaged = {f"file:{i.location}" for i in issues}
+            report.removed = self._remove_stale(docs, passages, damaged)
+            if keys:
+                report.keys_added = self._fill_keys(passages, progress)
+        report.seconds = time.perf_counter() - start
+        LOG.info("ingest: %s", report)
+        return report
+
+    def add_passages(
+        self, passages: Sequence[Passage], *, progress: bool = False, with_keys: bool | None = None
+    ) -> tuple[int, int]:
+        """Store ready-made passages (ids, text, metadata kept as given; metadata made
+        Chroma-safe). Returns ``(added, unchanged)``. Nothing is replaced or deleted."""
+        prepared = []
+        for p in passages:
+            meta = flatten_metadata(
+                {
+                    **p.metadata,
+                    "doc_id": p.doc_id,
+                    "char_start": p.char_start,
+                    "char_end": p.char_end,
+                }
+            )
+            prepared.append(dataclasses.replace(p, metadata=meta))
+        added, unchanged = self._write(prepared, progress)
+        if self.with_keys if with_keys is None else with_keys:
+            self._fill_keys(prepared, progress)
+        return added, unchanged
+
+    def delete_documents(self, doc_ids: Sequence[str]) -> int:
+        """Delete every passage of the given documents (e.g. files removed from disk, which
+        ``ingest`` does not prune). Returns the number of passages deleted."""
+        col = self._collection()
+        doomed: list[str] = []
+        for chunk in _chunks(list(doc_ids), 100):
+            where = {"doc_id": chunk[0]} if len(chunk) == 1 else {"doc_id": {"$in": list(chunk)}}
+            doomed += col.get(where=where, include=[])["ids"]
+        for chunk in _chunks(doomed, self.store.max_batch_size):
+            col.delete(ids=list(chunk))
+        return len(doomed)
+
+    def delete_collection(self) -> None:
+        """Drop the collection (token keys are shared by content and stay)."""
+        self.store.client.delete_collection(self.store.collection_name)
+        self.store.reopen()
+
+    def key_store(self) -> Any:
+        """The ``DiskKeyStore`` of the store's persist dir for this LM (loads it if needed)."""
+        from nest_integrations.index.store import DiskKeyStore
+
+        return DiskKeyStore.open(self.store.keys_dir, self._lm())
+
+    # ----------------------------------------------------------------------------- internals
+
+    def _collection(self) -> Any:
+        """The collection for writing, created (cosine space) when missing."""
+        col = self.store.client.get_or_create_collection(
+            self.store.collection_name,
+            embedding_function=self.store.embedding_function,
+            configuration={"hnsw": {"space": "cosine"}},
+        )
+        self.store.reopen()  # the reader reopens it (it may have been missing until now)
+        return col
+
+    def _write(self, passages: Sequence[Passage], progress: bool) -> tuple[int, int]:
+        """Add passages not stored yet (embedding only those). Returns ``(added, unchanged)``."""
+        from tqdm.auto import tqdm
+
+        col = self._collection()
+        batch = self.store.max_batch_size
+        present: set[str] = set()
+        for chunk in _chunks([p.id for p in passages], batch):
+            present.update(col.get(ids=list(chunk), include=[])["ids"])
+        new = [p for p in passages if p.id not in present]
+        embedder = self.store.embedding_function.embedder
+        with tqdm(
+            total=len(new), desc="embedding", unit="passage", disable=not progress or not new
+        ) as bar:
+            for chunk in _chunks(new, max(1, min(WRITE_CHUNK, batch))):
+                col.add(
+                    ids=[p.id for p in chunk],
+                    embeddings=embedder.embed([p.text for p in chunk]),
+                    documents=[p.text for p in chunk],
+                    metadatas=[dict(p.metadata) for p in chunk],
+                )
+                bar.update(len(chunk))
+        return len(new), len(passages) - len(new)
+
+    def _remove_stale(
+        self, docs: Sequence[Any], passages: Sequence[Passage], keep: Iterable[str] = ()
+    ) -> int:
+        """Delete passages of the ingested scopes (files/documents) that are not current;
+        scopes in ``keep`` are left alone."""
+        col = self._collection()
+        batch = self.store.max_batch_size
+        current = {p.id for p in passages}
+        scopes = sorted({d.scope or f"doc:{d.doc_id}" for d in docs} - set(keep))
+        stale: list[str] = []
+        for chunk in _chunks(scopes, 100):
+            where = {"nest_scope": chunk[0]} if len(chunk) == 1 else {"nest_scope": {"$in": chunk}}
+            offset = 0
+            while True:
+                res = col.get(where=where, limit=batch, offset=offset, include=[])
+                if not res["ids"]:
+                    break
+                stale.extend(i for i in res["ids"] if i not in current)
+                offset += len(res["ids"])
+        for chunk in _chunks(stale, batch):
+            col.delete(ids=list(chunk))
+        if stale:
+            LOG.info("removed %d outdated passages", len(stale))
+        return len(stale)
+
+    def _fill_keys(self, passages: Sequence[Passage], progress: bool) -> int:
+        """Encode and store token keys of passages that have none. Returns how many were new."""
+        from tqdm.auto import tqdm
+
+        from nest_integrations.index.store import ensure_keys
+
+        lm = self._lm()
+        # Similar lengths side by side: the LM's padded batches then waste little compute.
+        ordered = sorted(passages, key=lambda p: int(p.metadata.get("n_tokens") or len(p.text)))
+        with self.key_store() as store:
+            before = len(store)
+            with tqdm(
+                total=len(passages), desc="token keys", unit="passage", disable=not progress
+            ) as bar:
+                for chunk in _chunks(ordered, KEYS_CHUNK):
+                    ensure_keys(store, lm, list(chunk), batch_size=16)
+                    bar.update(len(chunk))
+            return len(store) - before
+
+    def _token_counter(self, keys: bool) -> TokenCounter:
+        if self.token_count is not None:
+            return self.token_count
+        if self.lm is not None or keys:
+            return token_counter_for(self._lm())
+        return default_token_counter()
+
+    def _lm(self) -> Any:
+        if self.lm is None:
+            from nest_integrations import assembly
+
+            LOG.info("loading the default language model for token keys")
+            self.lm = assembly.shared_model()
+        return self.lm
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+__all__ = ["IngestPipeline", "IngestReport"]
