@@ -454,3 +454,141 @@ def test_real_model_copies_and_cites_the_gold_lead(default_lm):
     rec = next(r for r in run.records["completion-in"] if r["system"] == "nest")
     assert task.examples[0].gold_doc_id in rec["cited_docs"]
     assert row["rouge1"] >= run.table()["completion-in"]["base"]["rouge1"]
+
+
+# ----------------------------------------------------------------------------- grounded QA
+
+
+def test_entity_corpus_is_seeded_and_consistent():
+    """Same seed, same corpus; every question's answer sentence is in its gold document only,
+    scores correct, and another entity's sentence for the same attribute scores wrong."""
+    from nest_integrations.evaluation.entities import generate_corpus
+    from nest_integrations.evaluation.grounded import answer_correct, wrong_entity
+
+    a, b = generate_corpus(seed=7), generate_corpus(seed=7)
+    assert [d.text for d in a.documents] == [d.text for d in b.documents]
+    assert [d.text for d in generate_corpus(seed=8).documents] != [d.text for d in a.documents]
+    assert len(a.documents) == 60 and len(a.questions) == 300
+    docs = {d.id: d for d in a.documents}
+    assert len({d.name.lower() for d in a.documents}) == 60
+    by_attr: dict = {}
+    for q in a.questions:
+        by_attr.setdefault((q.kind, q.attribute), []).append(q)
+    for q in a.questions:
+        assert q.answer_sentence in docs[q.gold_doc_id].text
+        assert sum(q.answer_sentence in d.text for d in a.documents) == 1
+        assert q.answer not in q.distractors and len(q.distractors) == 14
+        assert answer_correct(q.answer_sentence, q.answer, q.distractors)
+        other = next(o for o in by_attr[(q.kind, q.attribute)] if o.id != q.id)
+        assert not answer_correct(other.answer_sentence, q.answer, q.distractors)
+        assert wrong_entity(other.answer_sentence, q.distractors)
+    picked = a.sample_questions(60, seed=1)
+    assert len({q.gold_doc_id for q in picked}) == 60  # one per entity before a second
+    assert picked == a.sample_questions(60, seed=1) and picked != a.sample_questions(60, seed=2)
+
+
+def test_grounded_metrics_hand_cases():
+    from types import SimpleNamespace as NS
+
+    from nest_integrations.evaluation import grounded as g
+
+    assert g.answer_correct("The founding year of Acme is 1987.", "1987", ["1990"])
+    assert not g.answer_correct("It is 1987 or 1990.", "1987", ["1990"])  # names a distractor
+    assert not g.answer_correct("It is 19871.", "1987", [])  # whole words only
+    assert g.answer_correct("the CEO is ada  kellan!", "Ada Kellan", ["Bo Li"])
+    assert g.keyword_correct("An English writer.", ["english"], ["french"])
+    assert not g.keyword_correct("A French English writer.", ["english"], ["french"])
+    cites = [NS(text="abcd", doc_id="A", n_tokens=3), NS(text="xy", doc_id="B", n_tokens=1)]
+    assert g.gold_cited_share(cites, "A") == pytest.approx(4 / 6)
+    assert g.gold_cited_share([], "A") is None and g.gold_cited_share(cites, None) is None
+    assert g.meaningful_citations(cites, 2) == cites[:1]
+    assert g.meaningful_citations(cites, 0) == cites
+    with pytest.raises(ValueError):
+        g.meaningful_citations(cites, -1)
+    passages = [NS(id="p1", doc_id="A"), NS(id="p2", doc_id="B")]
+    sources = [None, ("p1", 0), ("p2", 4), ("p2", 5), None, ("zz", 1)]
+    assert g.off_topic_tokens(sources, passages, "A") == 3  # p2 twice, unknown passage once
+    assert g.off_topic_tokens(sources, passages, None) == 4
+    # tokens: "X is 5" "." " The" " Y" " is" " 6" "."
+    text = "X is 5. The Y is 6."
+    ends = [6, 7, 11, 13, 16, 18, 19]
+    assert g.run_on_start(text, "5", ["6"]) == 7
+    assert g.run_on_tokens(text, ends, "5", ["6"]) == 5
+    assert g.run_on_tokens(text, ends, "6", ["5"]) == 0  # the answer is the last sentence
+    assert g.run_on_tokens("X is 5. Then", [6, 7, 12], "9", ["5"]) == 1  # distractor anchor
+    assert g.run_on_tokens("3.5 hours", [3, 9], "3.5 hours", []) == 0  # "3.5" is no end
+
+
+def test_paired_statistics_hand_cases():
+    from nest_integrations.evaluation import stats
+
+    assert stats.binom_two_sided(0, 5) == pytest.approx(2 / 32)
+    assert stats.binom_two_sided(1, 5) == pytest.approx(2 * 6 / 32)
+    assert stats.binom_two_sided(3, 6) == 1.0 and stats.binom_two_sided(0, 0) == 1.0
+    a = [True, True, True, False, True, False]
+    b = [False, False, True, False, False, True]
+    m = stats.mcnemar(a, b)
+    assert (m["a_only"], m["b_only"], m["both"], m["neither"]) == (3, 1, 1, 1)
+    assert m["p"] == pytest.approx(2 * 5 / 16)  # P(X <= 1 | n=4) * 2
+    mean, lo, hi = stats.bootstrap_ci([2.0] * 10)
+    assert mean == lo == hi == 2.0
+    mean, lo, hi = stats.bootstrap_ci([0.0, 1.0] * 20, seed=3)
+    assert mean == 0.5 and 0.3 < lo < 0.5 < hi < 0.7
+    assert stats.bootstrap_ci([0.0, 1.0] * 20, seed=3) == (mean, lo, hi)  # seeded
+    d, dlo, dhi = stats.paired_bootstrap_diff([1, 1, 1, 1], [0, 0, 0, 0])
+    assert d == dlo == dhi == 1.0
+    w = stats.win_rate([1, 2, 3], [1, 1, 4])
+    assert (w["wins"], w["ties"], w["losses"]) == (1, 1, 1) and w["win_rate"] == 0.5
+    with pytest.raises(ValueError):
+        stats.mcnemar([True], [True, False])
+
+
+def test_medium_configuration():
+    from nest_integrations.evaluation import cli
+
+    m = SETTINGS["medium"]
+    assert m.n_completion >= 50 and m.n_qa >= 50 and m.n_entity_qa >= 50
+    assert "nest-cal" in m.systems and "ra" in m.systems
+    parser = argparse.ArgumentParser()
+    cli.add_eval_arguments(parser)
+    s = cli.settings_from_args(parser.parse_args(["--config", "medium", "--n-examples", "3"]))
+    assert (s.n_completion, s.n_qa, s.n_entity_qa) == (3, 3, 3)
+    s = cli.settings_from_args(parser.parse_args(["--config", "small", "--n-examples", "3"]))
+    assert s.n_entity_qa == 0
+
+
+def test_tiny_run_of_entity_qa_with_the_calibrated_system(tiny_lm, tmp_path):
+    """The entity-QA task through run_eval with nest-cal: grounded aggregates, the report's
+    grounded and paired sections, and a rerender from the saved files."""
+    from nest_integrations.engine import NestEngine
+    from nest_integrations.evaluation.report import load_run, markdown, write_outputs
+    from nest_integrations.evaluation.retrieval import build_retriever
+    from nest_integrations.evaluation.suite import entity_setup
+
+    settings = EvalSettings(
+        name="tinyqa", n_completion=0, n_qa=0, n_entity_qa=3, qa_max_new_tokens=5, n_passages=3,
+        systems=("base", "ra", "nest", "nest-cal"), gammas=(),
+    )
+    task, passages = entity_setup(settings)
+    assert len(task.examples) == 3 and len(passages) == 60
+    assert all(ex.grounded and ex.distractors and ex.chat for ex in task.examples)
+    cal = {"knn_temperature": 2.0, "rrc_offset": 0.5, "rrc_scale": 0.05}
+    run = run_eval(NestEngine(tiny_lm), [task], settings, build_retriever(passages, "bm25"),
+                   progress=False, calibration=cal)
+    assert run.systems[-1].config.knn_temperature == 2.0
+    recs = run.records["entity-qa"]
+    assert len(recs) == 12
+    for r in recs:
+        assert r["correct"] in (0.0, 1.0) and 0 <= r["run_on_tokens"] <= r["new_tokens"]
+        assert r["off_topic_tokens"] <= r["attributed_tokens"]
+    table = run.table()["entity-qa"]
+    assert table["base"]["off_topic_share"] == 0.0 and table["base"]["correct"] is not None
+    md = markdown(run)
+    assert "## Grounded QA" in md and "## Paired comparisons" in md
+    assert "+NEST (calibrated)" in md and "vs +RA" in md
+    with pytest.raises(ValueError, match="nest-cal"):
+        make_systems(NestConfig(), ("nest-cal",))
+    run.provenance = {"calibration": {"overrides": cal}}
+    write_outputs(run, tmp_path, plots=False)
+    again = load_run(tmp_path, "tinyqa")
+    assert markdown(again).count("+NEST (calibrated)") == md.count("+NEST (calibrated)")
