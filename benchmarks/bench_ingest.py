@@ -62,7 +62,7 @@ def main() -> int:
 
     import torch
 
-    from nest_integrations.ingest import load_documents, sample_corpus_inputs
+    from nest_integrations.ingest import IngestPipeline, load_documents, sample_corpus_inputs
     from nest_integrations.lm.hf import HFLanguageModel
     from nest_integrations.retrieval.chroma import ChromaPassageStore
 
@@ -73,11 +73,12 @@ def main() -> int:
     load_s = time.perf_counter() - t0
 
     with tempfile.TemporaryDirectory(prefix="nest-bench-") as tmp:
-        store = ChromaPassageStore.from_persist_dir(tmp, "bench", lm=lm)
-        first = store.ingest(docs, with_keys=False, progress=True)
-        second = store.ingest(docs, with_keys=True, progress=True)
+        store = ChromaPassageStore.from_persist_dir(tmp, "bench")
+        pipeline = IngestPipeline(store, lm)
+        first = pipeline.ingest(docs, with_keys=False, progress=True)
+        second = pipeline.ingest(docs, with_keys=True, progress=True)
         passages = list(store.iter_passages())
-        with store.key_store() as ks:
+        with pipeline.key_store() as ks:
             key_stats = ks.stats()
     prefill_tps, prefill_tokens, prefill_s = prefill_tokens_per_s(lm, passages)
 

@@ -71,6 +71,12 @@ def _open_store(args: argparse.Namespace) -> Any:
     return assembly.open_store(args.collection, args.persist_dir, args.chroma_url)
 
 
+def _load_lm() -> Any:
+    """The model for token keys: the shared default (``assembly.shared_model``). Subcommands
+    call this so that tests can replace either."""
+    return assembly.shared_model()
+
+
 def _quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 
@@ -115,7 +121,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     _quiet_transformers()
     with_keys = not args.no_keys
     store = _open_store(args)  # connect first: fail fast, before the LM
-    lm = assembly.shared_model() if with_keys else None
+    lm = _load_lm() if with_keys else None
     pipeline = IngestPipeline(store, lm, with_keys=with_keys)
     report = pipeline.ingest(inputs, strict=args.strict, progress=not args.json)
     if args.json:

@@ -41,9 +41,10 @@ class Passage:
 class PassageKeys:
     """The token memory of one passage (NEST stage 2), as stored in the key store.
 
-    A passage tokenised to ``m`` tokens ``d[0..m-1]`` and encoded after a one-token prefix
-    (the model's BOS, see ``LanguageModel.passage_prefix``) gives ``m`` keys: key ``j`` is the
-    LM vector after reading ``prefix + d[0..j-1]`` and its value is ``d[j]``.
+    A passage tokenised to ``m`` tokens ``d[0..m-1]`` and encoded after the model's passage
+    prefix (``LanguageModel.passage_prefix``: ``[BOS, "\n"]`` for the HF adapter) gives ``m``
+    keys: key ``j`` is the LM vector after reading ``prefix + d[0..j-1]`` and its value is
+    ``d[j]``.
 
     Attributes:
         passage_id: The passage this memory belongs to.

@@ -1,7 +1,7 @@
 """A corpus-wide FAISS index over every token key of a key store (for DReSD-style drafting).
 
-NEST itself searches only the top-b passages' keys exactly (``index/flat.py``); this index is for
-methods that search the whole corpus. It is built from ``DiskKeyStore.iter_all`` and maps each
+NEST itself searches only the top-b passages' keys exactly (``core/token_memory.py``); this
+index is for methods that search the whole corpus. It is built from ``DiskKeyStore.iter_all`` and maps each
 FAISS row back to ``(content_hash, position)``: the passage text's hash and the position of the
 value token inside it.
 

@@ -5,8 +5,9 @@ Conventions:
   model's device, and returns fp32 logits and fp32 key vectors.
 - The KV cache is an opaque object owned by the adapter; the engine only asks for its length
   and crops it.
-- Passages are encoded on their own, after ``passage_prefix`` (the model's BOS), never with the
-  chat template (NEST spec §5, C12).
+- Passages are encoded on their own, after ``passage_prefix`` (``[BOS, "\n"]`` for the HF
+  adapter: the attention-sink position is not a key), never with the chat template (NEST
+  spec §5, C12).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class LanguageModel(Protocol):
     eos_token_ids: frozenset[int]
     #: Context window in tokens.
     max_context: int
-    #: Tokens fed before a passage's first token when its keys are computed (e.g. [BOS]).
+    #: Tokens fed before a passage's first token when its keys are computed (e.g. [BOS, "\n"]).
     passage_prefix: list[int]
     device: torch.device
 

@@ -10,8 +10,11 @@ Per query, each list (dense, sparse) returns its top ``n_candidates`` passages w
 
 Usage::
 
-    dense = ChromaPassageStore.from_persist_dir(collection="docs")
+    dense = ChromaPassageStore.from_persist_dir(None, "docs")   # $NEST_HOME/store
     hybrid = HybridRetriever(dense, list(dense.iter_passages()))
+
+The default assembly builds this when ``NestConfig.hybrid_retrieval`` is set (``nest ask
+--hybrid``, ``hybrid=True`` on the adapters): ``assembly.hybrid_retriever(store)``.
     hybrid.retrieve("what does the with statement do?", k=40)
 """
 
