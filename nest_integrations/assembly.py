@@ -132,6 +132,13 @@ class EngineSpec:
             set_("drafter_options", tuple(sorted(dict(self.drafter_options).items())))
 
     @classmethod
+    def from_fields(cls, source: Any, **overrides: Any) -> "EngineSpec":
+        """A spec from ``source``'s attributes of the same names (an adapter's fields), with
+        ``overrides``; missing attributes are None."""
+        values = {f.name: getattr(source, f.name, None) for f in dataclasses.fields(cls)}
+        return cls(**{**values, **overrides})
+
+    @classmethod
     def for_store(cls, collection: str | None = None, **kwargs: Any) -> "EngineSpec":
         """A spec that always opens the Chroma store (``DEFAULT_COLLECTION`` unless named):
         what ``nest ask`` and ``NestEngine.from_defaults`` build."""

@@ -125,13 +125,8 @@ class IngestPipeline:
         in ``report.issues``; with ``strict=True`` the first one raises ``IngestError`` before
         anything is written.
 
-        Args:
-            sources: paths (files/folders) and/or LangChain/LlamaIndex document objects; see
-                ``nest_integrations.ingest.load_documents``.
-            texts, ids, metadatas: raw strings as documents, with optional ids and metadata.
-            strict: stop at the first bad input, writing nothing.
-            progress: tqdm progress bars on stderr.
-            with_keys: override the pipeline's ``with_keys``.
+        ``sources``, ``texts``, ``ids``, ``metadatas``, ``strict`` and ``progress`` are those of
+        ``nest_integrations.ingest.load_documents``; ``with_keys`` overrides the pipeline's.
         """
         start = time.perf_counter()
         docs, issues = load_documents(

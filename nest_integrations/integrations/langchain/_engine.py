@@ -132,17 +132,7 @@ class NestModelParams(BaseModel):
 
     def engine_spec(self) -> assembly.EngineSpec:
         """What the engine is built from (no I/O)."""
-        return assembly.EngineSpec(
-            collection=self.collection,
-            persist_dir=self.persist_dir,
-            chroma_url=self.chroma_url,
-            model=self.model_name,
-            device=self.device,
-            config=self.config,
-            decoding=self.decoding,
-            drafter_options=self.drafter_options,
-            hybrid=self.hybrid,
-        )
+        return assembly.EngineSpec.from_fields(self, model=self.model_name)
 
     def get_engine(self) -> Any:
         """The ``NestEngine`` in use, built on first call (loads the model, opens the stores).

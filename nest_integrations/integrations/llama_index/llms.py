@@ -166,17 +166,7 @@ class NestLLM(CustomLLM):
 
     def engine_spec(self) -> assembly.EngineSpec:
         """What the engine is built from (no I/O)."""
-        return assembly.EngineSpec(
-            collection=self.collection,
-            persist_dir=self.persist_dir,
-            chroma_url=self.chroma_url,
-            model=self.model,
-            device=self.device,
-            config=self.config,
-            decoding=self.decoding,
-            drafter_options=self.drafter_options,
-            hybrid=self.hybrid,
-        )
+        return assembly.EngineSpec.from_fields(self)
 
     def _build_engine(self) -> Any:
         from nest_integrations.integrations.llama_index.retrievers import as_passage_retriever
