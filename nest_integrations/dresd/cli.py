@@ -58,9 +58,10 @@ def _out(text: str = "") -> None:
 
 
 def _load_lm() -> Any:
-    from nest_integrations import cli
+    """The embedded default model (tests replace this)."""
+    from nest_integrations.lm.hf import HFLanguageModel
 
-    return cli._load_lm()  # the CLI's loader (tests replace it)
+    return HFLanguageModel.from_default()
 
 
 def cmd_dresd(args: argparse.Namespace) -> int:

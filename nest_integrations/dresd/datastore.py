@@ -113,7 +113,8 @@ class PassageSource:
         ids = hashlib.sha256()
         for p in self.passages:
             ids.update(p.id.encode() + b"\0" + hashlib.sha256(p.text.encode()).digest())
-        self.spec = {"kind": name, "n_passages": len(self.passages), "hash": ids.hexdigest()[:16]}
+        self.spec = {"kind": name, "n_passages": len(self.passages), "hash": ids.hexdigest()[:16],
+                     "batch_size": batch_size}  # fmt: skip
         self.n_batches = math.ceil(len(self.passages) / batch_size)
 
     def batch(self, i: int) -> SourceBatch:

@@ -128,7 +128,7 @@ class PromptSource:
         self.batch_size = batch_size
         digest = hashlib.sha256(json.dumps(self.prompts, sort_keys=True).encode()).hexdigest()
         self.spec = {"kind": name, "n_prompts": len(self.prompts), "hash": digest[:16],
-                     "max_new_tokens": max_new_tokens}  # fmt: skip
+                     "max_new_tokens": max_new_tokens, "batch_size": batch_size}  # fmt: skip
         self.n_batches = math.ceil(len(self.prompts) / batch_size)
 
     def batch(self, i: int) -> SourceBatch:
