@@ -92,7 +92,7 @@ def id_datastore(lm: Any, train: list[dict], max_new: int) -> Path:
     except FileNotFoundError:
         pass
     build_datastore(lm, PromptSource(read_prompts(prompts), lm, max_new_tokens=max_new,
-                                     batch_size=4), path,
+                                     batch_size=8), path,
                     progress=True)  # fmt: skip
     return path
 

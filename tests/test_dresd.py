@@ -303,3 +303,19 @@ def test_oracle_greedy_dresd_equals_greedy(tiny_lm, tmp_path):
     assert acc["fork"] > 4 * max(1, acc["ood"]), acc
     assert acc["in"] > 4 * max(1, acc["ood"]), acc
     assert acc["in"] >= len(PROMPTS) * n  # most of every in-domain answer came from drafts
+
+
+def test_batched_responses_and_keys_match_sequential_greedy(tiny_lm):
+    from nest_integrations.dresd.prompts import (
+        batched_greedy,
+        greedy_with_keys,
+        keys_in_context,
+        prompt_ids,
+    )
+
+    pids = [prompt_ids(tiny_lm, {"prompt": p}) for p in PROMPTS[:3]]
+    batched = batched_greedy(tiny_lm, pids, 12)
+    for p, resp in zip(pids, batched):
+        ids, keys = greedy_with_keys(tiny_lm, p, 12)
+        assert resp == ids
+        np.testing.assert_allclose(keys_in_context(tiny_lm, p, resp), keys, atol=1e-4)

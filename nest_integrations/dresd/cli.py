@@ -85,7 +85,7 @@ def _build(args: argparse.Namespace) -> int:
             f"prompts-{Path(args.from_prompts).stem}", args.persist_dir)
         lm = _load_lm()
         source: Any = PromptSource(prompts, lm, max_new_tokens=args.max_new_tokens,
-                                   batch_size=4)
+                                   batch_size=8)
     else:
         from nest_integrations.index.store import DiskKeyStore
 

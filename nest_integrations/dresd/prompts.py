@@ -12,7 +12,10 @@ or a bare JSON string (= ``"prompt"``). Blank lines are skipped.
 Keys are *in context*: key j of a response is the LM vector at the position that produced
 response token j while the model generated it, i.e. exactly the query ``DecodeState.hidden``
 that the same prompt gives at decode time. The tokens are the generated ids themselves (not
-re-tokenised text), so a draft is always a sequence the model really produced.
+re-tokenised text), so a draft is always a sequence the model really produced. With a Hugging
+Face model the responses of a batch come from one left-padded ``generate`` call and their keys
+from one forward over prompt + response each (same vectors as during generation, up to
+floating-point noise); other models generate one token at a time.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import torch
 from nest_integrations.dresd.datastore import SourceBatch
 from nest_integrations.types import Passage
 
-__all__ = ["read_prompts", "prompt_ids", "PromptSource", "greedy_with_keys"]
+__all__ = ["read_prompts", "prompt_ids", "PromptSource", "batched_greedy", "greedy_with_keys"]
 
 
 def read_prompts(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -94,6 +97,39 @@ def greedy_with_keys(
     return out, (np.stack(rows) if rows else np.zeros((0, d), np.float32))
 
 
+def batched_greedy(lm: Any, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy responses of a Hugging Face model to several prompts in one left-padded
+    ``generate`` call (EOS excluded). Padding may flip a near-tie argmax now and then; the
+    datastore only needs responses the model produces, not bit-exact ones."""
+    width = max(len(p) for p in prompts)
+    eos = sorted(lm.eos_token_ids)
+    pad = eos[0]
+    x = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(x)
+    for r, p in enumerate(prompts):
+        x[r, width - len(p) :] = torch.tensor(p)
+        mask[r, width - len(p) :] = 1
+    with torch.inference_mode():
+        out = lm.model.generate(
+            x.to(lm.device), attention_mask=mask.to(lm.device), do_sample=False,
+            max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
+        )  # fmt: skip
+    responses = []
+    for row in out[:, width:].tolist():
+        cut = next((i for i, t in enumerate(row) if t in lm.eos_token_ids), len(row))
+        responses.append(row[:cut])
+    return responses
+
+
+def keys_in_context(lm: Any, prompt: list[int], response: list[int]) -> np.ndarray:
+    """``(m, d)`` keys that produced each response token: one cache-free forward over
+    ``prompt + response[:-1]``, rows ``len(prompt) - 1`` onwards."""
+    if not response:
+        return np.zeros((0, lm.key_dim), np.float32)
+    _, keys = lm.forward(list(prompt) + list(response[:-1]), lm.new_cache())
+    return keys[len(prompt) - 1 :].float().cpu().numpy()
+
+
 def _char_offsets(lm: Any, ids: Sequence[int]) -> tuple[str, np.ndarray]:
     """Text of ``ids`` and ``(m, 2)`` char ranges tiling it (from prefix decodes)."""
     text = lm.detokenize(ids)
@@ -133,9 +169,15 @@ class PromptSource:
 
     def batch(self, i: int) -> SourceBatch:
         start = i * self.batch_size
+        items = self.prompts[start : start + self.batch_size]
+        pids = [prompt_ids(self.lm, item) for item in items]
+        if hasattr(getattr(self.lm, "model", None), "generate"):  # HF: one batched generate
+            resp = batched_greedy(self.lm, pids, self.max_new_tokens)
+            pairs = [(r, keys_in_context(self.lm, p, r)) for p, r in zip(pids, resp)]
+        else:
+            pairs = [greedy_with_keys(self.lm, p, self.max_new_tokens) for p in pids]
         b = SourceBatch([], [], [], [])
-        for j, item in enumerate(self.prompts[start : start + self.batch_size], start):
-            ids, keys = greedy_with_keys(self.lm, prompt_ids(self.lm, item), self.max_new_tokens)
+        for j, (item, (ids, keys)) in enumerate(zip(items, pairs), start):
             text, off = _char_offsets(self.lm, ids)
             pid = hashlib.sha256(json.dumps(item, sort_keys=True).encode()).hexdigest()[:16]
             b.passages.append(Passage(id=f"response-{pid}", text=text, doc_id=f"prompt-{j}",
