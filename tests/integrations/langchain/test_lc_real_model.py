@@ -84,12 +84,14 @@ def test_stream_adds_up_to_invoke(chat: ChatNest, grounded) -> None:
 
 
 def test_stop_sequence_cuts_the_answer(chat: ChatNest, grounded) -> None:
-    """A stop string from the middle of the answer cuts it there."""
+    """A stop string from the middle of the answer cuts it there (at the last whole token
+    before it: the engine's rule, so only whitespace may be dropped)."""
     words = grounded.text.split()
     stop = words[len(words) // 2]
     cut = grounded.text[: grounded.text.index(stop)]
     msg = chat.invoke(GROUNDED, stop=[stop])
-    assert msg.text == cut and msg.response_metadata["finish_reason"] == "stop"
+    assert cut.startswith(msg.text) and cut[len(msg.text):].strip() == ""
+    assert msg.response_metadata["finish_reason"] == "stop"
     check_annotations(msg.text, _annotations(msg))
 
 
