@@ -169,7 +169,7 @@ def main() -> int:
                                  "id"),
     }
     if not args.no_sweep:
-        for b, length in ((1, 4), (1, 16), (2, 8), (10, 10)):
+        for b, length in ((1, 16), (2, 8), (10, 10)):
             shape = "chain" if b == 1 else "tree"
             methods[f"DReSD ID ({shape} {b}x{length})"] = (
                 ours("dresd", dresd_mod.STATS, datastore=ds_id, shape=shape, num_drafts=b,
@@ -214,11 +214,40 @@ def main() -> int:
         if store:
             row["datastore_bytes_per_token"] = stores[store].stats()["bytes_per_token"]
         table.append(row)
-    write_report(args, table, stores, train, evals)
+    write_report(args, table, stores, train, evals, index_table(stores))
     return 0
 
 
-def write_report(args: Any, table: list[dict], stores: dict, train: list, evals: list) -> None:
+def index_table(stores: dict) -> list[dict]:
+    """Per datastore: exact vs IVF vs HNSW search time per query and recall@50 vs exact."""
+    import numpy as np
+
+    from nest_integrations.dresd.index import build_index, recall_at
+
+    out = []
+    rng = np.random.default_rng(0)
+    for name, ds in stores.items():
+        keys = np.asarray(ds.keys, dtype=np.float32)
+        q = keys[rng.choice(len(keys), size=min(200, len(keys)), replace=False)]
+        q = q + 0.1 * rng.standard_normal(q.shape).astype(np.float32)
+        q /= np.linalg.norm(q, axis=1, keepdims=True)
+        for kind in ("flat", "ivf", "hnsw"):
+            t0 = time.perf_counter()
+            index, params = build_index(keys, kind)
+            build = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for row in q:
+                index.search(row[None], 50)
+            per_query = (time.perf_counter() - t0) / len(q)
+            out.append({"datastore": name, "n": len(keys), **params, "build_s": round(build, 2),
+                        "query_ms": round(per_query * 1e3, 3),
+                        "recall@50": round(recall_at(index, keys, q, 50), 4)})  # fmt: skip
+    return out
+
+
+def write_report(
+    args: Any, table: list[dict], stores: dict, train: list, evals: list, indexes: list[dict]
+) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {
@@ -231,8 +260,8 @@ def write_report(args: Any, table: list[dict], stores: dict, train: list, evals:
         "datastores": {k: v.stats() for k, v in stores.items()},
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": table}, indent=2,
-                                                   default=str))  # fmt: skip
+    out.with_suffix(".json").write_text(json.dumps(
+        {"meta": meta, "rows": table, "indexes": indexes}, indent=2, default=str))
     f = lambda x, p=2: "—" if x is None else (f"{x:.{p}f}" if isinstance(x, float) else str(x))  # noqa: E731
     lines = [
         "# Lossless decoding: DReSD vs peers (`benchmarks/bench_lossless.py`)",
@@ -263,6 +292,15 @@ def write_report(args: Any, table: list[dict], stores: dict, train: list, evals:
             f"{f(r.get('forwards'))} | {f(r.get('search_share'), 3)} | "
             f"{f(r.get('verbatim_tokens'))} | {f(r.get('datastore_bytes_per_token'), 0)} |"
         )
+    lines += ["", "FAISS index kinds on these datastores (single-query search, k = 50; recall vs "
+              "exact `IndexFlatIP`; queries = stored keys + noise, re-normalised):", "",
+              "| datastore | n | kind | params | build s | ms/query | recall@50 |",
+              "|---|---|---|---|---|---|---|"]
+    for r in indexes:
+        params = {k: v for k, v in r.items()
+                  if k not in ("datastore", "n", "kind", "build_s", "query_ms", "recall@50")}
+        lines.append(f"| {r['datastore']} | {r['n']:,} | {r['kind']} | {params or ''} | "
+                     f"{r['build_s']} | {r['query_ms']} | {r['recall@50']} |")
     lines.append("")
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

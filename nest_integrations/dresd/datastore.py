@@ -170,6 +170,9 @@ def build_datastore(
         "pca_sample": pca_sample,
         "index": index_kind,
     }
+    n_parts = source.n_batches
+    if n_parts == 0:
+        raise ValueError("nothing to build a DReSD datastore from: the source has no passages")
     if work.exists():
         old = _read_json(work / "build.json")
         if old != spec:
@@ -179,9 +182,6 @@ def build_datastore(
             LOG.info("resuming the unfinished build at %s", work)
     work.mkdir(parents=True, exist_ok=True)
     _write_json(work / "build.json", spec)
-    n_parts = source.n_batches
-    if n_parts == 0:
-        raise ValueError("nothing to build a DReSD datastore from: the source has no passages")
     t0 = time.perf_counter()
 
     # 1. collect: raw keys and tokens, one file per batch
