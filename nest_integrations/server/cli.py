@@ -22,7 +22,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "GET /v1/models, /health, and the playground page at /. Copied spans come back as "
         "url_citation annotations with their source offsets."
     )
-    p.add_argument("--collection", default="nest", help="Chroma collection (default: nest)")
+    from nest_integrations.assembly import DEFAULT_COLLECTION
+
+    p.add_argument("--collection", default=DEFAULT_COLLECTION,
+                   help=f"Chroma collection (default: {DEFAULT_COLLECTION})")
     p.add_argument("--persist-dir", default=None, help="store folder (default: $NEST_HOME/store)")
     p.add_argument("--chroma-url", default=None, help="a Chroma server, e.g. http://localhost:8000")
     p.add_argument("--model", default=None,
@@ -47,15 +50,19 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_engine(args: argparse.Namespace) -> Any:
-    """The engine ``nest serve`` runs (one place, so assembly can change in one line)."""
-    from nest_integrations.engine import NestEngine
+    """The engine ``nest serve`` runs, from the one assembly every entry point uses (the
+    process-wide model cache included)."""
+    from nest_integrations import assembly
 
-    return NestEngine.from_defaults(
-        collection=args.collection,
-        persist_dir=args.persist_dir,
-        chroma_url=args.chroma_url,
-        config=args.preset,
-        model=args.model,
+    return assembly.build_engine(
+        assembly.EngineSpec.for_store(
+            args.collection,
+            persist_dir=args.persist_dir,
+            chroma_url=args.chroma_url,
+            model=args.model,
+            config=args.preset,
+            decoding=args.decoding,
+        )
     )
 
 

@@ -19,12 +19,12 @@ from tests.server.conftest import API_KEY, MAX_BODY, MAX_QUEUE, MAX_TOKENS_CAP
 
 pytestmark = pytest.mark.slow
 
-#: Questions whose answers copy from the corpus (the first words of a passage).
+#: Questions about corpus topics (the embedded model copies from the corpus on each).
 QUESTIONS = [
-    "Continue this text: Assert statements are a convenient way",
-    "Continue this text: The \"while\" statement is used for repeated execution",
-    "Continue this text: Anabasis is the most famous work of the Ancient Greek",
-    "Continue this text: The \"if\" statement is used for conditional execution",
+    "How does the assert statement work in Python?",
+    "What is belly dance?",
+    "How does the while statement work in Python?",
+    "What is the Anabasis by Xenophon?",
 ]
 
 
@@ -193,8 +193,9 @@ def _stream_one(server: Any, question: str, max_tokens: int) -> tuple[str, list[
 
 
 def test_concurrency_and_queue_bound(live_server: Any) -> None:
-    """16 parallel streamed requests all complete with exact citations; a burst past the
-    bound gets 429 with Retry-After; the server stays healthy and serves again."""
+    """16 parallel streamed requests fill every place (1 running + 15 queued) and all complete
+    with exact citations; requests sent meanwhile get 429 with Retry-After; the server stays
+    healthy and serves again."""
     import httpx
     import openai
 
@@ -212,43 +213,42 @@ def test_concurrency_and_queue_bound(live_server: Any) -> None:
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
-    for t in threads:
+    deadline = time.monotonic() + 30
+    while live_server.gate.pending < n:  # wait until all 16 are admitted
+        assert time.monotonic() < deadline, live_server.gate.status()
+        time.sleep(0.005)
+
+    # Past the bound: 4 more at once while the 16 hold every place.
+    extra: list[Any] = []
+    client = live_server.client()
+
+    def fire() -> None:
+        try:
+            client.chat.completions.create(
+                model="nest", messages=[{"role": "user", "content": QUESTIONS[0]}], max_tokens=2
+            )
+            extra.append(200)
+        except openai.RateLimitError as exc:
+            extra.append((429, exc.response.headers.get("retry-after", ""), exc.message))
+
+    more = [threading.Thread(target=fire) for _ in range(4)]
+    for t in more:
+        t.start()
+    for t in threads + more:
         t.join(180)
     errors = [r for r in results if isinstance(r, Exception)]
     assert not errors, errors[:3]
     assert sum(bool(anns) for _, anns in results) >= n // 2
     for text, anns in results:
         check_annotations(live_server, text, anns)
-
-    # A burst of n + 6 requests at once: n fit (running + queued), the rest get 429.
-    burst = n + 6
-    codes: list[Any] = [None] * burst
-    retry_after: list[str] = []
-    barrier = threading.Barrier(burst)
-    client = live_server.client()
-
-    def fire(i: int) -> None:
-        barrier.wait()
-        try:
-            client.chat.completions.create(
-                model="nest", messages=[{"role": "user", "content": QUESTIONS[i % 4]}], max_tokens=2
-            )
-            codes[i] = 200
-        except openai.RateLimitError as exc:
-            codes[i] = 429
-            retry_after.append(exc.response.headers.get("retry-after", ""))
-            assert "busy" in exc.message
-
-    threads = [threading.Thread(target=fire, args=(i,)) for i in range(burst)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(180)
-    assert codes.count(200) >= n and codes.count(429) >= 1
-    assert codes.count(200) + codes.count(429) == burst
-    assert all(r.isdigit() and int(r) >= 1 for r in retry_after)
+    rejected = [e for e in extra if e != 200]
+    assert len(extra) == 4 and len(rejected) >= 3, extra  # one may slip in as a place frees
+    for _, retry_after, message in rejected:
+        assert retry_after.isdigit() and int(retry_after) >= 1
+        assert "busy" in message
     h = httpx.get(f"{live_server.url}/health").json()
     assert h["status"] == "ok" and h["running"] == 0 and h["queued"] == 0
+    assert h["rejected"] >= len(rejected)
     text, _ = _stream_one(live_server, QUESTIONS[0], 4)
     assert text
 

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCREENSHOT = REPO / "benchmarks" / "results" / "playground.png"
 CHROMIUM = os.environ.get("NEST_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("NEST_CHROMEDRIVER", "/usr/bin/chromedriver")
-QUESTION = "Continue this text: Assert statements are a convenient way"
+QUESTION = "What is belly dance?"  # a Wikipedia lead: the source has a title and a link
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def browser() -> Any:
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
     for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-              "--window-size=1280,860", "--force-device-scale-factor=1"):
+              "--window-size=1280,1000", "--force-device-scale-factor=1"):
         opts.add_argument(a)
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
     driver.set_page_load_timeout(30)
@@ -74,6 +74,7 @@ def test_playground_streams_highlights_and_shows_exact_sources(browser: Any, liv
         "return [...document.querySelectorAll('#answer mark.cite')]"
         ".map(m => m.firstChild.textContent)"
     )
+    hrefs: list[str] = []
     for mark, span in zip(marks, span_texts):
         mark.click()
         WebDriverWait(d, 10).until(
@@ -85,11 +86,15 @@ def test_playground_streams_highlights_and_shows_exact_sources(browser: Any, liv
         )
         title = d.find_element(By.ID, "source-title")
         assert title.text
+        hrefs.append(title.get_attribute("href") or "")
     # The stats panel is filled from the final chunk.
     assert d.find_element(By.ID, "s-attr").text.endswith("%")
     assert d.find_element(By.ID, "s-fwd").text != "–"
-    # Leave a Wikipedia-style source with a link open for the screenshot when there is one.
-    marks[0].click()
+    assert any(h.startswith("https://") for h in hrefs), hrefs  # Wikipedia sources link out
+    marks[0].click()  # the screenshot shows the first span's source
+    WebDriverWait(d, 10).until(lambda d: d.execute_script(
+        "const m = document.querySelector('#source-text mark'); return m ? m.textContent : null"
+    ) == span_texts[0])
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     d.save_screenshot(str(SCREENSHOT))
     assert SCREENSHOT.stat().st_size > 10_000

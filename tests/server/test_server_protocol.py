@@ -1,0 +1,121 @@
+"""The wire format without a model: request validation, annotation shape, streamed merging,
+and ``nest serve`` option errors (fast; no server, no model)."""
+
+from __future__ import annotations
+
+import pytest
+
+from nest_integrations.server import protocol as P
+from nest_integrations.types import Citation, NestResult, NestStats
+
+LIMITS = P.Limits(max_tokens_cap=64, default_max_tokens=16)
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def cite(start: int, end: int, text: str, pid: str = "p1", meta: dict | None = None) -> Citation:
+    return Citation(
+        text=text, start=start, end=end, passage_id=pid, doc_id="doc", passage_start=2,
+        passage_end=2 + len(text), source_start=102, source_end=102 + len(text),
+        n_tokens=2, metadata=meta or {},
+    )
+
+
+def test_chat_request_defaults_and_options() -> None:
+    """Defaults fill in; extension options come top level (extra_body) or under ``nest``;
+    content parts are joined; developer is system; unknown fields are ignored."""
+    req = P.parse_chat({"messages": MSG, "whatever": 1, "user": "u"}, LIMITS)
+    assert req.max_tokens == 16 and not req.stream and req.preset is None
+    req = P.parse_chat(
+        {"model": "nest", "stream": True, "max_completion_tokens": 8, "stop": "\n",
+         "temperature": 0.5, "top_p": 0.9, "seed": 3, "preset": "paper-ra",
+         "nest": {"decoding": "greedy"}, "stream_options": {"include_usage": True},
+         "messages": [{"role": "developer", "content": "be brief"},
+                      {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                   {"type": "text", "text": "b"}]}]},
+        LIMITS,
+    )
+    assert req.prompt == [{"role": "system", "content": "be brief"},
+                          {"role": "user", "content": "ab"}]
+    assert (req.max_tokens, req.stop, req.temperature, req.top_p, req.seed) == (8, ["\n"], 0.5, 0.9, 3)
+    assert (req.preset, req.decoding, req.include_usage, req.stream) == ("paper-ra", "greedy", True, True)
+
+
+@pytest.mark.parametrize(
+    "body, param, needle",
+    [
+        ([], None, "must be a JSON object"),
+        ({}, "messages", "missing required parameter: 'messages'"),
+        ({"messages": []}, "messages", "non-empty array"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "not supported"),
+        ({"messages": [{"role": "system", "content": "x"}]}, "messages", "role 'user'"),
+        ({"messages": [{"role": "user", "content": ""}]}, "messages[0].content", "empty content"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+         "messages[0].content[0]", "not a text part"),
+        ({"messages": MSG, "max_tokens": -3}, "max_tokens", ">= 1"),
+        ({"messages": MSG, "max_tokens": 65}, "max_tokens", "cap of 64"),
+        ({"messages": MSG, "max_tokens": "8"}, "max_tokens", "must be an integer"),
+        ({"messages": MSG, "temperature": -1}, "temperature", "out of range"),
+        ({"messages": MSG, "top_p": 0}, "top_p", "(0, 1]"),
+        ({"messages": MSG, "stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
+        ({"messages": MSG, "n": 2}, "n", "only n=1"),
+        ({"messages": MSG, "stream": "yes"}, "stream", "boolean"),
+        ({"messages": MSG, "preset": 3}, "preset", "non-empty string"),
+    ],
+)
+def test_chat_request_errors(body, param, needle) -> None:
+    """Each invalid value is a 400 naming the parameter, in OpenAI's error shape."""
+    with pytest.raises(P.ApiError) as err:
+        P.parse_chat(body, LIMITS)
+    e = err.value
+    assert e.status == 400 and needle in e.message and e.param == param
+    assert set(e.body()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_completion_request() -> None:
+    assert P.parse_completion({"prompt": ["x"]}, LIMITS).prompt == "x"
+    for body, needle in (({}, "'prompt'"), ({"prompt": " "}, "empty"),
+                         ({"prompt": ["a", "b"]}, "one prompt"), ({"prompt": "a", "echo": True}, "echo")):
+        with pytest.raises(P.ApiError, match=needle):
+            P.parse_completion(body, LIMITS)
+
+
+def test_annotation_shape() -> None:
+    """url_citation with OpenAI's four keys plus NEST's source keys; url/title fall back to
+    the source path, then the doc id."""
+    a = P.annotation(cite(3, 8, "hello", meta={"title": "T", "url": "https://x"}))
+    u = a["url_citation"]
+    assert a["type"] == "url_citation"
+    assert (u["start_index"], u["end_index"], u["url"], u["title"]) == (3, 8, "https://x", "T")
+    assert (u["cited_text"], u["doc_id"], u["passage_id"]) == ("hello", "doc", "p1")
+    assert (u["source_start"], u["source_end"]) == (102, 107)
+    u = P.annotation(cite(0, 1, "h", meta={"source": "docs/a.txt"}))["url_citation"]
+    assert u["url"] == u["title"] == "docs/a.txt"
+    assert P.annotation(cite(0, 1, "h"))["url_citation"]["url"] == "doc"
+
+
+def test_annotation_stream_merges_to_the_final_list() -> None:
+    """A growing span is re-sent with a larger end; ``finish`` adds what the stream missed or
+    reported differently, so the client-side merge equals the final annotations."""
+    text = "abcdefghij"
+    final = [cite(0, 6, text[:6]), cite(7, 10, text[7:], pid="p2")]
+    result = NestResult(text=text, token_ids=[], citations=final, stats=NestStats())
+    tracker = P.AnnotationStream()
+    sent = tracker.step(cite(0, 3, text[:3])) + tracker.step(None) + tracker.step(cite(0, 6, text[:6]))
+    assert [a["url_citation"]["end_index"] for a in sent] == [3, 6]
+    late = tracker.finish(result)
+    assert [a["url_citation"]["passage_id"] for a in late] == ["p2"]  # never streamed
+    assert P.merge_annotations(sent + late) == [P.annotation(c) for c in final]
+
+
+def test_serve_rejects_bad_options_before_loading_the_model(monkeypatch, capsys) -> None:
+    """Bad `nest serve` options are one clear line, and no engine is built."""
+    from nest_integrations import cli
+    from nest_integrations.server import cli as serve_cli
+
+    pytest.importorskip("uvicorn")
+    monkeypatch.setattr(serve_cli, "build_engine", lambda args: pytest.fail("built an engine"))
+    assert cli.main(["serve", "--max-queue", "-1"]) == 1
+    assert "--max-queue=-1 is invalid" in capsys.readouterr().err
+    parser = cli.build_parser()
+    args = parser.parse_args(["serve"])
+    assert (args.host, args.port, args.api_key) == ("127.0.0.1", 8000, None)  # loopback by default
