@@ -71,7 +71,7 @@ def ood_datastore(lm: Any) -> Path:
     from nest_integrations.paths import default_persist_dir, keys_dir
     from nest_integrations.retrieval.chroma import ChromaPassageStore
 
-    store = ChromaPassageStore.from_persist_dir(default_persist_dir(), "nest", lm=lm)
+    store = ChromaPassageStore.from_persist_dir(default_persist_dir(), "nest")
     passages = sorted(store.iter_passages(), key=lambda p: p.id)
     if not passages:
         raise SystemExit("run `nest ingest --sample` first (the out-of-domain datastore)")
