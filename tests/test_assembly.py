@@ -97,6 +97,16 @@ def test_both_adapters_resolve_the_same_spec(params: dict) -> None:
     )
 
 
+def test_query_engine_forwards_decoding() -> None:
+    """``NestQueryEngine.from_args(..., decoding=)`` reaches its NestLLM's spec (no load)."""
+    from nest_integrations.llama_index import NestQueryEngine
+
+    qe = NestQueryEngine.from_args(None, decoding="prompt-lookup", persist_dir="/tmp/s")
+    assert qe.llm._engine is None
+    assert qe.llm.engine_spec() == ChatNest(decoding="prompt-lookup",
+                                             persist_dir="/tmp/s").engine_spec()
+
+
 def test_spec_resolution() -> None:
     """Presets, hybrid and decoding are resolved once; bad values fail clearly."""
     spec = assembly.EngineSpec()
