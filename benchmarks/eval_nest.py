@@ -1,8 +1,12 @@
-"""The NEST evaluation (Table 1 style): base LM, RA, kNN-LM, NEST and RA-NEST side by side.
+"""The NEST evaluation (Table 1 style): base LM, RA, kNN-LM, NEST, RA-NEST (and calibrated NEST).
 
 Same as ``nest eval``; see ``nest_integrations/evaluation/cli.py`` for every option.
 
     python benchmarks/eval_nest.py --config small     # ~20 min on 2 idle CPU cores
+    python benchmarks/eval_nest.py --config medium    # >= 50 examples/task, entity QA,
+                                                      # calibrated NEST, paired statistics
+    python benchmarks/eval_nest.py --config medium --n-examples 2 --gammas none \
+        --passages 8 --calibration-texts 4 --out /tmp/eval_smoke   # a smoke run (minutes)
     python benchmarks/eval_nest.py --config full --device cuda
 
 Writes ``benchmarks/results/eval_<config>.{md,json}``, ``eval_<config>_examples.jsonl``,

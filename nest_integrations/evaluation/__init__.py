@@ -7,13 +7,18 @@ Module map:
 - ``retrieval``: BM25 / dense MiniLM / hybrid stage-1 retrievers with cached embeddings;
 - ``tasks``: ``Example``/``Task``; completion (in-corpus, held-out), "What is X?" QA, JSONL;
 - ``metrics``: ROUGE, answer-level recall, perplexity, attribution, citation precision;
+- ``entities``: the seeded fictional-entity corpus (shared sentence frames) and its questions;
+- ``grounded``: grounded-QA metrics (correct, gold-cited share, off-topic copied, run-on) and
+  ``meaningful_citations``;
+- ``stats``: McNemar's exact test, bootstrap intervals, paired win rates;
+- ``qa_dev``: the interleaved grounded-QA loop behind ``benchmarks/qa_dev.py``;
 - ``systems``: base LM, RA, two-stage kNN-LM, NEST, RA-NEST; generation + scoring of one example;
-- ``runner``: ``EvalSettings`` (``small``/``full``), ``run_eval``, aggregation;
+- ``runner``: ``EvalSettings`` (``small``/``medium``/``full``), ``run_eval``, aggregation;
 - ``report``: markdown (Table 1 style), JSON, JSONL, PNG plots;
 - ``suite``: end to end (model + datastore + tasks -> files);
 - ``cli``: ``nest eval``.
 
-Tests: ``tests/test_evaluation.py``.
+Tests: ``tests/test_evaluation.py``, ``tests/test_qa_dev.py``.
 """
 
 from nest_integrations.evaluation.metrics import (

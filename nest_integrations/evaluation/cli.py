@@ -79,6 +79,12 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--retriever", choices=RETRIEVERS, help="stage-1 retriever (default: hybrid)")
     p.add_argument(
+        "--calibration-texts",
+        type=int,
+        metavar="N",
+        help="documents held out / kept in when calibrating the nest-cal system (default 24)",
+    )
+    p.add_argument(
         "--corpus",
         nargs="+",
         metavar="PATH",
@@ -138,7 +144,10 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             if args.gammas.strip().lower() == "none"
             else tuple(float(g) for g in args.gammas.split(",") if g.strip())
         )
-    for name in ("n_examples", "reference_tokens", "qa_max_new_tokens", "passages", "n_gamma"):
+    for name in (
+        "n_examples", "reference_tokens", "qa_max_new_tokens", "passages", "n_gamma",
+        "calibration_texts",
+    ):
         v = getattr(args, name)
         if v is not None and v < (0 if name == "n_gamma" else 1):
             raise ValueError(f"--{name.replace('_', '-')}={v} is invalid: use a positive integer")
@@ -158,6 +167,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         gammas=gammas,
         n_gamma=args.n_gamma,
         retriever=args.retriever,
+        calibration_texts=args.calibration_texts,
     )
     out.nest_config()  # validate the preset and gamma now
     return out

@@ -68,11 +68,11 @@ class SystemSpec:
         return list(passages)
 
 
-#: Built-in systems. ``rag``: greedy with the top 3 passages in the prompt; ``base``: the LM
-#: alone (the tokens/s reference); ``paper``/``paper-ra``: the NEST presets.
+#: Built-in systems. ``rag``: greedy decoding with the top 3 passages in the prompt; ``base``:
+#: the LM alone, greedy (the tokens/s reference); ``paper``/``paper-ra``: the NEST presets.
 BUILTIN: dict[str, SystemSpec] = {
-    "base": SystemSpec("base", None, "paper", {**PLAIN, "ra_passages": 0}, "none"),
-    "rag": SystemSpec("rag", None, "paper", {**PLAIN, "ra_passages": 3}, "prompt"),
+    "base": SystemSpec("base", "greedy", "paper", {**PLAIN, "ra_passages": 0}, "none"),
+    "rag": SystemSpec("rag", "greedy", "paper", {**PLAIN, "ra_passages": 3}, "prompt"),
     "paper": SystemSpec("paper", None, "paper", {}, "memory"),
     "paper-ra": SystemSpec("paper-ra", None, "paper-ra", {}, "memory"),
 }
