@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -237,7 +236,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         s, i = by.get((c, "server")), by.get((c, "in-process"))
         if s and i:
             lines.append(
-                f"- concurrency {c}: latency p50 {100 * (s['latency_p50'] / i['latency_p50'] - 1):+.1f}%, "
+                f"- concurrency {c}: "
+                f"latency p50 {100 * (s['latency_p50'] / i['latency_p50'] - 1):+.1f}%, "
                 f"TTFT p50 {100 * (s['ttft_p50'] / i['ttft_p50'] - 1):+.1f}%, "
                 f"throughput {100 * (s['tokens_per_s'] / i['tokens_per_s'] - 1):+.1f}%"
             )
@@ -283,7 +283,8 @@ def main() -> int:
     proc, url = start_server(store, args.collection, args.threads)
     rows = []
     try:
-        local, remote = in_process_runner(engine, args.max_tokens), server_runner(url, args.max_tokens)
+        local = in_process_runner(engine, args.max_tokens)
+        remote = server_runner(url, args.max_tokens)
         for q in QUESTIONS[:2]:  # warm-up: caches, key loading, first-call costs
             local(q), remote(q)
         for c in args.concurrency:

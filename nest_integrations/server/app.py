@@ -13,7 +13,6 @@ generation at a time with a bounded queue, the engine does the rest.
 
 import contextlib
 import hmac
-import inspect
 import json
 import logging
 import time
@@ -120,6 +119,26 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> Any:
     async def _validation_error(_: Request, exc: RequestValidationError) -> Any:
         return JSONResponse(P.ApiError(400, str(exc)).body(), status_code=400)
 
+    @app.exception_handler(Exception)
+    async def _server_error(_: Request, exc: Exception) -> Any:
+        LOG.exception("request failed")
+        err = P.ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
+        return JSONResponse(err.body(), status_code=500)
+
+    class _TicketedStream(StreamingResponse):
+        """Frees the queue place however the response ends, even if the body never started
+        (a client gone before the headers were sent)."""
+
+        def __init__(self, ticket: Any, *args: Any, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self.ticket = ticket
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            try:
+                await super().__call__(scope, receive, send)
+            finally:
+                self.ticket.release()
+
     # ------------------------------------------------------------------ helpers
     def authorize(request: Request) -> None:
         if s.api_key is None:
@@ -180,11 +199,10 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> Any:
         kwargs: dict[str, Any] = dict(
             prompt=req.prompt, max_new_tokens=req.max_tokens, stop=req.stop or None, config=cfg
         )
-        decoding = req.decoding or s.decoding
+        decoding = req.decoding or s.decoding or getattr(engine, "decoding", None)
         if decoding is not None:
             _check_decoding(engine, decoding, api=True)
-            if _accepts_decoding(engine):
-                kwargs["decoding"] = decoding
+            kwargs["decoding"] = decoding
         return kwargs, preset, decoding
 
     def admit() -> Any:
@@ -247,7 +265,8 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> Any:
             tracker = P.AnnotationStream()
             try:
                 if chat:
-                    yield sse(P.chat_chunk(rid, model, created, {"role": "assistant", "content": ""}))
+                    role = {"role": "assistant", "content": ""}
+                    yield sse(P.chat_chunk(rid, model, created, role))
                 async with contextlib.aclosing(
                     gate.run(ticket, kwargs, request.is_disconnected)
                 ) as chunks:
@@ -264,7 +283,8 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> Any:
                                 yield sse({**chunk(None, []), "choices": [], "usage": P.usage(res)})
                             else:
                                 yield sse(
-                                    chunk(None, [], P.finish_reason(res), usage=P.usage(res), nest=ext)
+                                    chunk(None, [], P.finish_reason(res),
+                                          usage=P.usage(res), nest=ext)
                                 )
                         elif item.text:
                             yield sse(chunk(item.text, tracker.step(item.citation)))
@@ -279,7 +299,8 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> Any:
                 ticket.release()  # no-op once the gate released it
             yield b"data: [DONE]\n\n"
 
-        return StreamingResponse(
+        return _TicketedStream(
+            ticket,
             events(),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
@@ -394,21 +415,11 @@ def _check_key_source(engine: Any, cfg: NestConfig, preset: str, api: bool = Fal
 
 
 def _check_decoding(engine: Any, decoding: str, api: bool = False) -> None:
-    """``decoding`` must name a registered method that this engine version accepts."""
-    problem = None
-    try:
-        from nest_integrations.drafters import METHODS
-    except ImportError:  # pragma: no cover - before the drafter registry exists
-        METHODS = {"nest": None}
+    """``decoding`` must name a registered method (``nest_integrations.drafters.METHODS``)."""
+    from nest_integrations.drafters import METHODS
+
     if decoding not in METHODS:
         problem = f"unknown decoding {decoding!r}: choose one of {sorted(METHODS)}"
-    elif not _accepts_decoding(engine) and decoding != "nest":
-        problem = f"decoding {decoding!r} is not supported by this engine version (only 'nest')"
-    if problem:
         if api:
             raise P.invalid("decoding", problem)
         raise ValueError(problem)
-
-
-def _accepts_decoding(engine: Any) -> bool:
-    return "decoding" in inspect.signature(engine.stream).parameters

@@ -83,7 +83,9 @@ class ModelGate:
         """Reserve a place or raise ``QueueFull`` (call on the event loop)."""
         if self._pending >= self.capacity:
             self.rejected += 1
-            raise QueueFull(f"{self._pending} requests running or queued (capacity {self.capacity})")
+            raise QueueFull(
+                f"{self._pending} requests running or queued (capacity {self.capacity})"
+            )
         self._pending += 1
         return Ticket(self)
 

@@ -150,6 +150,11 @@ def test_per_request_options(live_server: Any) -> None:
     )
     assert knn.model_extra["nest"]["preset"] == "knn-lm"
     assert knn.model_extra["nest"]["stats"]["verify_steps"] == 0  # no span copying
+    greedy = client.chat.completions.create(
+        model="nest", messages=msgs, max_tokens=8, extra_body={"decoding": "greedy"}
+    )
+    assert greedy.model_extra["nest"]["decoding"] == "greedy"
+    assert greedy.model_extra["nest"]["stats"]["copied_tokens"] == 0  # plain LM decoding
     sampled = [
         client.chat.completions.create(
             model="nest", messages=msgs, max_tokens=8, temperature=1.5, top_p=0.9, seed=7
@@ -159,7 +164,9 @@ def test_per_request_options(live_server: Any) -> None:
     assert sampled[0] == sampled[1]
     for body, word in (({"preset": "nope"}, "paper-ra"), ({"decoding": "nope"}, "nest")):
         with pytest.raises(openai.BadRequestError) as err:
-            client.chat.completions.create(model="nest", messages=msgs, max_tokens=8, extra_body=body)
+            client.chat.completions.create(
+                model="nest", messages=msgs, max_tokens=8, extra_body=body
+            )
         assert word in err.value.message
 
 

@@ -46,7 +46,9 @@ def browser() -> Any:
         driver.quit()
 
 
-def test_playground_streams_highlights_and_shows_exact_sources(browser: Any, live_server: Any) -> None:
+def test_playground_streams_highlights_and_shows_exact_sources(
+    browser: Any, live_server: Any
+) -> None:
     """Ask on the page: the answer streams in, copied spans are highlighted, and clicking each
     one shows its source passage with exactly that text marked, plus title and link."""
     from selenium.webdriver.common.by import By

@@ -36,8 +36,10 @@ def test_chat_request_defaults_and_options() -> None:
     )
     assert req.prompt == [{"role": "system", "content": "be brief"},
                           {"role": "user", "content": "ab"}]
-    assert (req.max_tokens, req.stop, req.temperature, req.top_p, req.seed) == (8, ["\n"], 0.5, 0.9, 3)
-    assert (req.preset, req.decoding, req.include_usage, req.stream) == ("paper-ra", "greedy", True, True)
+    assert (req.max_tokens, req.stop, req.temperature) == (8, ["\n"], 0.5)
+    assert (req.top_p, req.seed) == (0.9, 3)
+    assert (req.preset, req.decoding) == ("paper-ra", "greedy")
+    assert req.include_usage and req.stream
 
 
 @pytest.mark.parametrize(
@@ -74,7 +76,8 @@ def test_chat_request_errors(body, param, needle) -> None:
 def test_completion_request() -> None:
     assert P.parse_completion({"prompt": ["x"]}, LIMITS).prompt == "x"
     for body, needle in (({}, "'prompt'"), ({"prompt": " "}, "empty"),
-                         ({"prompt": ["a", "b"]}, "one prompt"), ({"prompt": "a", "echo": True}, "echo")):
+                         ({"prompt": ["a", "b"]}, "one prompt"),
+                         ({"prompt": "a", "echo": True}, "echo")):
         with pytest.raises(P.ApiError, match=needle):
             P.parse_completion(body, LIMITS)
 
@@ -100,7 +103,8 @@ def test_annotation_stream_merges_to_the_final_list() -> None:
     final = [cite(0, 6, text[:6]), cite(7, 10, text[7:], pid="p2")]
     result = NestResult(text=text, token_ids=[], citations=final, stats=NestStats())
     tracker = P.AnnotationStream()
-    sent = tracker.step(cite(0, 3, text[:3])) + tracker.step(None) + tracker.step(cite(0, 6, text[:6]))
+    sent = tracker.step(cite(0, 3, text[:3])) + tracker.step(None)
+    sent += tracker.step(cite(0, 6, text[:6]))
     assert [a["url_citation"]["end_index"] for a in sent] == [3, 6]
     late = tracker.finish(result)
     assert [a["url_citation"]["passage_id"] for a in late] == ["p2"]  # never streamed
