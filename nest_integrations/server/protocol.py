@@ -116,6 +116,7 @@ def parse_chat(body: Any, limits: Limits) -> GenerationRequest:
             f"messages[{messages.index(users[-1])}].content",
             "the last user message has empty content: send the question as non-empty text",
         )
+    _unsupported(body)
     req = _common(body, limits, max_keys=("max_completion_tokens", "max_tokens"))
     req.prompt = messages
     return req
@@ -141,6 +142,20 @@ def parse_completion(body: Any, limits: Limits) -> GenerationRequest:
     req = _common(body, limits, max_keys=("max_tokens",))
     req.prompt = prompt
     return req
+
+
+def _unsupported(body: dict[str, Any]) -> None:
+    """Features a client would silently miss if ignored: refuse them by name."""
+    if body.get("tools") or body.get("functions"):
+        raise invalid("tools", "tools / function calling are not supported by this server")
+    if body.get("logprobs"):
+        raise invalid("logprobs", "'logprobs' is not supported by this server")
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
+        raise invalid(
+            "response_format", f"response_format type {fmt.get('type')!r} is not supported "
+            "(only 'text')"
+        )
 
 
 def _object(body: Any) -> dict[str, Any]:

@@ -62,6 +62,10 @@ def test_chat_request_defaults_and_options() -> None:
         ({"messages": MSG, "n": 2}, "n", "only n=1"),
         ({"messages": MSG, "stream": "yes"}, "stream", "boolean"),
         ({"messages": MSG, "preset": 3}, "preset", "non-empty string"),
+        ({"messages": MSG, "tools": [{"type": "function"}]}, "tools", "not supported"),
+        ({"messages": MSG, "logprobs": True}, "logprobs", "not supported"),
+        ({"messages": MSG, "response_format": {"type": "json_object"}}, "response_format",
+         "only 'text'"),
     ],
 )
 def test_chat_request_errors(body, param, needle) -> None:
