@@ -7,9 +7,9 @@ Layout of a datastore folder ``ROOT``::
     ROOT/v-<id>/tokens.npy   (n,) int32: every passage's token ids, passages back to back
     ROOT/v-<id>/bounds.npy   (P+1,) int64: passage p holds rows bounds[p]:bounds[p+1]
     ROOT/v-<id>/offsets.npy  (n, 2) int32: char range of each token in its passage text
-    ROOT/v-<id>/keys.npy     (n, 64) fp16: unit keys, row g is the key whose value is tokens[g]
     ROOT/v-<id>/pca.npz      the key transform (z-score mean/std, PCA components)
-    ROOT/v-<id>/index.faiss  inner-product FAISS index over keys.npy
+    ROOT/v-<id>/index.faiss  inner-product FAISS index, fp16 storage: the only copy of the
+                             (n, 64) unit keys; row g is the key whose value is tokens[g]
     ROOT/v-<id>/passages.jsonl  id, text, doc_id, metadata of each passage
     ROOT/.build/             an unfinished build (resumed by the next build of the same source)
 
@@ -40,7 +40,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from nest_integrations.dresd.index import build_index, read_index, write_index
+from nest_integrations.dresd.index import build_index, read_index, reconstruct_all, write_index
 from nest_integrations.dresd.pca import KeyTransform, fit_transform
 from nest_integrations.types import Passage
 
@@ -247,7 +247,6 @@ def build_datastore(
     np.save(vdir / "tokens.npy", np.concatenate(tokens).astype(np.int32))
     np.save(vdir / "offsets.npy", np.concatenate(offsets).astype(np.int32))
     np.save(vdir / "bounds.npy", np.asarray(bounds, dtype=np.int64))
-    np.save(vdir / "keys.npy", keys)
     shutil.copyfile(pca_file, vdir / "pca.npz")
     with open(vdir / "passages.jsonl", "w", encoding="utf-8") as f:
         for p in passages:
@@ -326,7 +325,7 @@ class DresdDatastore:
         self.tokens: np.ndarray = np.load(vdir / "tokens.npy", mmap_mode="r")
         self.bounds: np.ndarray = np.load(vdir / "bounds.npy")
         self.offsets: np.ndarray = np.load(vdir / "offsets.npy", mmap_mode="r")
-        self.keys: np.ndarray = np.load(vdir / "keys.npy", mmap_mode="r")
+        self._keys: np.ndarray | None = None
         self.transform = KeyTransform.load(vdir / "pca.npz")
         self.index = read_index(vdir / "index.faiss", meta["index"])
         with open(vdir / "passages.jsonl", encoding="utf-8") as f:
@@ -361,6 +360,13 @@ class DresdDatastore:
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
+
+    @property
+    def keys(self) -> np.ndarray:
+        """``(n, p)`` fp16 unit keys, read back from the index (the only stored copy)."""
+        if self._keys is None:
+            self._keys = reconstruct_all(self.index).astype(np.float16)
+        return self._keys
 
     @property
     def n_passages(self) -> int:
