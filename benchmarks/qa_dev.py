@@ -15,6 +15,8 @@ after the answer sentence, tokens/s vs the base LM, and McNemar's exact test vs 
         --system 'g05=nest:paper:relaxation=0.05' --system 'ra3=nest:paper-ra:n_passages=3'
     python benchmarks/qa_dev.py --build --calibrate           # also `nest calibrate` it
     python benchmarks/qa_dev.py --systems rag,paper,calibrated
+    python benchmarks/qa_dev.py --persist-dir $NEST_HOME/store --collection nest --sample-only
+                                                              # the sample corpus's questions
 
 A system is a built-in name (base, rag, paper, paper-ra, calibrated), a decoding method of
 ``nest_integrations.drafters.METHODS`` (lossless ones get the RAG prompt), or
@@ -91,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample-questions", action="store_true",
                     help="also ask the sample-corpus questions (the collection must hold the "
                     "sample corpus: `nest ingest --sample --collection ...`)")
+    ap.add_argument("--sample-only", action="store_true",
+                    help="only the sample-corpus questions (e.g. --collection nest after "
+                    "`nest ingest --sample`)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--tag", default="qa_dev", help="output file stem")
@@ -130,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
 
     corpus = generate_corpus(args.seed, args.per_kind)
     questions: list = corpus.sample_questions(args.n or None, seed=args.question_seed)
-    if args.sample_questions:
+    if args.sample_only:
+        questions = []
+    if args.sample_questions or args.sample_only:
         questions += list(SAMPLE_QUESTIONS)
     start = time.perf_counter()
     records = qa_dev.run_questions(
@@ -140,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - start
     rows = qa_dev.summarize(records, reference=args.reference)
     table = qa_dev.markdown_table(rows, reference=args.reference)
+    cmd = argv if argv is not None else sys.argv[1:]
     retrieved = [r for r in records if r["system"] == specs[0].name]
     recall = sum(r["gold_rank"] is not None for r in retrieved) / max(1, len(retrieved))
     top3 = sum((r["gold_rank"] or 99) <= 3 for r in retrieved) / max(1, len(retrieved))
@@ -149,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{100 * recall:.0f}%, in the top 3: {100 * top3:.0f}%), max_new_tokens = "
         f"{args.max_new_tokens}, chat messages, embedded model, {torch.get_num_threads()} "
         f"torch thread(s), wall {wall:.0f} s, load {os.getloadavg()[0]:.1f}.\n\n"
-        f"Command: `python benchmarks/qa_dev.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"
+        f"Command: `python benchmarks/qa_dev.py {' '.join(cmd)}`\n\n"
     )
     notes = (
         "\n\ncorrect: gold value present (normalised, whole words) and no other entity's value "

@@ -22,8 +22,8 @@ perplexity, the one with the lowest held-out perplexity.
 
 It also *suggests* delta (span threshold: the largest grid value at which at most 10% of
 held-out positions would start a span; the smallest grid value, flagged
-``span_start_rate["criterion_met"] = False``, when none does) and gamma (relaxation: accept 95% of true in-corpus
-tokens, ``2 * q05(p_M(true) / max p_M)``, clipped to [5e-4, 1]).
+``span_start_rate["criterion_met"] = False``, when none does) and gamma (relaxation: accept
+95% of true in-corpus tokens, ``2 * q05(p_M(true) / max p_M)``, clipped to [5e-4, 1]).
 
 The result is stored beside the key store, ``<persist_dir>/calibration/<collection>.json``,
 one entry per model (``"<fingerprint>|<key_source>"``); ``load_calibration`` returns the
@@ -608,7 +608,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         f"{res['seconds']['total']:.0f} s)\n")
     out(f"  knn_temperature (mu)  {o['knn_temperature']:.4g}   (default "
         f"{res['default']['knn_temperature']:.4g})\n")
-    out(f"  rrc_offset (alpha)    {o['rrc_offset']:.3g}   (default {res['default']['rrc_offset']})\n")
+    out(f"  rrc_offset (alpha)    {o['rrc_offset']:.3g}   "
+        f"(default {res['default']['rrc_offset']})\n")
     out(f"  rrc_scale (tau)       {o['rrc_scale']:.3g}   (default {res['default']['rrc_scale']})\n")
     out(f"  suggested span_threshold (delta) {s['span_threshold']:.3g}, "
         f"relaxation (gamma) {s['relaxation']:.3g}\n")
