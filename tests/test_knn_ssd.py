@@ -202,8 +202,7 @@ def test_engine_knn_ssd_equals_greedy_for_every_domain(tiny_lm, tmp_path, domain
 def test_engine_sampling_runs_with_draft_distributions(tiny_lm):
     from nest_integrations import NestConfig, NestEngine
 
-    cfg = NestConfig(temperature=0.8, top_p=0.95, seed=3) if "seed" in \
-        NestConfig.__dataclass_fields__ else NestConfig(temperature=0.8, top_p=0.95)
+    cfg = NestConfig(temperature=0.8, top_p=0.95, seed=3)
     engine = NestEngine(tiny_lm, config=cfg, decoding="knn-ssd",
                         drafter_options={"skip": SkipSet.from_lists(_n(tiny_lm), [1]).to_dict(),
                                          "threshold": 0.0})
