@@ -57,7 +57,10 @@ def prompt_sets(n_train: int, n_eval: int, seed: int = 0) -> tuple[list[dict], l
     titles = [json.loads(line)["metadata"]["title"] for line in SAMPLE.read_text().splitlines()]
     random.Random(seed).shuffle(titles)
     make = lambda t: {"prompt": f"Tell me about {t}."}  # noqa: E731
-    return [make(t) for t in titles[:n_train]], [make(t) for t in titles[n_train : n_train + n_eval]]
+    if n_train + n_eval > len(titles):
+        raise SystemExit(f"--n-train + --n-eval must be <= {len(titles)}")
+    # eval = the LAST n_eval titles, so datastores of several sizes share one held-out set
+    return [make(t) for t in titles[:n_train]], [make(t) for t in titles[-n_eval:]]
 
 
 def ood_datastore(lm: Any) -> Path:
@@ -106,8 +109,10 @@ def strip_eos(ids: list[int], eos: frozenset[int]) -> list[int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n-train", type=int, default=60)
-    ap.add_argument("--n-eval", type=int, default=10)
+    ap.add_argument("--n-train", type=int, default=200)
+    ap.add_argument("--n-train-small", type=int, default=60,
+                    help="a smaller in-domain datastore for the size curve (0: none)")
+    ap.add_argument("--n-eval", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-sweep", action="store_true", help="skip the draft-shape sweep")
@@ -119,6 +124,7 @@ def main() -> int:
     train, evals = prompt_sets(args.n_train, args.n_eval)
     ood = ood_datastore(lm)
     ind = id_datastore(lm, train, 128)
+    small = id_datastore(lm, train[: args.n_train_small], 128) if args.n_train_small else None
     stores = {"ood": DresdDatastore.open(ood, lm), "id": DresdDatastore.open(ind, lm)}
     engine = NestEngine(lm, None, config=NestConfig(temperature=0.0))
     eos = lm.eos_token_ids
@@ -155,25 +161,30 @@ def main() -> int:
         return run
 
     ds_id, ds_ood = str(ind), str(ood)
+    R, D = rest_mod.REST_STATS, dresd_mod.STATS
     methods: dict[str, tuple[Callable[[list[int]], dict], str]] = {
         "HF greedy": (hf(False), ""),
         "HF prompt lookup (10)": (hf(True), ""),
         "our greedy loop": (ours("greedy"), ""),
         "our prompt-lookup": (ours("prompt-lookup"), ""),
-        "REST-style, ID token array": (ours("rest", rest_mod.REST_STATS, datastore=ds_id), "id"),
-        "REST-style, OOD token array": (ours("rest", rest_mod.REST_STATS, datastore=ds_ood),
-                                        "ood"),
-        "DReSD OOD (tree 4x8)": (ours("dresd", dresd_mod.STATS, datastore=ds_ood), "ood"),
-        "DReSD ID (tree 4x8, default)": (ours("dresd", dresd_mod.STATS, datastore=ds_id), "id"),
-        "DReSD ID (chain 1x8)": (ours("dresd", dresd_mod.STATS, datastore=ds_id, shape="chain"),
-                                 "id"),
+        "REST-style, ID array (chain 1x8)": (ours("rest", R, datastore=ds_id), "id"),
+        "REST-style, ID array (tree 4x8)": (ours("rest", R, datastore=ds_id, shape="tree"), "id"),
+        "DReSD OOD (default)": (ours("dresd", D, datastore=ds_ood), "ood"),
+        "DReSD ID (default: chain 1x8, cos >= 0.8)": (ours("dresd", D, datastore=ds_id), "id"),
+        "DReSD ID (tree 4x8, cos >= 0.8)": (ours("dresd", D, datastore=ds_id, shape="tree"), "id"),
+        "DReSD ID (chain 1x8, no threshold)": (
+            ours("dresd", D, datastore=ds_id, min_score=-1.0), "id"),
     }
+    if small is not None:
+        stores["id-small"] = DresdDatastore.open(small, lm)
+        methods[f"DReSD ID-{args.n_train_small} (default)"] = (
+            ours("dresd", D, datastore=str(small)), "id-small")
     if not args.no_sweep:
-        for b, length in ((1, 16), (2, 8), (10, 10)):
-            shape = "chain" if b == 1 else "tree"
-            methods[f"DReSD ID ({shape} {b}x{length})"] = (
-                ours("dresd", dresd_mod.STATS, datastore=ds_id, shape=shape, num_drafts=b,
-                     draft_len=length, max_nodes=b * length), "id")  # fmt: skip
+        methods["DReSD ID (tree 10x10, no threshold: paper shape)"] = (
+            ours("dresd", D, datastore=ds_id, shape="tree", num_drafts=10, draft_len=10,
+                 max_nodes=100, min_score=-1.0), "id")  # fmt: skip
+        methods["DReSD ID (chain 1x4, cos >= 0.8)"] = (
+            ours("dresd", D, datastore=ds_id, draft_len=4), "id")
     msgs: dict[tuple[int, ...], list[dict]] = {}
     prompt_ids = []
     for p in evals:
@@ -273,7 +284,9 @@ def write_report(
         f"- Prompts: \"Tell me about {{title}}.\" over the sample corpus's Wikipedia titles. "
         f"In-domain (ID) datastore = the model's own 128-token greedy responses to the "
         f"{meta['train_split']}; evaluation = the {meta['eval_split']}.",
-        f"- ID datastore: {stores['id'].stats()['n_tokens']:,} tokens; OOD datastore (sample "
+        f"- ID datastore: {stores['id'].stats()['n_tokens']:,} tokens"
+        + (f" (ID-small: {stores['id-small'].stats()['n_tokens']:,})" if "id-small" in stores
+           else "") + "; OOD datastore (sample "
         f"corpus, `nest dresd build --collection nest`): {stores['ood'].stats()['n_tokens']:,} "
         "tokens. REST-style uses the same token arrays.",
         "- accepted/step excludes the verifier's own token; acceptance rate = accepted / drafted "

@@ -197,7 +197,7 @@ def test_propose_drafts_corpus_continuation_with_exact_sources(tiny_lm, built):
     j = 4  # context = passage tokens up to and including toks[j]
     raw = tiny_lm.encode_passages([toks])[0]
     state = _state(tiny_lm, ds, toks[: j + 1], torch.from_numpy(raw[j]))
-    draft = DresdDrafter(ds, num_drafts=3, draft_len=5).propose(state)
+    draft = DresdDrafter(ds, num_drafts=3, draft_len=5, shape="tree").propose(state)
     assert draft is not None
     # the best neighbour is the key itself: its continuation is the first chain of the tree
     assert draft.tokens[:5] == toks[j + 1 : j + 6]
@@ -218,13 +218,15 @@ def test_first_token_filter_and_budget(tiny_lm, built):
     raw = tiny_lm.encode_passages([toks])[0]
     # last context token is not what followed any near neighbour -> no draft
     state = _state(tiny_lm, ds, toks[:4] + [7], torch.from_numpy(raw[4]))
-    drafter = DresdDrafter(ds, k=3, num_drafts=3, draft_len=5)
+    drafter = DresdDrafter(ds, k=3, num_drafts=3, draft_len=5, min_score=-1.0)
     cands = drafter.candidates(state.hidden, 7, 5, tiny_lm.eos_token_ids)
     assert all(int(ds.tokens[g]) == 7 for g, _ in cands)  # the first-token filter
     assert drafter.propose(state) is None or cands
     state = _state(tiny_lm, ds, toks[:5], torch.from_numpy(raw[4]), budget=2)
     draft = DresdDrafter(ds, shape="chain", draft_len=5).propose(state)
     assert draft is not None and len(draft) <= 2 and draft.parents is None
+    far = _state(tiny_lm, ds, toks[:5], -torch.from_numpy(raw[4]))  # opposite direction
+    assert DresdDrafter(ds, min_score=0.99).propose(far) is None  # below the score threshold
     tokens, parents, rows = _trie([(0, [1, 2, 3]), (5, [1, 2, 4]), (9, [6])], 32)
     assert tokens == [1, 2, 3, 4, 6] and parents == [-1, 0, 1, 1, -1] and rows == [1, 2, 3, 8, 10]
 
@@ -291,7 +293,8 @@ def test_oracle_greedy_dresd_equals_greedy(tiny_lm, tmp_path):
             ref = _greedy(engine, p, n, decoding="greedy")
             for shape in ("tree", "chain") if name != "fork" else ("tree",):
                 res = _greedy(engine, p, n, decoding="dresd",
-                              drafter_options={"datastore": str(ds.root), "shape": shape})
+                              drafter_options={"datastore": str(ds.root), "shape": shape,
+                                                "min_score": -1.0})
                 assert res.token_ids == ref.token_ids, (name, p, shape)
                 acc[name] += res.stats.accepted_tokens
                 for c in res.citations if name != "fork" else []:  # exact corpus slices

@@ -16,7 +16,8 @@ verbatim-match provenance (``Citation.kind == "verbatim"``).
 
 Options (``drafter_options``): ``datastore`` (path; default ``<persist dir>/dresd/<collection>``
 of the engine's Chroma retriever), ``k`` (50), ``num_drafts``, ``draft_len``, ``shape``,
-``max_nodes`` (tree size cap).
+``max_nodes`` (tree size cap), ``min_score`` (no draft when the best surviving neighbour's cosine
+similarity is below it: saves verify work on steps unlikely to be accepted; -1 = off).
 """
 
 from __future__ import annotations
@@ -36,9 +37,12 @@ from nest_integrations.drafters.base import DecodeState, Draft, DrafterContext, 
 LOG = logging.getLogger(__name__)
 
 SHAPES = ("tree", "chain")
-#: Defaults measured on 2 CPU cores with SmolLM2-135M (benchmarks/results/lossless.md).
+#: Defaults measured on 2 CPU cores with SmolLM2-135M (benchmarks/results/lossless.md): one chain
+#: beats a 4-draft tree there (a verify forward costs ~linearly more per extra token on CPU), and
+#: drafts whose best neighbour has cosine < 0.8 were accepted ~0.2 tokens per step against ~1.0
+#: above it (4 probe prompts disjoint from the benchmark's), so they are not worth a verify pass.
 DEFAULTS: dict[str, Any] = {
-    "k": 50, "num_drafts": 4, "draft_len": 8, "shape": "tree", "max_nodes": 32,
+    "k": 50, "num_drafts": 4, "draft_len": 8, "shape": "chain", "max_nodes": 32, "min_score": 0.8,
 }  # fmt: skip
 
 _CACHE: "OrderedDict[tuple[str, str, str], Any]" = OrderedDict()
@@ -54,10 +58,14 @@ class DraftStats:
     nodes: int = 0
     trees: int = 0
     search_seconds: float = 0.0
+    #: set to a list to record ``(best score, draft nodes, accepted)`` per verified draft
+    history: list | None = None
 
     def reset(self) -> None:
         self.proposals = self.drafts = self.nodes = self.trees = 0
         self.search_seconds = 0.0
+        if self.history is not None:
+            self.history = []
 
 
 #: Process-wide counters of every DReSD drafter (reset them before a measurement).
@@ -105,8 +113,10 @@ class DresdDrafter:
     draft_len: int = DEFAULTS["draft_len"]
     shape: str = DEFAULTS["shape"]
     max_nodes: int = DEFAULTS["max_nodes"]
+    min_score: float = DEFAULTS["min_score"]
     stats: DraftStats = field(default_factory=lambda: STATS)
     _registered: dict[int, int] = field(default_factory=dict)
+    _best: float = -1.0
 
     def __post_init__(self) -> None:
         if self.shape not in SHAPES:
@@ -123,7 +133,7 @@ class DresdDrafter:
         return cls(
             ds, k=int(opts["k"]), num_drafts=int(opts["num_drafts"]),
             draft_len=int(opts["draft_len"]), shape=str(opts["shape"]),
-            max_nodes=int(opts["max_nodes"]),
+            max_nodes=int(opts["max_nodes"]), min_score=float(opts["min_score"]),
         )  # fmt: skip
 
     # ----------------------------------------------------------------------------- drafting
@@ -134,11 +144,16 @@ class DresdDrafter:
         """``(row, draft tokens)`` of up to ``num_drafts`` neighbours that pass the first-token
         filter, best first (duplicates dropped)."""
         ds = self.datastore
-        _, rows = ds.search(hidden, self.k)
+        scores, rows = ds.search(hidden, self.k)
+        scores = scores[rows >= 0]
         rows = rows[rows >= 0]
         if len(rows) == 0:
             return []
-        rows = rows[np.asarray(ds.tokens[rows]) == last]
+        keep = np.asarray(ds.tokens[rows]) == last
+        rows, scores = rows[keep], scores[keep]
+        self._best = float(scores[0]) if len(scores) else -1.0
+        if self._best < self.min_score:  # no neighbour is close enough to be worth a verify
+            return []
         out: list[tuple[int, list[int]]] = []
         seen: set[tuple[int, ...]] = set()
         for g in rows:
@@ -190,7 +205,8 @@ class DresdDrafter:
         return (self._registered[p], row - int(ds.bounds[p]))
 
     def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:
-        return None
+        if self.stats.history is not None:
+            self.stats.history.append((self._best, len(draft), n_accepted))
 
 
 def _trie(
