@@ -322,3 +322,15 @@ def test_batched_responses_and_keys_match_sequential_greedy(tiny_lm):
         ids, keys = greedy_with_keys(tiny_lm, p, 12)
         assert resp == ids
         np.testing.assert_allclose(keys_in_context(tiny_lm, p, resp), keys, atol=1e-4)
+
+
+def test_default_datastore_location_follows_the_engines_collection(tmp_path):
+    from types import SimpleNamespace
+
+    from nest_integrations.drafters.base import DrafterContext
+    from nest_integrations.drafters.dresd import default_datastore_for
+
+    retriever = SimpleNamespace(collection_name="docs", persist_dir=tmp_path)
+    ctx = DrafterContext(lm=None, config=None, prompt_ids=[], passages=[],
+                         engine=SimpleNamespace(retriever=retriever))  # fmt: skip
+    assert default_datastore_for(ctx) == tmp_path / "dresd" / "docs"
