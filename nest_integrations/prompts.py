@@ -1,8 +1,23 @@
 """Prompts: what the engine decodes from (chat template, RA context) and what it retrieves with.
 
+What a prompt means:
+
 - A list of ``{"role", "content"}`` messages gets the model's chat template with the generation
   prompt.
-- A string is completed as raw text.
+- A string is completed as raw text, after the tokenizer's BOS when the tokenizer adds one by
+  default (Llama, Mistral: as ``tokenizer(text)`` would; SmolLM2/GPT-2 add none). Passage keys
+  are encoded after ``[BOS, "\\n"]``, so prompt and passages start alike.
+- ``string_prompts`` (``STRING_PROMPT_MODES``) says what to do with a string for a model that
+  has a chat template:
+
+  - ``"completion"``: always complete the string as raw text;
+  - ``"chat"``: always send the string as one user message;
+  - ``"auto"`` (the default): complete it as raw text, but when that completion would be empty
+    (the model's first token ends the text, as an instruct model does after a bare question
+    such as "What is X?") send it as one user message instead. The engine decides this after
+    the first forward pass (``chat_retry``), so a string that continues naturally is completed
+    and a question gets an answer.
+
 - With RA (``ra_passages > 0``) the top passages go into the prompt through the templates below.
 """
 
@@ -14,6 +29,9 @@ from nest_integrations.types import Passage
 
 Prompt = str | Sequence[dict[str, str]]
 
+#: Values of ``string_prompts`` (see the module docstring).
+STRING_PROMPT_MODES = ("auto", "completion", "chat")
+
 RA_CHAT_TEMPLATE = (
     "Answer the question with the background context as reference.\n"
     "Background:\n{context}\n\nQuestion: {question}"
@@ -21,13 +39,18 @@ RA_CHAT_TEMPLATE = (
 RA_TEXT_TEMPLATE = "Background:\n{context}\n\n{prompt}"
 
 
-def prompt_ids(lm: Any, prompt: Prompt, ra: Sequence[Passage] = ()) -> list[int]:
-    """Token ids to decode from: a string prompt as raw text, chat messages through the chat
-    template, with the ``ra`` passages in the prompt (RA-NEST) if any."""
+def prompt_ids(
+    lm: Any, prompt: Prompt, ra: Sequence[Passage] = (), *, as_chat: bool = False
+) -> list[int]:
+    """Token ids to decode from: a string prompt as raw text (after the default BOS, if any),
+    chat messages through the chat template, with the ``ra`` passages in the prompt (RA-NEST)
+    if any. ``as_chat`` sends a string prompt as one user message."""
+    if isinstance(prompt, str) and as_chat:
+        prompt = [{"role": "user", "content": prompt}]
     context = "\n\n".join(p.text for p in ra)
     if isinstance(prompt, str):
         text = RA_TEXT_TEMPLATE.format(context=context, prompt=prompt) if ra else prompt
-        return lm.tokenize(text)
+        return bos_prefix(lm) + list(lm.tokenize(text))
     messages = [dict(m) for m in prompt]
     if ra:
         last = max(i for i, m in enumerate(messages) if m.get("role") == "user")
@@ -35,6 +58,51 @@ def prompt_ids(lm: Any, prompt: Prompt, ra: Sequence[Passage] = ()) -> list[int]
             context=context, question=messages[last]["content"]
         )
     return lm.chat_prompt(messages)
+
+
+def bos_prefix(lm: Any) -> list[int]:
+    """``[BOS]`` when the model's tokenizer adds a BOS token by default, else ``[]``."""
+    tok = getattr(lm, "tokenizer", None)
+    bos = getattr(tok, "bos_token_id", None)
+    if tok is None or not isinstance(bos, int):
+        return []
+    try:
+        ids = list(tok("a", add_special_tokens=True)["input_ids"])
+    except Exception:  # a tokenizer without the call API: no BOS to add
+        return []
+    return [bos] if ids and ids[0] == bos else []
+
+
+def has_chat_template(lm: Any) -> bool:
+    """Whether the model's tokenizer has a chat template."""
+    return bool(getattr(getattr(lm, "tokenizer", None), "chat_template", None))
+
+
+def check_string_prompts(mode: str) -> str:
+    """``mode`` if it is a valid ``string_prompts`` value, else a ValueError naming them."""
+    if mode not in STRING_PROMPT_MODES:
+        raise ValueError(
+            f"string_prompts={mode!r} is invalid: choose one of {list(STRING_PROMPT_MODES)}"
+        )
+    return mode
+
+
+def string_as_chat(lm: Any, prompt: Prompt, mode: str) -> bool:
+    """Whether a string prompt is sent as a user message from the start (mode ``"chat"``)."""
+    return isinstance(prompt, str) and mode == "chat" and has_chat_template(lm)
+
+
+def chat_retry(lm: Any, prompt: Prompt, mode: str, n_tokens: int, finish_reason: str) -> bool:
+    """Mode ``"auto"``: a string prompt whose raw-text completion ended with no token at all
+    (``finish_reason == "stop"``) is generated again as one user message, when the model has a
+    chat template. Nothing was streamed, so the retry is invisible to a stream consumer."""
+    return (
+        isinstance(prompt, str)
+        and mode == "auto"
+        and n_tokens == 0
+        and finish_reason == "stop"
+        and has_chat_template(lm)
+    )
 
 
 def query_of(prompt: Prompt) -> str:

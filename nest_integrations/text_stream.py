@@ -4,6 +4,13 @@
 decodes incrementally (each commit decodes only the tokens since a stable anchor, with one token
 of left context), so a generation costs O(n) decoding, not O(n^2). Streamed deltas hold back an
 incomplete multi-byte character and any tail that may still become a stop string.
+
+Token ends: ``ends[i]`` is how much of ``text`` the tokens ``ids[:i + 1]`` determine, i.e. the
+length of the common prefix of ``detokenize(ids[:i + 1])`` and ``text``. So a character split
+over several tokens (byte-level BPE, SentencePiece byte fallback) belongs to the token that
+completes it, as in ``HFLanguageModel.tokenize_with_offsets``; ends never decrease; and
+``text[:ends[i]]`` is always a prefix that the first i + 1 tokens decode to. Ends of the tokens
+after the last complete character are recomputed on each commit until the text is settled.
 """
 
 from __future__ import annotations
@@ -14,12 +21,19 @@ from typing import Callable, Sequence
 _ANCHOR_EVERY = 8  # tokens between anchor moves (a decode covers at most about this many)
 
 
+class TokenEnds(list):
+    """``OutputText.ends``: a list of ints that also carries the output ``text`` it indexes, so
+    ``core.citations`` can make citations exact against it."""
+
+    text: str = ""
+
+
 class OutputText:
     """Committed tokens, their per-token sources, and the text they decode to.
 
-    Invariants: ``text == detokenize(ids)`` and ``ends[i] == len(detokenize(ids[:i + 1]))``.
-    After a stop string, ``text`` is cut at the end of the last whole token before it, so the
-    text holds nothing that is absent from ``ids``.
+    Invariants: ``text == detokenize(ids)`` (until a stop string cuts it), ``ends`` as in the
+    module docstring (``ends.text is text``). After a stop string, ``text`` is cut at the end
+    of the last whole token before it, so the text holds nothing that is absent from ``ids``.
     """
 
     def __init__(self, detokenize: Callable[[Sequence[int]], str], stop: Sequence[str] = ()):
@@ -28,13 +42,23 @@ class OutputText:
         self.ids: list[int] = []
         self.sources: list = []
         self.copied: list[bool] = []
-        self.ends: list[int] = []
-        self.text = ""
+        self.ends = TokenEnds()
+        self._text = ""
         self.emitted = 0  # chars already streamed
         self.stopped = False
         self._a = 0  # anchor: text[:_a_chars] == detokenize(ids[:_a])
         self._a_chars = 0
         self._searched = 0  # no stop string starts before this char
+        self._settled = 0  # ends[:_settled] are final (the text after them was complete)
+
+    @property
+    def text(self) -> str:
+        return self._text
+
+    @text.setter
+    def text(self, value: str) -> None:
+        self._text = value
+        self.ends.text = value
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -56,10 +80,16 @@ class OutputText:
             self.ids.append(tok)
             self.sources.append(src)
             self.copied.append(copied and src is not None)
-            self.ends.append(len(self._text_upto(len(self.ids))))
-        self.text = self._text_upto(len(self.ids))
-        if len(self.ids) - self._a >= _ANCHOR_EVERY and not self.text.endswith("\ufffd"):
-            self._a, self._a_chars = len(self.ids), len(self.text)
+            self.ends.append(0)
+        text = self.text = self._text_upto(len(self.ids))
+        prev = self.ends[self._settled - 1] if self._settled else 0
+        for k in range(self._settled, len(self.ids)):  # the unsettled tail and the new tokens
+            prev = self.ends[k] = max(prev, _common_prefix(self._text_upto(k + 1), text,
+                                                           self._a_chars))
+        if not text.endswith("\ufffd"):
+            self._settled = len(self.ids)
+            if len(self.ids) - self._a >= _ANCHOR_EVERY:
+                self._a, self._a_chars = len(self.ids), len(text)
         self._apply_stop_strings()
 
     def _apply_stop_strings(self) -> None:
@@ -76,6 +106,7 @@ class OutputText:
         del self.ids[keep:], self.sources[keep:], self.copied[keep:], self.ends[keep:]
         self.text = self.text[: self.ends[-1]] if keep else ""
         self._a, self._a_chars = 0, 0
+        self._settled = len(self.ids)
         self.stopped = True
 
     def delta(self, final: bool) -> str:
@@ -94,6 +125,17 @@ class OutputText:
         out = self.text[self.emitted : safe]
         self.emitted = safe
         return out
+
+
+def _common_prefix(a: str, b: str, lo: int = 0) -> int:
+    """Length of the common prefix of ``a`` and ``b``, given that they agree on ``[:lo]``."""
+    lo = min(lo, len(a), len(b))
+    if b.startswith(a[lo:], lo):
+        return len(a)
+    n = min(len(a), len(b))
+    while lo < n and a[lo] == b[lo]:
+        lo += 1
+    return lo
 
 
 def stop_prefix_overlap(text: str, stops: Sequence[str]) -> int:

@@ -1,12 +1,33 @@
 """Attribution: per-token sources merged into span citations (NEST §8).
 
 A source is ``(passage index, token position)``. Consecutive output tokens from the same
-passage at consecutive positions form one citation. Char ranges come from the passage's token
-offsets, so the cited text is always an exact slice of the passage (and of its source document).
+passage at consecutive positions form one run. A run's char ranges come from the output's token
+ends and the passage's token offsets; the citation is then made **exact** against both texts:
+
+    output_text[c.start:c.end] == c.text == passage.text[c.passage_start:c.passage_end]
+    (and source_text[c.source_start:c.source_end] == c.text)
+
+under any tokenizer. The two ranges decode the same tokens, but tokenizers disagree with their
+own offsets at the edges: SentencePiece decodes a mid-output "▁The" as " The" while the passage's
+first token covers "The"; a run that ends inside a multi-byte character holds U+FFFD in the
+output; WordPiece decodes "Rome." as "Rome ."; normalizers change characters. The rules:
+
+- **Whitespace rule**: a citation never starts or ends with whitespace. Both ranges are trimmed
+  of leading and trailing whitespace (``str.isspace``), each on its own, so a space that only one
+  side holds (the SentencePiece case) is never cited.
+- If the trimmed texts still differ, the run is **split** into the longest exactly matching
+  pieces (``difflib`` matching blocks of the two texts), each trimmed again; pieces shorter than
+  ``MIN_PIECE_CHARS`` non-space characters or without a letter or digit are dropped. A piece's
+  ``n_tokens`` counts the run's tokens whose output text overlaps it.
+- A run whose texts share nothing citable gives no citation (its tokens keep their sources).
+
+Without the output text (``text=None`` and ``token_ends`` carrying none) the ranges are used as
+computed (exact for byte-level BPE over a round-tripping passage, not in general).
 """
 
 from __future__ import annotations
 
+from difflib import SequenceMatcher
 from typing import Sequence
 
 import numpy as np
@@ -14,6 +35,9 @@ import numpy as np
 from nest_integrations.types import Citation, Passage
 
 Source = tuple[int, int] | None
+
+#: Shortest split piece kept (characters, whitespace excluded).
+MIN_PIECE_CHARS = 3
 
 
 def source_runs(sources: Sequence[Source]) -> list[tuple[int, int]]:
@@ -41,19 +65,25 @@ def build_citations(
     passages: Sequence[Passage],
     offsets: Sequence[np.ndarray],
     kind: str = "copy",
+    text: str | None = None,
 ) -> list[Citation]:
-    """Span citations for an output whose token ``i`` ends at char ``token_ends[i]``.
+    """Exact span citations for an output whose token ``i`` ends at char ``token_ends[i]``.
 
     Args:
         sources: per output token, ``(passage index, token position)`` or None.
-        token_ends: char offset in the output text where each token ends.
+        token_ends: char offset in the output text where each token ends (non-decreasing).
         passages: the memory's passages, by index.
         offsets: per passage, the ``(m, 2)`` char range of each token in the passage text.
+        kind: ``Citation.kind``.
+        text: the output text; defaults to ``token_ends.text`` when the ends carry it (as
+            ``text_stream.OutputText.ends`` does). With it every citation is exact (see the
+            module docstring).
     """
-    return [
-        _citation(sources, token_ends, passages, offsets, i, j, kind)
-        for i, j in source_runs(sources)
-    ]
+    text = _text_of(token_ends, text)
+    cites: list[Citation] = []
+    for i, j in source_runs(sources):
+        cites.extend(_citations(sources, token_ends, passages, offsets, i, j, kind, text))
+    return cites
 
 
 def last_citation(
@@ -62,9 +92,11 @@ def last_citation(
     passages: Sequence[Passage],
     offsets: Sequence[np.ndarray],
     kind: str = "copy",
+    text: str | None = None,
 ) -> Citation | None:
-    """The citation of the run that ends at the last output token (None when that token has no
-    source). Walks back over that run only, so streaming costs O(run length) per chunk."""
+    """The last citation of the run that ends at the last output token (None when that token
+    has no source, or the run has nothing citable). Walks back over that run only, so streaming
+    costs O(run length) per chunk."""
     j = len(sources)
     if not j or sources[j - 1] is None:
         return None
@@ -74,10 +106,17 @@ def last_citation(
         if prev is None or cur[0] != prev[0] or cur[1] != prev[1] + 1:  # type: ignore[index]
             break
         i -= 1
-    return _citation(sources, token_ends, passages, offsets, i, j, kind)
+    cites = _citations(
+        sources, token_ends, passages, offsets, i, j, kind, _text_of(token_ends, text)
+    )
+    return cites[-1] if cites else None
 
 
-def _citation(
+def _text_of(token_ends: Sequence[int], text: str | None) -> str | None:
+    return text if text is not None else getattr(token_ends, "text", None)
+
+
+def _citations(
     sources: Sequence[Source],
     token_ends: Sequence[int],
     passages: Sequence[Passage],
@@ -85,23 +124,79 @@ def _citation(
     i: int,
     j: int,
     kind: str,
-) -> Citation:
+    text: str | None,
+) -> list[Citation]:
     p, first = sources[i]  # type: ignore[misc]
     last = sources[j - 1][1]  # type: ignore[index]
     passage = passages[p]
     ps, pe = int(offsets[p][first, 0]), int(offsets[p][last, 1])
+    s = int(token_ends[i - 1]) if i > 0 else 0
+    e = int(token_ends[j - 1])
+    if text is None:  # no output text to check against: the ranges as computed
+        return [_make(passage, s, e, ps, pe, j - i, kind)]
+    pieces = exact_pieces(text, s, e, passage.text, ps, pe)
+    if len(pieces) == 1:
+        (s2, e2, ps2, pe2), = pieces
+        return [_make(passage, s2, e2, ps2, pe2, j - i, kind)]
+    out = []
+    for s2, e2, ps2, pe2 in pieces:  # a split run: count the tokens overlapping each piece
+        n = sum(
+            1
+            for k in range(i, j)
+            if int(token_ends[k]) > s2 and (int(token_ends[k - 1]) if k > 0 else 0) < e2
+        )
+        out.append(_make(passage, s2, e2, ps2, pe2, max(n, 1), kind))
+    return out
+
+
+def exact_pieces(
+    out: str, s: int, e: int, src: str, ps: int, pe: int
+) -> list[tuple[int, int, int, int]]:
+    """Exactly matching, whitespace-trimmed pieces ``(start, end, src_start, src_end)`` of the
+    output range ``out[s:e]`` and the source range ``src[ps:pe]`` (see the module docstring)."""
+    s, e = max(0, min(s, len(out))), max(0, min(e, len(out)))
+    ps, pe = max(0, min(ps, len(src))), max(0, min(pe, len(src)))
+    so, eo = _trim(out, s, e)
+    sp, ep = _trim(src, ps, pe)
+    if so < eo and out[so:eo] == src[sp:ep]:
+        return [(so, eo, sp, ep)]
+    a_text, b_text = out[s:e], src[ps:pe]
+    if not a_text or not b_text:
+        return []
+    pieces = []
+    matcher = SequenceMatcher(None, a_text, b_text, autojunk=False)
+    for a, b, size in matcher.get_matching_blocks():
+        if not size:
+            continue
+        a0, a1 = _trim(a_text, a, a + size)
+        if a1 - a0 < MIN_PIECE_CHARS or not any(ch.isalnum() for ch in a_text[a0:a1]):
+            continue
+        b0 = b + (a0 - a)
+        pieces.append((s + a0, s + a1, ps + b0, ps + b0 + (a1 - a0)))
+    return pieces
+
+
+def _trim(text: str, start: int, end: int) -> tuple[int, int]:
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return start, end
+
+
+def _make(passage: Passage, s: int, e: int, ps: int, pe: int, n: int, kind: str) -> Citation:
     src_start = passage.char_start + ps if passage.char_start is not None else None
     return Citation(
         text=passage.text[ps:pe],
-        start=token_ends[i - 1] if i > 0 else 0,
-        end=token_ends[j - 1],
+        start=s,
+        end=e,
         passage_id=passage.id,
         doc_id=passage.doc_id,
         passage_start=ps,
         passage_end=pe,
         source_start=src_start,
         source_end=src_start + (pe - ps) if src_start is not None else None,
-        n_tokens=j - i,
+        n_tokens=n,
         metadata=dict(passage.metadata),
         kind=kind,
     )
