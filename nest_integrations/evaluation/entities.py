@@ -317,22 +317,25 @@ class KeywordQuestion:
 
 #: The README's, the cookbook's and the preset comparison's questions over the sample corpus
 #: (``nest ingest --sample``), with the words a right answer contains and a wrong one does not.
+#: The ``must`` words come from the gold document (e.g. "debugging" for assert), so the LM's
+#: own vague answer usually fails them; run-on is not meaningful for these free-form answers.
 SAMPLE_QUESTIONS: tuple[KeywordQuestion, ...] = (
     KeywordQuestion("sample/generator", "What is a generator?", None,
-                    ("generator",), ("writing system", "numbers without words")),
+                    ("generator",), ("writing system", "numbers without words", "pension")),
     KeywordQuestion("sample/assert", "How does the assert statement work in Python?",
-                    "pydoc/assert.txt", ("assert",), ()),
+                    "pydoc/assert.txt", ("assert", "debugging"), ()),
     KeywordQuestion("sample/with", "How does the with statement work?", "pydoc/with.txt",
-                    ("with", "context"), ()),
+                    ("with", "context manager"), ()),
     KeywordQuestion("sample/global", "What does the global statement do?", "pydoc/global.txt",
-                    ("global",), ()),
+                    ("global", "identifiers"), ("economic",)),
     KeywordQuestion("sample/roman-empire", "What is the Roman Empire?", None,
-                    ("roman", "empire"), ("privately owned", "titus ulises")),
+                    ("roman", "empire"),
+                    ("privately owned", "titus ulises", "great turkish war", "ottoman")),
     KeywordQuestion("sample/dickens", "Who was Charles Dickens?", "Charles Dickens",
                     ("english",), ("french", "sculptor")),
-    KeywordQuestion("sample/pinball", "What is pinball?", "Pinball", ("game",), ()),
+    KeywordQuestion("sample/pinball", "What is pinball?", "Pinball", ("ball", "table"), ()),
     KeywordQuestion("sample/cell-membrane", "What is a cell membrane?", "Cell membrane",
-                    ("membrane",), ()),
+                    ("membrane",), ("sphere",)),
 )
 
 
