@@ -209,27 +209,42 @@ class HFLanguageModel:
 
         The fast tokenizer's offsets are repaired into a tiling: token i starts where token i-1
         ends, ends never go backwards, and the last token ends at ``len(text)``. So whitespace a
-        tokenizer trims from offsets is given to the token that decodes it, and when byte-level
-        BPE splits one character over several tokens, the first of them gets the character and
-        the others get an empty range. For a run i..j whose ends fall on character boundaries,
+        tokenizer trims from offsets is given to the token after it (WordPiece: the next word's
+        token), and a character split over several tokens goes to the last of them (below).
+        For a run i..j whose ends fall on character boundaries,
         ``text[off[i,0]:off[j,1]] == detokenize(ids[i:j+1])`` whenever the tokenizer round-trips
         (byte-level BPE does; SentencePiece drops the leading space of a run that starts a
         decode). Slow tokenizers without offsets fall back to decoding every prefix (O(m^2)).
+
+        A character split over several tokens (byte-level BPE, SentencePiece byte fallback: the
+        tokenizer gives all of them the character's range) belongs to the LAST of them, the one
+        that completes it, as in the output text's token ends (``text_stream.OutputText``); the
+        others get an empty range. ``core.citations`` repairs any remaining edge mismatch.
         """
         if not getattr(self.tokenizer, "is_fast", False):
             return self._offsets_by_decoding(text)
         enc = self._encode(text, return_offsets_mapping=True)
         ids = list(enc["input_ids"])
         off = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
-        return ids, _tile(off[:, 1], len(text))
+        ends = off[:, 1].copy()
+        if len(off) > 1:  # tokens sharing a non-empty range with the next: end at its start
+            shared = (off[:-1] == off[1:]).all(axis=1) & (off[:-1, 1] > off[:-1, 0])
+            ends[:-1][shared] = off[:-1, 0][shared]
+        return ids, _tile(ends, len(text))
 
     def _offsets_by_decoding(self, text: str) -> tuple[list[int], np.ndarray]:
         if not self._offsets_warned:
             LOG.warning("%s has no fast tokenizer: offsets come from prefix decoding", self.name)
             self._offsets_warned = True
+        import os.path
+
         ids = self.tokenize(text)
-        ends = np.array([len(self.detokenize(ids[: k + 1])) for k in range(len(ids))])
-        return ids, _tile(np.minimum(ends, len(text)), len(text))
+        ends = np.array(  # how much of the text the first k + 1 tokens determine
+            [len(os.path.commonprefix([self.detokenize(ids[: k + 1]), text]))
+             for k in range(len(ids))],
+            dtype=np.int64,
+        )
+        return ids, _tile(ends, len(text))
 
     def detokenize(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, special tokens skipped, no clean-up of spaces."""
