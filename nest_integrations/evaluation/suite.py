@@ -171,8 +171,21 @@ def evaluate(
     )
     # Stage 1 runs in the harness (per system); the engine gets the passages it retrieved.
     engine = assembly.build_engine(spec, lm=lm, key_store=store)
+    calibration = cal = None
     try:
-        run = run_eval(engine, tasks, settings, retriever, progress=progress)
+        if "nest-cal" in settings.systems:  # `nest calibrate` on this datastore
+            from nest_integrations.calibrate import calibrate_passages
+
+            cfg = settings.nest_config()
+            cal = calibrate_passages(
+                lm, store, retriever, passages, n_texts=settings.calibration_texts,
+                n_passages=settings.n_passages, n_neighbors=cfg.n_neighbors,
+                default=cfg.to_dict(), progress=progress,
+            )
+            calibration = cal["overrides"]
+        run = run_eval(
+            engine, tasks, settings, retriever, progress=progress, calibration=calibration
+        )
     finally:
         store.close()
     run.provenance = {
