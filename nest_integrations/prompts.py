@@ -92,17 +92,12 @@ def string_as_chat(lm: Any, prompt: Prompt, mode: str) -> bool:
     return isinstance(prompt, str) and mode == "chat" and has_chat_template(lm)
 
 
-def chat_retry(lm: Any, prompt: Prompt, mode: str, n_tokens: int, finish_reason: str) -> bool:
-    """Mode ``"auto"``: a string prompt whose raw-text completion ended with no token at all
-    (``finish_reason == "stop"``) is generated again as one user message, when the model has a
-    chat template. Nothing was streamed, so the retry is invisible to a stream consumer."""
-    return (
-        isinstance(prompt, str)
-        and mode == "auto"
-        and n_tokens == 0
-        and finish_reason == "stop"
-        and has_chat_template(lm)
-    )
+def chat_retry(lm: Any, prompt: Prompt, mode: str, ended_at_once: bool) -> bool:
+    """Mode ``"auto"``: a string prompt whose raw-text completion ended at once (its first token
+    was an end token; not a stop string, not a length limit) is generated again as one user
+    message, when the model has a chat template. Nothing was streamed, so the retry is
+    invisible to a stream consumer."""
+    return isinstance(prompt, str) and mode == "auto" and ended_at_once and has_chat_template(lm)
 
 
 def query_of(prompt: Prompt) -> str:
