@@ -95,6 +95,7 @@ def markdown(run: EvalRun) -> str:
         "Numbers are **not comparable with the paper's** (different corpus, a 135M model). "
         "Systems share the corpus, prompts, retrieved passages and model.",
         "",
+        *_calibration_lines(prov),
         "## Table 1: quality",
         "",
     ]
@@ -173,6 +174,24 @@ def markdown(run: EvalRun) -> str:
         ]
     lines += _protocol(run)
     return "\n".join(lines) + "\n"
+
+
+def _calibration_lines(prov: dict[str, Any]) -> list[str]:
+    """What ``nest calibrate`` fitted for the ``nest-cal`` system (when it ran)."""
+    cal = prov.get("calibration")
+    if not cal:
+        return []
+    o, ppl = cal["overrides"], cal.get("ppl", {})
+    inc, out = ppl.get("in_corpus", {}), ppl.get("held_out", {})
+    return [
+        f"+NEST (calibrated): `nest calibrate` on this datastore fitted mu = "
+        f"{o.get('knn_temperature', 0):.4g}, alpha = {o.get('rrc_offset', 0):g}, tau = "
+        f"{o.get('rrc_scale', 0):g} (calibration p_M perplexity in-corpus "
+        f"{fmt(inc.get('calibrated'), 2)} vs base {fmt(inc.get('base'), 2)} and default "
+        f"{fmt(inc.get('default'), 2)}; held-out {fmt(out.get('calibrated'), 2)} vs "
+        f"{fmt(out.get('base'), 2)} and {fmt(out.get('default'), 2)}; other settings as NEST).",
+        "",
+    ]
 
 
 def _grounded(run: EvalRun, table: dict, names: dict) -> list[str]:
