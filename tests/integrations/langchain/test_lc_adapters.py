@@ -323,7 +323,7 @@ def test_citation_retriever(chat: ChatNest) -> None:
     assert len(retriever.invoke(PROMPT + " and Green tea is made", k=2)) == 2
     llm = NestLLM(engine=chat.engine, max_tokens=20)
     llm_docs = NestCitationRetriever(model=llm).invoke(PROMPT)
-    assert llm_docs and llm_docs[0].page_content.startswith(" on the Eddystone")
+    assert llm_docs and llm_docs[0].page_content.startswith("on the Eddystone")  # trimmed
 
 
 class _CountingLM(FakeLM):
