@@ -583,12 +583,13 @@ def test_tiny_run_of_entity_qa_with_the_calibrated_system(tiny_lm, tmp_path):
         assert r["off_topic_tokens"] <= r["attributed_tokens"]
     table = run.table()["entity-qa"]
     assert table["base"]["off_topic_share"] == 0.0 and table["base"]["correct"] is not None
+    run.provenance = {"calibration": {"overrides": cal}}
     md = markdown(run)
+    assert "fitted mu = 2, alpha = 0.5, tau = 0.05" in md
     assert "## Grounded QA" in md and "## Paired comparisons" in md
     assert "+NEST (calibrated)" in md and "vs +RA" in md
     with pytest.raises(ValueError, match="nest-cal"):
         make_systems(NestConfig(), ("nest-cal",))
-    run.provenance = {"calibration": {"overrides": cal}}
     write_outputs(run, tmp_path, plots=False)
     again = load_run(tmp_path, "tinyqa")
     assert markdown(again).count("+NEST (calibrated)") == md.count("+NEST (calibrated)")
