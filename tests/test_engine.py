@@ -574,3 +574,32 @@ def test_bare_question_to_the_instruct_model_is_answered(default_lm):
     assert raw.text == "" and raw.stats.forward_passes == 1  # the problem "auto" solves
     res = NestEngine(default_lm).generate("What is a Python list?", max_new_tokens=16)
     assert len(res.token_ids) == 16 and "list" in res.text.lower()
+
+
+def test_sampling_accepts_on_the_warped_distribution(tiny_lm, monkeypatch):
+    """Sampling mode verifies drafts on the distribution tokens are drawn from (temperature and
+    top-p applied): a drafted token outside the top-p nucleus of p_M is never accepted, though
+    drafts do contain such tokens (so the unwarped rule would have accepted some)."""
+    from nest_integrations.core.sampling import warp
+
+    calls: list[tuple[torch.Tensor, list[int], int]] = []
+    accept = loop_module.Verifier.accept
+
+    def spy(self, dist, draft):
+        n = accept(self, dist, draft)
+        calls.append((dist.p.detach().clone(), draft.tolist(), n))
+        return n
+
+    monkeypatch.setattr(loop_module.Verifier, "accept", spy)
+    cfg = _copying_cfg(temperature=1.0, top_p=0.3, seed=0)
+    NestEngine(tiny_lm, config=cfg).generate("The history of the Roman Empire",
+                                             max_new_tokens=40, passages=_rome())
+    outside = accepted = 0
+    for p, draft, n in calls:
+        q = warp(p, cfg.temperature, cfg.top_p)
+        for i, tok in enumerate(draft):
+            if q[i, tok] == 0:
+                outside += 1
+                assert i >= n, "a token outside the warped nucleus was accepted"
+            accepted += i < n
+    assert outside > 0 and accepted > 0
