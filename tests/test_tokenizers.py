@@ -197,6 +197,14 @@ def test_engine_citations_exact_at_every_run_end(any_lm, case):
         assert res.stats.copied_tokens <= len(res.token_ids)
     assert res.stats.copied_tokens > 0 and res.citations
     _exact(res.text, res.citations, res.passages)
+    if case != "stop":  # streamed citations are exact too (against the text streamed so far)
+        chunks = list(engine.stream(prompt, max_new_tokens=len(res.token_ids) if case ==
+                                    "max_new_tokens" else 48, passages=passages))
+        streamed = "".join(ch.text for ch in chunks)
+        assert streamed == chunks[-1].result.text == res.text
+        cites = [ch.citation for ch in chunks if ch.citation is not None]
+        assert cites
+        _exact(streamed, cites, res.passages)
     # the result text is what its tokens decode to (up to a trailing partial character)
     assert any_lm.detokenize(res.token_ids).startswith(res.text)
 
