@@ -267,7 +267,7 @@ def write_report(
         "max_new_tokens": args.max_new_tokens,
         "eval_prompts": [p["prompt"] for p in evals],
         "train_split": f"first {len(train)} shuffled sample titles (seed 0)",
-        "eval_split": f"next {len(evals)} titles (disjoint)",
+        "eval_split": f"last {len(evals)} titles (disjoint)",
         "datastores": {k: v.stats() for k, v in stores.items()},
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
