@@ -24,7 +24,8 @@ DRESD_HELP = "build or inspect a DReSD datastore (lossless dense-retrieval draft
 
 
 def add_dresd_args(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="dresd_command", metavar="{build,info}", required=True)
+    sub = p.add_subparsers(dest="dresd_command", metavar="{build,info}", required=True,
+                           help="build: build or resume a datastore; info: show one")
     b = sub.add_parser("build", help="build (or resume building) a datastore")
     b.add_argument("--from-prompts", metavar="FILE",
                    help='JSONL prompts ({"prompt"|"messages"|"text": ...} per line): store the '
