@@ -265,13 +265,18 @@ def test_tiny_search_writes_a_loadable_profile_and_resumes(tiny_lm, tmp_path):
     again = search_skip_set(tiny_lm, "code", texts, trials=3, n_prompts=1, max_new_tokens=4,
                             profile=path, progress=False)
     assert again.trials == 3  # resumed: one more trial, not three
+    other = search_skip_set(tiny_lm, "prose", texts[::-1], trials=1, n_prompts=1,
+                            max_new_tokens=4, profile=path, progress=False)
+    shared = load_profile(tiny_lm, path).cost_model
+    assert shared is not None and load_profile(tiny_lm, path).search["prose"]["cost_model"] == shared
+    assert other.trials == 1 and prof.search["code"]["cost_model"] == shared
     info = build_anchors(tiny_lm, "code", texts, k=10, profile=path, progress=False)
     assert info["anchors"] == 2  # fewer prompts than k: the prompts are the anchors
     with pytest.raises(ValueError, match="no prompts"):
         search_skip_set(tiny_lm, "empty", ["  "], trials=2, profile=path, progress=False)
     with pytest.raises(ValueError, match="no prompts"):
         build_anchors(tiny_lm, "empty", [], profile=path, progress=False)
-    assert set(load_profile(tiny_lm, path).skips) == {"code"}  # nothing else was written
+    assert set(load_profile(tiny_lm, path).skips) == {"code", "prose"}  # no "empty" entry
 
 
 # ----------------------------------------------------------------------------- routing

@@ -8,7 +8,8 @@ A profile is one JSON file::
                                  "search": {...how it was found...}},
                  "mixed": {...}},                     # Self-SD (Mix): searched on all domains
      "anchors": {"python-code": {"vectors": [[...], ...], "n_prompts": 40}},
-     "router": {"min_similarity": 0.6}}
+     "router": {"min_similarity": 0.6},
+     "cost_model": {...}}                               # per-pass timings shared by searches
 
 Default location: ``$NEST_HOME/knn_ssd/<model fingerprint>/<name>.json`` with name
 ``default`` (``profile_path(lm)``); a ``profile=`` option or ``--profile`` may give a name (looked
@@ -74,6 +75,7 @@ class Profile:
     anchors: dict[str, np.ndarray] = field(default_factory=dict)
     anchor_info: dict[str, dict[str, Any]] = field(default_factory=dict)
     router: dict[str, Any] = field(default_factory=dict)
+    cost_model: dict[str, Any] | None = None
 
     @classmethod
     def empty(cls, lm: Any) -> "Profile":
@@ -100,6 +102,7 @@ class Profile:
                 for d, a in sorted(self.anchors.items())
             },
             "router": self.router,
+            "cost_model": self.cost_model,
         }
 
     @classmethod
@@ -127,8 +130,9 @@ class Profile:
             if s.n_layers != n_layers:
                 raise ProfileError(f"{where}: skip set {d!r} is for {s.n_layers} layers, the "
                                    f"profile for {n_layers}")
+        cost = data.get("cost_model")
         return cls(str(data["model"]), n_layers, hidden, skips, search, anchors, info,
-                   dict(data.get("router", {})))
+                   dict(data.get("router", {})), dict(cost) if isinstance(cost, dict) else None)
 
     # ------------------------------------------------------------------------- checks
 

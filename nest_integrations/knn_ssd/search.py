@@ -15,6 +15,9 @@ Objective (``objective=``):
 - ``"wallclock"``: measured tokens/s of the trial divided by measured plain greedy tokens/s on
   the same prompts (the paper's objective; use it on a quiet machine or a GPU).
 
+The cost model is measured once per profile (by its first search) and stored in it, so every
+domain's search (and the Mix set's) weighs draft cost against acceptance the same way.
+
 Resumable: trials live in an optuna SQLite study next to the profile
 (``<profile dir>/search.db``), named by domain, objective and prompt set; running the same
 search again continues up to the trial budget. The best set is written into the profile JSON.
@@ -224,10 +227,13 @@ def search_skip_set(
     study = optuna.create_study(study_name=study_name, storage=storage, direction="maximize",
                                 sampler=sampler, load_if_exists=True)
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    if "cost_model" in study.user_attrs:
+    if "cost_model" in study.user_attrs:  # a resumed study keeps the model it started with
         cost = CostModel(**study.user_attrs["cost_model"])
-    else:
-        cost = measure_cost_model(lm, prompts[0])
+    else:  # the profile's shared one, else measure it (stored in the profile below)
+        from nest_integrations.knn_ssd.profile import load_profile
+
+        shared = load_profile(lm, path).cost_model if path.is_file() else None
+        cost = CostModel(**shared) if shared else measure_cost_model(lm, prompts[0])
         study.set_user_attr("cost_model", asdict(cost))
     if objective == "wallclock":
         if "plain_tps" not in study.user_attrs:
@@ -288,6 +294,8 @@ def search_skip_set(
     def change(p: Any) -> None:
         p.skips[domain] = skip
         p.search[domain] = meta
+        if p.cost_model is None:
+            p.cost_model = asdict(cost)
 
     update_profile(lm, path, change)
     LOG.info("knn-ssd %s: best %s, value %.3f after %d trials", domain, skip, best.value, n_done)
