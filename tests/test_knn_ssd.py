@@ -351,3 +351,39 @@ def test_cli_search_anchors_show(tiny_lm, tmp_path, monkeypatch, capsys):
     assert cli.main(["knn-ssd", "search", "--domain", "x", "--prompts",
                      str(tmp_path / "empty.txt"), "--profile", prof]) == 1
     assert "holds no prompts" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "mistral", "gemma2"])
+def test_other_architectures_skip_and_stay_lossless(arch):
+    """Qwen2, Mistral and Gemma2 (sandwich norms) layouts: skipping changes the draft logits,
+    and self-speculative greedy still equals greedy."""
+    import transformers
+
+    from nest_integrations.lm.hf import HFLanguageModel
+    from tests._tiny import smollm2_tokenizer
+
+    cfg_cls, model_cls, extra = {
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+        "mistral": ("MistralConfig", "MistralForCausalLM", {}),
+        "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16, "sliding_window": 256}),
+    }[arch]
+    config = getattr(transformers, cfg_cls)(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        bos_token_id=1, eos_token_id=2, pad_token_id=2, **extra)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.2)
+    lm = HFLanguageModel(model, smollm2_tokenizer(), name=arch, key_source="final_norm")
+    ids = lm.tokenize(PROSE)
+    full, _ = lm.forward(ids, lm.new_cache())
+    skipped = lm.forward_skip(ids, lm.new_cache(), _all(lm))
+    assert not torch.allclose(full, skipped)
+    ref = greedy_reference(lm, ids, 12, stop_at_eos=False)
+    for skip in (SkipSet.from_lists(3, [1], [2]), _all(lm)):
+        out, stats = self_speculative_generate(lm, ids, skip, 12, threshold=0.0,
+                                               stop_at_eos=False)
+        assert out == ref and stats.drafted > 0
