@@ -48,6 +48,15 @@ class NestConfig:
         seed: random seed for sampling mode.
         cite_token_mode: attribute a token-mode token when it equals the nearest neighbour's
             value (the official code's rule, NEST §8).
+        span_passages: start spans only from neighbours in the top this-many stage-1 passages
+            (None = any retrieved passage, the paper). Ties a copy to the passages the question
+            is about instead of any document sharing the sentence frame.
+        confidence_guard: reject a draft token where the LM alone puts more than this mass on
+            another token (None = off, the paper). Stops copies that overrun an end of answer or
+            swap the entity the LM is sure of.
+        min_citation_tokens: citations in ``NestResult.citations`` and the framework
+            annotations span at least this many tokens; shorter attributions (token-mode ones)
+            stay in ``token_sources`` and the stats.
     """
 
     n_passages: int = 40
@@ -69,6 +78,9 @@ class NestConfig:
     top_p: float = 1.0
     seed: int | None = None
     cite_token_mode: bool = True
+    span_passages: int | None = None
+    confidence_guard: float | None = None
+    min_citation_tokens: int = 2
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> None:
@@ -108,6 +120,18 @@ class NestConfig:
             bad("temperature", "a float >= 0 (0 = greedy)")
         if not (0.0 < self.top_p <= 1.0):
             bad("top_p", "a float in (0, 1]")
+        if self.span_passages is not None and (
+            isinstance(self.span_passages, bool)
+            or not isinstance(self.span_passages, int)
+            or self.span_passages < 1
+        ):
+            bad("span_passages", "None or an integer >= 1")
+        if self.confidence_guard is not None and not (0.0 < self.confidence_guard <= 1.0):
+            bad("confidence_guard", "None or a float in (0, 1]")
+        if isinstance(self.min_citation_tokens, bool) or not isinstance(
+            self.min_citation_tokens, int
+        ) or self.min_citation_tokens < 1:
+            bad("min_citation_tokens", "an integer >= 1")
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> "NestConfig":

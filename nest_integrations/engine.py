@@ -25,8 +25,11 @@ from nest_integrations.prompts import (  # noqa: F401  (re-exported for older im
     RA_CHAT_TEMPLATE,
     RA_TEXT_TEMPLATE,
     Prompt,
+    chat_retry,
+    check_string_prompts,
     prompt_ids,
     query_of,
+    string_as_chat,
 )
 from nest_integrations.types import NestResult, NestStats, Passage, StreamChunk
 
@@ -67,8 +70,11 @@ class NestEngine:
             persisted. None keeps keys in memory for the engine's lifetime.
         config: ``NestConfig`` (default: the ``paper`` preset).
 
-    String prompts are completed as raw text; a list of ``{"role", "content"}`` messages gets the
-    model's chat template. NEST's relaxed acceptance changes the output distribution on purpose
+    String prompts are completed as raw text (after the tokenizer's default BOS); a list of
+    ``{"role", "content"}`` messages gets the model's chat template. ``string_prompts``
+    (``"auto"`` | ``"completion"`` | ``"chat"``, see ``prompts.py``): with ``"auto"`` a string
+    whose raw completion would be empty (an instruct model after "What is X?") is answered as
+    one user message instead. NEST's relaxed acceptance changes the output distribution on purpose
     (it is not lossless); ``strict_acceptance=True`` makes it exactly greedy decoding of p_M.
     """
 
@@ -81,8 +87,11 @@ class NestEngine:
         *,
         decoding: str = "nest",
         drafter_options: dict[str, Any] | None = None,
+        string_prompts: str = "auto",
     ):
         self.config = config if config is not None else NestConfig()
+        #: what a string prompt means for a chat model (``prompts.STRING_PROMPT_MODES``)
+        self.string_prompts = check_string_prompts(string_prompts)
         if str(self.config.key_source) != str(lm.key_source):
             raise ValueError(
                 f"NestConfig.key_source={self.config.key_source!r} but the language model "
@@ -229,7 +238,9 @@ class NestEngine:
         stats.n_passages = len(passages)
         stats.n_keys = len(memory) if memory is not None else 0
 
-        ids = self.prompt_ids(prompt, passages[: cfg.ra_passages or method.ra_passages])
+        ra = passages[: cfg.ra_passages or method.ra_passages]
+        as_chat = string_as_chat(self.lm, prompt, self.string_prompts)
+        ids = prompt_ids(self.lm, prompt, ra, as_chat=as_chat)
         max_new = self._check_length(len(ids), max_new_tokens)
         stats.prompt_tokens = len(ids)
         gen = None
@@ -241,14 +252,28 @@ class NestEngine:
                 gen.seed()
         offsets = list(memory.offsets) if memory is not None else [None] * len(passages)
         options = {**self.drafter_options, **(drafter_options or {})}
-        ctx = DrafterContext(self.lm, cfg, ids, passages, memory, options, self)
-        drafter = method.make_drafter(ctx) if method.make_drafter is not None else None
-        loop = DecodeLoop(
-            self.lm, method, drafter, config=cfg, prompt_ids=ids, memory=memory,
-            passages=passages, offsets=offsets, max_new_tokens=max_new, stop=stop_list,
-            stats=stats, generator=gen, on_delta=self._deltas,
-        )
+
+        def new_loop(ids: list[int], memory: Any, max_new: int) -> DecodeLoop:
+            ctx = DrafterContext(self.lm, cfg, ids, passages, memory, options, self)
+            drafter = method.make_drafter(ctx) if method.make_drafter is not None else None
+            return DecodeLoop(
+                self.lm, method, drafter, config=cfg, prompt_ids=ids, memory=memory,
+                passages=passages, offsets=offsets, max_new_tokens=max_new, stop=stop_list,
+                stats=stats, generator=gen, on_delta=self._deltas,
+            )
+
+        loop = new_loop(ids, memory, max_new)
         yield from loop.run()
+        ended_at_once = not loop.out.ids and stats.finish_reason == "stop" and not loop.out.stopped
+        if not as_chat and chat_retry(self.lm, prompt, self.string_prompts, ended_at_once):
+            # "auto": the raw completion ended at once (EOS first) -> answer it as a question
+            ids = prompt_ids(self.lm, prompt, ra, as_chat=True)
+            max_new = self._check_length(len(ids), max_new_tokens)
+            stats.prompt_tokens, stats.finish_reason = len(ids), ""
+            if memory is not None:  # a fresh memory (nothing masked)
+                memory = self.build_memory(passages)
+            loop = new_loop(ids, memory, max_new)
+            yield from loop.run()
         loop.done = True  # flush text held back for stop strings or partial characters
         yield from self._deltas(loop, bool(loop.out.sources) and loop.out.sources[-1] is not None)
         stats.time_total = time.perf_counter() - t_start
@@ -266,7 +291,9 @@ class NestEngine:
         if copied:
             cite = last_citation(out.sources, out.ends, loop.state.passages, loop.state.offsets,
                                  kind=self._kind(loop.method.uses_memory))
-            citation = cite if cite is not None and cite.end > start else None
+            min_tokens = loop.config.min_citation_tokens
+            ok = cite is not None and cite.end > start and cite.n_tokens >= min_tokens
+            citation = cite if ok else None
         yield StreamChunk(text=delta, citation=citation, token_ids=tuple(ids))
 
     @staticmethod
@@ -285,8 +312,12 @@ class NestEngine:
         return NestResult(
             text=out.text,
             token_ids=list(out.ids),
-            citations=build_citations(out.sources, out.ends, passages, loop.state.offsets,
-                                      kind=self._kind(uses_memory)),
+            citations=[
+                c
+                for c in build_citations(out.sources, out.ends, passages, loop.state.offsets,
+                                         kind=self._kind(uses_memory))
+                if c.n_tokens >= loop.config.min_citation_tokens
+            ],
             stats=stats,
             passages=list(passages),
             token_sources=[(pid[s[0]], s[1]) if s is not None else None for s in out.sources],

@@ -32,6 +32,7 @@ from nest_integrations.config import NestConfig
 from nest_integrations.core.mixture import nest_distribution
 from nest_integrations.core.sampling import choose_token, sample, warp
 from nest_integrations.core.verification import (
+    confident_lm_veto,
     relaxed_accept_count,
     sampled_accept_count,
     speculative_sampling,
@@ -74,17 +75,21 @@ class Verifier:
         cfg = self.config
         return choose_token(p_row, cfg.temperature, cfg.top_p, self.generator)
 
-    def accept(self, p: torch.Tensor, draft: torch.Tensor) -> int:
-        """Accepted prefix length of ``draft`` scored by rows ``p`` (row i scores draft[i]);
-        the rule of the target-first schedule (NEST, or any method checking token 0)."""
+    def accept(self, dist: Any, draft: torch.Tensor) -> int:
+        """Accepted prefix length of ``draft`` scored by the rows of ``dist`` (row i scores
+        draft[i]); the rule of the target-first schedule (NEST, or any method checking token 0)."""
         cfg = self.config
+        p = dist.p
         if self.lossless and self.sampling:
             raise AssertionError("lossless sampling goes through verify_and_correct")
         if self.lossless or cfg.strict_acceptance:
             return strict_accept_count(p, draft)
         if self.sampling:  # Eq. 7 as a random test, on the distribution tokens are drawn from
             return sampled_accept_count(self.target(p), draft, cfg.relaxation, self.generator)
-        return relaxed_accept_count(p, draft, cfg.relaxation)
+        veto = None
+        if cfg.confidence_guard is not None and getattr(dist, "p_lm", None) is not None:
+            veto = confident_lm_veto(dist.p_lm, draft, cfg.confidence_guard)
+        return relaxed_accept_count(p, draft, cfg.relaxation, veto)
 
     def verify_and_correct(
         self, p: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | None
@@ -254,7 +259,7 @@ class DecodeLoop:
             stats.verify_steps += 1
             stats.drafted_tokens += len(tokens)
             d = torch.as_tensor(tokens, device=dist.p.device)
-            if not draft.chosen_first and v.accept(dist.p, d[:1]) == 0:
+            if not draft.chosen_first and v.accept(dist, d[:1]) == 0:
                 self.drafter.update(self.state, draft, 0)  # type: ignore[union-attr]
                 c = v.choose(dist.p[0])
                 yield from self.commit([c], [None])
@@ -264,7 +269,7 @@ class DecodeLoop:
             logits, keys = self.forward(tokens)  # ONE pass: (L, V), (L, d)
             vdist = self.distribution(logits[:-1], keys[:-1]) if len(tokens) > 1 else None
             # row i of vdist scores draft token i + 1 (token 0 was accepted above)
-            m = 1 + (v.accept(vdist.p, d[1:]) if vdist is not None else 0)
+            m = 1 + (v.accept(vdist, d[1:]) if vdist is not None else 0)
             stats.accepted_tokens += m
             self.drafter.update(self.state, draft, m)  # type: ignore[union-attr]
             yield from self.commit(tokens[:m], sources[:m], copied=True)

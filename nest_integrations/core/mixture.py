@@ -61,6 +61,7 @@ class StepDistribution:
     p: torch.Tensor  # (T, V) p_M
     lam: torch.Tensor  # (T,) lambda
     hits: Hits  # (T, r_eff)
+    p_lm: torch.Tensor | None = None  # (T, V) p_LM, for acceptance rules that consult the LM
 
 
 def nest_distribution(
@@ -84,7 +85,8 @@ def nest_distribution(
     if memory is None or memory.n_available == 0:
         t = logits.shape[0]
         empty = torch.zeros((t, 0), device=logits.device)
-        return StepDistribution(p_lm, torch.ones(t, device=logits.device), Hits(empty, empty.long()))
+        ones = torch.ones(t, device=logits.device)
+        return StepDistribution(p_lm, ones, Hits(empty, empty.long()), p_lm)
     hits = memory.search(queries, n_neighbors)
     mu = mu if mu is not None else 1.0 / math.sqrt(queries.shape[-1])
     p_knn = knn_distribution(hits, memory.values, p_lm.shape[-1], mu)
@@ -92,4 +94,4 @@ def nest_distribution(
         lam = torch.full((logits.shape[0],), float(fixed_lm_weight), device=logits.device)
     else:
         lam = rrc_lambda(hits, alpha, tau)
-    return StepDistribution(mixture(p_lm, p_knn, lam), lam, hits)
+    return StepDistribution(mixture(p_lm, p_knn, lam), lam, hits, p_lm)

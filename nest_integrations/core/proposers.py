@@ -10,13 +10,19 @@ def use_span(lam: float, span_threshold: float) -> bool:
     return lam <= span_threshold
 
 
-def span_start(hits: Hits, memory: TokenMemory, token: int, row: int = 0) -> int | None:
+def span_start(
+    hits: Hits, memory: TokenMemory, token: int, row: int = 0, max_passage: int | None = None
+) -> int | None:
     """Eq. 5: the memory row of the nearest neighbour (of query ``row``) whose value is
-    ``token``; None when no retrieved neighbour carries it (then there is no span)."""
+    ``token``; None when no retrieved neighbour carries it (then there is no span).
+    ``max_passage`` keeps only neighbours in the first that-many passages (stage-1 order)."""
     if hits.empty:
         return None
     cand = hits.rows[row]
-    match = (memory.values[cand] == token).nonzero()
+    ok = memory.values[cand] == token
+    if max_passage is not None:
+        ok &= memory.passage_of[cand] < max_passage
+    match = ok.nonzero()
     return int(cand[match[0, 0]]) if match.numel() else None
 
 

@@ -15,7 +15,9 @@ def _leading_true(ok: torch.Tensor) -> int:
     return int(bad[0, 0]) if bad.numel() else int(ok.shape[0])
 
 
-def relaxed_accept_count(p: torch.Tensor, draft: torch.Tensor, gamma: float) -> int:
+def relaxed_accept_count(
+    p: torch.Tensor, draft: torch.Tensor, gamma: float, veto: torch.Tensor | None = None
+) -> int:
     """NEST Eq. 7, greedy form (Algorithm 1 stops when P(accept) <= 0.5).
 
     Accept draft token i iff ``p[i, w_i] > (gamma / 2) * max_w p[i, w]``, left to right,
@@ -24,11 +26,26 @@ def relaxed_accept_count(p: torch.Tensor, draft: torch.Tensor, gamma: float) -> 
     Args:
         p: ``(L, V)`` target probabilities; row i scores ``draft[i]``.
         draft: ``(L,)`` int64 draft tokens.
+        veto: optional ``(L,)`` bool rows to reject regardless (``confident_lm_veto``).
     """
     if draft.numel() == 0:
         return 0
     p_w = p.gather(1, draft[:, None]).squeeze(1)  # (L,)
-    return _leading_true(p_w > 0.5 * gamma * p.max(dim=-1).values)
+    ok = p_w > 0.5 * gamma * p.max(dim=-1).values
+    return _leading_true(ok & ~veto if veto is not None else ok)
+
+
+def confident_lm_veto(p_lm: torch.Tensor, draft: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Rows where a confident LM disagrees with the draft: ``max p_LM > threshold`` and the draft
+    token is not the LM's argmax. Relaxed acceptance (Eq. 7) lets the kNN mass that proposed a
+    span also vote for it; this guard (after Medusa's entropy-adaptive rule) gives the LM a veto
+    where it is sure, e.g. of an end of answer or of the entity the question names.
+
+    Returns:
+        ``(L,)`` bool, True where the draft token must be rejected.
+    """
+    top = p_lm.max(dim=-1)
+    return (top.values > threshold) & (top.indices != draft)
 
 
 def strict_accept_count(p: torch.Tensor, draft: torch.Tensor) -> int:

@@ -58,6 +58,7 @@ register(Method("prompt-lookup", _prompt_lookup,
 from nest_integrations.drafters import dresd as _dresd, rest as _rest  # noqa: E402
 register(_dresd.METHOD)
 register(_rest.METHOD)
+register(__import__("nest_integrations.drafters.passage_copy", fromlist=["METHOD"]).METHOD)
 register(__import__("nest_integrations.drafters.knn_ssd", fromlist=["METHOD"]).METHOD)
 
 __all__ = [

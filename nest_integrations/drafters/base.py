@@ -163,6 +163,7 @@ class Method:
         needs_target: the drafter needs the target distribution at the next position before
             it can propose (NEST picks its span start from p_M). False lets the loop feed the
             pending token and the draft in one forward pass, as HF's assisted decoding does.
+        ra_passages: passages put in the prompt when the config asks for none (RA methods).
         description: one line for ``--help`` and docs.
     """
 
@@ -170,6 +171,7 @@ class Method:
     make_drafter: Callable[[DrafterContext], Drafter] | None
     uses_memory: bool = False
     needs_target: bool = False
+    ra_passages: int = 0
     description: str = ""
 
 

@@ -41,9 +41,14 @@ class NestSpanDrafter:
                 return self._draft(rows, chosen_first=False)
         dist = state.dist
         w = state.choose(dist.p[0])
+        guard = cfg.confidence_guard
+        if guard is not None and dist.p_lm is not None:  # a confident LM overrules the mixture
+            top = dist.p_lm[0].max(dim=-1)
+            if float(top.values) > guard and int(top.indices) != w:
+                w = int(top.indices)
         start = None
         if cfg.span_copying and use_span(float(dist.lam[0]), cfg.span_threshold):
-            start = span_start(dist.hits, memory, w)
+            start = span_start(dist.hits, memory, w, max_passage=cfg.span_passages)
         rows = span_draft(memory, start, limit, state.eos) if start is not None else []
         if not rows or w in state.eos:  # token mode: w alone, cited when its neighbour carries it
             self._rows = None

@@ -43,7 +43,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def add_knn_ssd_args(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="knn_command", metavar="ACTION", required=True)
+    sub = parser.add_subparsers(dest="knn_command", metavar="ACTION", required=True,
+                                help="what to do")
     p = sub.add_parser("prompts", help="write the built-in domains' train/eval prompt files")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--n-train", type=int, default=48)
