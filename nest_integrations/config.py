@@ -54,6 +54,9 @@ class NestConfig:
         confidence_guard: reject a draft token where the LM alone puts more than this mass on
             another token (None = off, the paper). Stops copies that overrun an end of answer or
             swap the entity the LM is sure of.
+        eos_guard: end the answer where the LM alone would end it (an end token is its top
+            token, or end tokens carry more than this mass), whatever the copy proposes (None =
+            off, the paper). Stops copies that run on past the answer.
         min_citation_tokens: citations in ``NestResult.citations`` and the framework
             annotations span at least this many tokens; shorter attributions (token-mode ones)
             stay in ``token_sources`` and the stats.
@@ -80,6 +83,7 @@ class NestConfig:
     cite_token_mode: bool = True
     span_passages: int | None = None
     confidence_guard: float | None = None
+    eos_guard: float | None = None
     min_citation_tokens: int = 2
 
     def __post_init__(self) -> None:
@@ -128,6 +132,8 @@ class NestConfig:
             bad("span_passages", "None or an integer >= 1")
         if self.confidence_guard is not None and not (0.0 < self.confidence_guard <= 1.0):
             bad("confidence_guard", "None or a float in (0, 1]")
+        if self.eos_guard is not None and not (0.0 < self.eos_guard <= 1.0):
+            bad("eos_guard", "None or a float in (0, 1]")
         if isinstance(self.min_citation_tokens, bool) or not isinstance(
             self.min_citation_tokens, int
         ) or self.min_citation_tokens < 1:

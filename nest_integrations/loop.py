@@ -33,6 +33,7 @@ from nest_integrations.core.mixture import nest_distribution
 from nest_integrations.core.sampling import choose_token, sample, warp
 from nest_integrations.core.verification import (
     confident_lm_veto,
+    eos_veto,
     relaxed_accept_count,
     sampled_accept_count,
     speculative_sampling,
@@ -60,8 +61,15 @@ class LMDistribution:
 class Verifier:
     """How many draft tokens to accept, and the token to commit after them."""
 
-    def __init__(self, config: NestConfig, lossless: bool, generator: torch.Generator | None):
+    def __init__(
+        self,
+        config: NestConfig,
+        lossless: bool,
+        generator: torch.Generator | None,
+        eos_ids: frozenset[int] = frozenset(),
+    ):
         self.config = config
+        self.eos_ids = sorted(eos_ids)
         self.lossless = lossless
         self.generator = generator
         self.sampling = config.temperature > 0
@@ -75,6 +83,25 @@ class Verifier:
         cfg = self.config
         return choose_token(p_row, cfg.temperature, cfg.top_p, self.generator)
 
+    def pick(self, dist: Any, row: int = 0) -> int:
+        """The token at ``row`` of a target distribution, after NEST's LM guards: a confident
+        LM (``confidence_guard``) overrules the mixture, and where the LM alone would end the
+        text (``eos_guard``) the answer ends. Without guards: ``choose(dist.p[row])``."""
+        cfg = self.config
+        w = self.choose(dist.p[row])
+        p_lm = getattr(dist, "p_lm", None)
+        if p_lm is None:
+            return w
+        if cfg.confidence_guard is not None:
+            top = p_lm[row].max(dim=-1)
+            if float(top.values) > cfg.confidence_guard and int(top.indices) != w:
+                w = int(top.indices)
+        if cfg.eos_guard is not None and self.eos_ids:
+            end = eos_veto(p_lm[row : row + 1], self.eos_ids, cfg.eos_guard)
+            if bool(end[0]):
+                w = self.eos_ids[int(p_lm[row, self.eos_ids].argmax())]
+        return w
+
     def accept(self, dist: Any, draft: torch.Tensor) -> int:
         """Accepted prefix length of ``draft`` scored by the rows of ``dist`` (row i scores
         draft[i]); the rule of the target-first schedule (NEST, or any method checking token 0)."""
@@ -87,8 +114,12 @@ class Verifier:
         if self.sampling:  # Eq. 7 as a random test, on the distribution tokens are drawn from
             return sampled_accept_count(self.target(p), draft, cfg.relaxation, self.generator)
         veto = None
-        if cfg.confidence_guard is not None and getattr(dist, "p_lm", None) is not None:
-            veto = confident_lm_veto(dist.p_lm, draft, cfg.confidence_guard)
+        p_lm = getattr(dist, "p_lm", None)
+        if cfg.confidence_guard is not None and p_lm is not None:
+            veto = confident_lm_veto(p_lm, draft, cfg.confidence_guard)
+        if cfg.eos_guard is not None and p_lm is not None and self.eos_ids:
+            end = eos_veto(p_lm, self.eos_ids, cfg.eos_guard)
+            veto = end if veto is None else veto | end
         return relaxed_accept_count(p, draft, cfg.relaxation, veto)
 
     def verify_and_correct(
@@ -128,7 +159,9 @@ class DecodeLoop:
         self.max_new_tokens = max_new_tokens
         self.eos = lm.eos_token_ids
         self.out = OutputText(lm.detokenize, stop)
-        self.verifier = Verifier(config, lossless=not method.uses_memory, generator=generator)
+        self.verifier = Verifier(
+            config, lossless=not method.uses_memory, generator=generator, eos_ids=self.eos
+        )
         self.cache = lm.new_cache()
         self._forward_has_last = "last" in inspect.signature(lm.forward).parameters
         self.done = False
@@ -146,6 +179,7 @@ class DecodeLoop:
             lm=lm,
             cache=self.cache,
             choose=self.verifier.choose,
+            pick=self.verifier.pick,
             memory=self.memory,
             generator=generator,
         )
@@ -244,7 +278,7 @@ class DecodeLoop:
             self.state.dist, self.state.hidden, self.state.pending = dist, cur[1][-1], None
             draft = self.propose(self.budget)
             if draft is None:  # an ordinary step
-                w = v.choose(dist.p[0])
+                w = v.pick(dist)
                 yield from self.commit([w], [None])
                 pending, cur = w, None
                 continue
@@ -261,7 +295,7 @@ class DecodeLoop:
             d = torch.as_tensor(tokens, device=dist.p.device)
             if not draft.chosen_first and v.accept(dist, d[:1]) == 0:
                 self.drafter.update(self.state, draft, 0)  # type: ignore[union-attr]
-                c = v.choose(dist.p[0])
+                c = v.pick(dist)
                 yield from self.commit([c], [None])
                 pending, cur = c, None
                 continue
@@ -280,7 +314,7 @@ class DecodeLoop:
             cur = None
             if self.done or self.budget <= 0:
                 break
-            c = v.choose(vdist.p[m - 1])  # type: ignore[union-attr]
+            c = v.pick(vdist, m - 1)
             yield from self.commit([c], [None])
             pending = c
 

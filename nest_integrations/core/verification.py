@@ -48,6 +48,19 @@ def confident_lm_veto(p_lm: torch.Tensor, draft: torch.Tensor, threshold: float)
     return (top.values > threshold) & (top.indices != draft)
 
 
+def eos_veto(p_lm: torch.Tensor, eos_ids: list[int], threshold: float) -> torch.Tensor:
+    """Rows where the LM alone would end the text: an end token is its top token, or end
+    tokens carry more than ``threshold`` of its mass. A copy must not run on there (LLMA's
+    "stop where the model stops").
+
+    Returns:
+        ``(L,)`` bool, True where the draft token must be rejected.
+    """
+    eos = torch.as_tensor(eos_ids, device=p_lm.device)
+    top_is_end = torch.isin(p_lm.argmax(dim=-1), eos)
+    return top_is_end | (p_lm[:, eos].sum(-1) > threshold)
+
+
 def strict_accept_count(p: torch.Tensor, draft: torch.Tensor) -> int:
     """Exact-match acceptance: draft token i must be the argmax of row i (lossless for greedy)."""
     if draft.numel() == 0:

@@ -88,6 +88,8 @@ class DecodeState:
         choose: picks a token from a ``(V,)`` target row with the generation's temperature,
             top-p and RNG (greedy: argmax). Use it, not your own sampling, so the loop's
             speculative-sampling rule sees the same distribution.
+        pick: ``pick(dist, row)``: ``choose`` on a target distribution's row after the
+            method's LM guards (``NestConfig.confidence_guard`` / ``eos_guard``).
     """
 
     prompt_ids: list[int]
@@ -100,6 +102,7 @@ class DecodeState:
     lm: Any
     cache: Any
     choose: Callable[[torch.Tensor], int]
+    pick: Callable[[Any, int], int] | None = None
     pending: int | None = None
     dist: Any = None
     hidden: torch.Tensor | None = None

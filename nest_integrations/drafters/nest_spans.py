@@ -40,12 +40,7 @@ class NestSpanDrafter:
             if rows:
                 return self._draft(rows, chosen_first=False)
         dist = state.dist
-        w = state.choose(dist.p[0])
-        guard = cfg.confidence_guard
-        if guard is not None and dist.p_lm is not None:  # a confident LM overrules the mixture
-            top = dist.p_lm[0].max(dim=-1)
-            if float(top.values) > guard and int(top.indices) != w:
-                w = int(top.indices)
+        w = state.pick(dist, 0) if state.pick is not None else state.choose(dist.p[0])
         start = None
         if cfg.span_copying and use_span(float(dist.lam[0]), cfg.span_threshold):
             start = span_start(dist.hits, memory, w, max_passage=cfg.span_passages)

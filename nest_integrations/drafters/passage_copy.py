@@ -14,6 +14,7 @@ arXiv 2304.04487 is the same idea with reference documents).
 from __future__ import annotations
 
 from nest_integrations.drafters.base import DecodeState, Draft, DrafterContext, Method, Source
+from nest_integrations.drafters.prompt_lookup import adapt_length
 
 
 class PassageCopyDrafter:
@@ -23,7 +24,7 @@ class PassageCopyDrafter:
         opts = ctx.options
         self.max_ngram = int(opts.get("max_ngram", 4))
         self.min_ngram = int(opts.get("min_ngram", 2))
-        self.num_tokens = int(opts.get("num_tokens", 16))
+        self.num_tokens = self.max_tokens = int(opts.get("num_tokens", 16))
         n_ra = ctx.config.ra_passages or METHOD.ra_passages
         self.passages = list(ctx.passages[:n_ra])
         self.lm = ctx.lm
@@ -60,7 +61,7 @@ class PassageCopyDrafter:
         return None
 
     def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:
-        return None
+        self.num_tokens = adapt_length(self.num_tokens, len(draft), n_accepted, self.max_tokens)
 
 
 def _set_offsets(state: DecodeState, passage, offsets) -> int:

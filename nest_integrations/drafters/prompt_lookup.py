@@ -52,7 +52,19 @@ class PromptLookupDrafter:
         return None
 
     def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:
-        return None
+        self.num_tokens = adapt_length(self.num_tokens, len(draft), n_accepted, self.max_tokens)
+
+    def __post_init__(self) -> None:
+        self.max_tokens = self.num_tokens
+
+
+def adapt_length(current: int, drafted: int, accepted: int, maximum: int) -> int:
+    """Draft length for the next step: grow by 2 after a full acceptance, else shrink to one
+    more than what was accepted (a rejected token costs a verify row; on CPU a long rejected
+    draft costs up to twice a one-token step). Bounded to ``[2, maximum]``."""
+    if accepted >= drafted:
+        return min(maximum, current + 2)
+    return max(2, min(current, accepted + 1))
 
 
 def _last_match(seq: list[int], pattern: list[int], n: int) -> int | None:

@@ -1,0 +1,91 @@
+"""NEST's quality knobs: passage-restricted span starts, the LM guards, minimum citation length.
+
+Each knob defaults to the paper's behaviour (off); these tests pin what each one does when on.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nest_integrations.config import NestConfig
+from nest_integrations.core.token_memory import Hits
+from nest_integrations.core.proposers import span_start
+from nest_integrations.core.verification import (
+    confident_lm_veto,
+    eos_veto,
+    relaxed_accept_count,
+)
+from nest_integrations.engine import NestEngine
+from nest_integrations.types import Passage
+from tests.fakes import FakeLM
+
+
+class _Mem:
+    def __init__(self, values, passage_of):
+        self.values = torch.tensor(values)
+        self.passage_of = torch.tensor(passage_of)
+
+
+def test_span_start_can_be_restricted_to_top_passages():
+    """The nearest neighbour carrying the token wins, unless its passage ranks too low."""
+    mem = _Mem([7, 7, 3], [2, 0, 1])  # row 0 in passage 2 (nearest), row 1 in passage 0
+    hits = Hits(torch.tensor([[0.1, 0.2, 0.3]]), torch.tensor([[0, 1, 2]]))
+    assert span_start(hits, mem, 7) == 0
+    assert span_start(hits, mem, 7, max_passage=1) == 1
+    assert span_start(hits, mem, 3, max_passage=1) is None
+
+
+def test_confident_lm_veto_and_eos_veto():
+    p_lm = torch.tensor([[0.9, 0.05, 0.05], [0.4, 0.3, 0.3], [0.2, 0.3, 0.5]])
+    draft = torch.tensor([1, 1, 1])
+    assert confident_lm_veto(p_lm, draft, 0.5).tolist() == [True, False, False]
+    # eos id 2: top token in row 2; mass 0.3 > 0.25 in row 1
+    assert eos_veto(p_lm, [2], 0.25).tolist() == [False, True, True]
+    assert eos_veto(p_lm, [2], 0.6).tolist() == [False, False, True]
+
+
+def test_veto_cuts_relaxed_acceptance():
+    p = torch.tensor([[0.5, 0.5, 0.0]] * 3)
+    draft = torch.tensor([0, 1, 0])
+    assert relaxed_accept_count(p, draft, 0.1) == 3
+    veto = torch.tensor([False, True, False])
+    assert relaxed_accept_count(p, draft, 0.1, veto) == 1
+
+
+def test_guard_knobs_are_validated():
+    for field, bad in [("span_passages", 0), ("confidence_guard", 1.5), ("eos_guard", 0.0),
+                       ("min_citation_tokens", 0)]:
+        with pytest.raises(ValueError, match=field):
+            NestConfig(**{field: bad})
+
+
+def _passage(text, pid):
+    return Passage(pid, text, doc_id=pid, char_start=0, char_end=len(text))
+
+
+class _EndingLM(FakeLM):
+    """FakeLM whose own top token is always EOS (id 1)."""
+
+    def forward(self, ids, cache):
+        logits, keys = super().forward(ids, cache)
+        logits[:, 1] = logits.max() + 5.0
+        return logits, keys
+
+
+def test_eos_guard_ends_where_the_lm_ends_and_min_citation_filters():
+    """With an LM whose top token is always EOS, the guarded engine emits nothing at all
+    (the copy never overrules the end), while the paper setting copies the passage."""
+    lm = _EndingLM(key_dim=8, vocab_size=64, seed=1)
+    text = "alpha beta gamma delta epsilon zeta eta theta"
+    engine = NestEngine(lm)
+    passages = [_passage(text, "a")]
+    paper = engine.generate(" alpha", max_new_tokens=8, passages=passages,
+                            config=NestConfig(rrc_offset=10.0))  # lambda ~ 0: p_M ~ p_kNN
+    guarded = engine.generate(" alpha", max_new_tokens=8, passages=passages,
+                              config=NestConfig(rrc_offset=10.0, eos_guard=0.5))
+    assert paper.token_ids and paper.stats.attributed_tokens > 0
+    assert guarded.token_ids == [] and guarded.stats.finish_reason == "stop"
+    few = engine.generate(" alpha", max_new_tokens=8, passages=passages,
+                          config=NestConfig(rrc_offset=10.0, min_citation_tokens=100))
+    assert few.citations == [] and few.token_sources == paper.token_sources
