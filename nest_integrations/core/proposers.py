@@ -30,8 +30,7 @@ def span_draft(memory: TokenMemory, start: int, n: int, stop_ids: frozenset[int]
     """Rows of the draft: up to n corpus tokens from ``start``, cut at the passage end and
     before EOS; keys already used are not proposed again."""
     rows = memory.span(start, n, stop_ids)
-    used = memory.used
     for i, r in enumerate(rows):
-        if bool(used[r]):
+        if memory.is_used(r):
             return rows[:i]
     return rows

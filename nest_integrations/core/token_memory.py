@@ -57,26 +57,30 @@ class TokenMemory:
         else:
             keys = np.zeros((0, self.dim), dtype=np.float32)
             values = np.zeros((0,), dtype=np.int64)
-        # (N, d) fp32: keys may be stored in fp16 but distances are always computed in fp32.
-        self.keys = torch.from_numpy(np.ascontiguousarray(keys, dtype=np.float32)).to(self.device)
+        # (N, d) fp32: keys are stored in fp16 and uploaded as they are (half the bytes to a
+        # GPU), then upcast on the device: distances are always computed in fp32.
+        self.keys = torch.from_numpy(np.ascontiguousarray(keys)).to(self.device).float()
         self.key_sq = (self.keys * self.keys).sum(-1)  # (N,)
         self.values = torch.from_numpy(values.astype(np.int64)).to(self.device)  # (N,)
         self.passage_of = torch.repeat_interleave(
             torch.arange(len(self.lengths)), torch.tensor(self.lengths, dtype=torch.long)
         ).to(self.device)  # (N,)
         self.used = torch.zeros(n, dtype=torch.bool, device=self.device)  # (N,)
+        # Host mirrors: per-row lookups (source, value, used) never sync with a GPU.
         self._values_list = values.astype(np.int64).tolist()
+        self._passage_list = np.repeat(np.arange(len(self.lengths)), self.lengths).tolist()
+        self._used_host = np.zeros(n, dtype=bool)
 
     def __len__(self) -> int:
         return int(self.values.shape[0])
 
     @property
     def n_available(self) -> int:
-        return len(self) - int(self.used.sum())
+        return len(self) - int(self._used_host.sum())
 
     def source(self, row: int) -> tuple[int, int]:
         """(passage index, token position) of a row."""
-        p = int(self.passage_of[row])
+        p = self._passage_list[row]
         return p, row - self.starts[p]
 
     def value(self, row: int) -> int:
@@ -86,6 +90,11 @@ class TokenMemory:
         """Mark keys as used so they are never retrieved again in this generation."""
         if len(rows):
             self.used[torch.as_tensor(list(rows), dtype=torch.long, device=self.device)] = True
+            self._used_host[list(rows)] = True
+
+    def is_used(self, row: int) -> bool:
+        """Whether ``row`` was masked (from the host mirror: no device sync)."""
+        return bool(self._used_host[row])
 
     def search(self, queries: torch.Tensor, r: int) -> Hits:
         """Exact top-r_eff search over unmasked keys; r_eff = min(r, available keys).
@@ -102,7 +111,7 @@ class TokenMemory:
         # ||q - k||^2 = ||q||^2 + ||k||^2 - 2 q.k, in fp32, clamped (cancellation can go < 0).
         dist = (q * q).sum(-1, keepdim=True) + self.key_sq[None, :] - 2.0 * (q @ self.keys.T)
         dist = dist.clamp_min_(0.0)  # (T, N)
-        if self.used.any():
+        if self._used_host.any():
             dist = dist.masked_fill(self.used[None, :], float("inf"))
         top = torch.topk(dist, r_eff, dim=-1, largest=False, sorted=True)
         return Hits(top.values, top.indices)
@@ -110,7 +119,7 @@ class TokenMemory:
     def span(self, row: int, n: int, stop_ids: frozenset[int] = frozenset()) -> list[int]:
         """Rows of up to ``n`` corpus tokens starting at ``row``, cut at the passage end and
         before any stop (EOS) token; never crossing into another passage."""
-        p = int(self.passage_of[row])
+        p = self._passage_list[row]
         end = min(row + n, self.starts[p] + self.lengths[p])
         rows = []
         for r in range(row, end):
