@@ -57,6 +57,9 @@ class NestConfig:
         eos_guard: end the answer where the LM alone would end it (an end token is its top
             token, or end tokens carry more than this mass), whatever the copy proposes (None =
             off, the paper). Stops copies that run on past the answer.
+        mask_token_mode: also mask the neighbour a token-mode token was cited to (the paper
+            masks only copied spans), so one key cannot emit the same token again and again
+            ("the the the ...") while lambda is small.
         min_citation_tokens: citations in ``NestResult.citations`` and the framework
             annotations span at least this many tokens; shorter attributions (token-mode ones)
             stay in ``token_sources`` and the stats.
@@ -84,6 +87,7 @@ class NestConfig:
     span_passages: int | None = None
     confidence_guard: float | None = None
     eos_guard: float | None = None
+    mask_token_mode: bool = False
     min_citation_tokens: int = 2
 
     def __post_init__(self) -> None:
@@ -167,4 +171,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     "official-code": {"lm_temperature": 0.7, "key_source": "block_input"},
     "knn-lm": {"span_copying": False, "fixed_lm_weight": 0.7},
     "lossless": {"strict_acceptance": True},
+    # The default of every entry point (issue 10; README "What we chose"): RA-NEST whose spans
+    # start only in the top passage, with the LM's veto where it is confident (0.3) or would end
+    # the answer, gamma = 0.05. Entity QA dev set, 40 questions: 35/40 correct vs in-context
+    # RAG's 33/40, 98.7% of cited characters on the gold document, 1.4% run-on.
+    "grounded": {
+        "ra_passages": 3,
+        "relaxation": 5e-2,
+        "span_passages": 1,
+        "confidence_guard": 0.3,
+        "eos_guard": 0.5,
+        "mask_token_mode": True,
+    },
 }

@@ -9,6 +9,7 @@ text and streaming in ``text_stream.py``; this module wires them together and bu
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from dataclasses import dataclass, field
@@ -282,19 +283,30 @@ class NestEngine:
 
     # ----------------------------------------------------------------- results
     def _deltas(self, loop: DecodeLoop, copied: bool, ids: Sequence[int] = ()) -> Iterator[StreamChunk]:
+        """Stream the text that is safe to show, with the citation of the last cited run that
+        the delta touches (also when the delta ends in uncited text: a run that grew while its
+        text was held back is reported with its full extent)."""
         out = loop.out
         start = out.emitted
         delta = out.delta(final=loop.done)
         if not delta:
             return
-        citation = None
-        if copied:
-            cite = last_citation(out.sources, out.ends, loop.state.passages, loop.state.offsets,
-                                 kind=self._kind(loop.method.uses_memory))
-            min_tokens = loop.config.min_citation_tokens
-            ok = cite is not None and cite.end > start and cite.n_tokens >= min_tokens
-            citation = cite if ok else None
-        yield StreamChunk(text=delta, citation=citation, token_ids=tuple(ids))
+        yield StreamChunk(text=delta, citation=self._delta_citation(loop, start),
+                          token_ids=tuple(ids))
+
+    def _delta_citation(self, loop: DecodeLoop, start: int) -> Any:
+        out = loop.out
+        j = bisect.bisect_left(out.ends, out.emitted)  # last token the delta touches
+        j = min(j, len(out.ids) - 1)
+        while j >= 0 and out.sources[j] is None and out.ends[j] > start:
+            j -= 1
+        if j < 0 or out.sources[j] is None or out.ends[j] <= start:
+            return None
+        cite = last_citation(out.sources[: j + 1], out.ends[: j + 1], loop.state.passages,
+                             loop.state.offsets, kind=self._kind(loop.method.uses_memory),
+                             text=out.text)
+        ok = cite is not None and cite.end >= start  # a whitespace delta keeps its run open
+        return cite if ok and cite.n_tokens >= loop.config.min_citation_tokens else None
 
     @staticmethod
     def _kind(uses_memory: bool) -> str:

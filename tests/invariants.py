@@ -51,3 +51,20 @@ def citations_ordered(citations: Sequence[Citation]) -> None:
     """Citations are in output order and do not overlap."""
     for a, b in zip(citations, citations[1:]):
         assert a.end <= b.start, (a, b)
+
+
+def hf_greedy(lm, ids: list[int], n: int) -> list[int]:
+    """The oracle: HF ``generate`` greedy output (new tokens, cut before the first end token)."""
+    out = lm.model.generate(
+        torch.tensor([ids], device=lm.device),
+        attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=lm.device),
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=sorted(lm.eos_token_ids),
+        pad_token_id=sorted(lm.eos_token_ids)[0],
+    )
+    new = out[0, len(ids) :].tolist()
+    for i, t in enumerate(new):
+        if t in lm.eos_token_ids:
+            return new[:i]
+    return new

@@ -260,3 +260,27 @@ def test_adapters_serialise_given_engines_too() -> None:
                            assembly.share_engine(engine)):
         assert isinstance(adapter_engine.lm, assembly.SerializedLM)
         assert adapter_engine is not engine and not isinstance(engine.lm, assembly.SerializedLM)
+
+
+def test_stored_calibration_is_used_by_default_for_completion_configs(
+    store_dir: Path, fake_model: FakeLM
+) -> None:
+    """`nest calibrate`'s result reaches the engine by default (paper preset), not for RA
+    configs unless asked, and never with calibrated=False."""
+    from nest_integrations.calibrate import save_calibration
+
+    overrides = {"knn_temperature": 2.5, "rrc_offset": 0.2, "rrc_scale": 0.05}
+    save_calibration(str(store_dir), assembly.DEFAULT_COLLECTION, fake_model,
+                     {"overrides": overrides})
+    spec = assembly.EngineSpec.for_store(persist_dir=str(store_dir))
+    cfg = assembly.build_engine(spec).config
+    assert (cfg.knn_temperature, cfg.rrc_offset, cfg.rrc_scale) == (2.5, 0.2, 0.05)
+    off = assembly.build_engine(assembly.EngineSpec.for_store(persist_dir=str(store_dir),
+                                                              calibrated=False)).config
+    assert off.knn_temperature is None and off.rrc_offset == 0.3
+    ra = assembly.build_engine(assembly.EngineSpec.for_store(persist_dir=str(store_dir),
+                                                             config="grounded")).config
+    assert ra.knn_temperature is None
+    ra_on = assembly.build_engine(assembly.EngineSpec.for_store(
+        persist_dir=str(store_dir), config="grounded", calibrated=True)).config
+    assert ra_on.knn_temperature == 2.5 and ra_on.span_passages == 1

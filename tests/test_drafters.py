@@ -23,6 +23,7 @@ from nest_integrations.drafters import METHODS, Draft, Method, get_method, regis
 from nest_integrations.engine import NestEngine
 from nest_integrations.types import Passage
 from tests.fakes import FakeLM
+from tests.invariants import hf_greedy
 
 GROUNDED = (
     "The assert statement is a convenient way to insert debugging assertions into a program. "
@@ -44,20 +45,7 @@ PROMPTS = [
 ]
 
 
-def _hf_greedy(lm, ids: list[int], n: int) -> list[int]:
-    out = lm.model.generate(
-        torch.tensor([ids], device=lm.device),
-        attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=lm.device),
-        max_new_tokens=n,
-        do_sample=False,
-        eos_token_id=sorted(lm.eos_token_ids),
-        pad_token_id=sorted(lm.eos_token_ids)[0],
-    )
-    new = out[0, len(ids) :].tolist()
-    for i, t in enumerate(new):
-        if t in lm.eos_token_ids:
-            return new[:i]
-    return new
+_hf_greedy = hf_greedy
 
 
 @pytest.mark.slow

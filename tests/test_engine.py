@@ -31,6 +31,7 @@ from nest_integrations.engine import NestEngine
 from nest_integrations.lm.hf import HFLanguageModel
 from nest_integrations.types import Passage
 from tests.invariants import (
+    hf_greedy,
     cited_text_matches_source,
     citations_cover_copied_tokens,
     citations_ordered,
@@ -57,20 +58,7 @@ def _passage(text: str, doc: str = "doc") -> Passage:
     return Passage(pid, text, doc_id=doc, char_start=0, char_end=len(text), metadata={"title": doc})
 
 
-def _hf_greedy(lm, ids: list[int], n: int) -> list[int]:
-    out = lm.model.generate(
-        torch.tensor([ids], device=lm.device),
-        attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=lm.device),
-        max_new_tokens=n,
-        do_sample=False,
-        eos_token_id=sorted(lm.eos_token_ids),
-        pad_token_id=sorted(lm.eos_token_ids)[0],
-    )
-    new = out[0, len(ids) :].tolist()
-    for i, t in enumerate(new):
-        if t in lm.eos_token_ids:
-            return new[:i]
-    return new
+_hf_greedy = hf_greedy
 
 
 def _greedy_pm(lm, ids: list[int], memory: TokenMemory, cfg: NestConfig, n: int) -> list[int]:

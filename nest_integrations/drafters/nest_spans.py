@@ -47,7 +47,10 @@ class NestSpanDrafter:
         rows = span_draft(memory, start, limit, state.eos) if start is not None else []
         if not rows or w in state.eos:  # token mode: w alone, cited when its neighbour carries it
             self._rows = None
-            return Draft([w], [self._token_source(dist, w)], chosen_first=True)
+            src = self._token_source(dist, w)
+            if src is not None and cfg.mask_token_mode:  # that key is used up, like a copy's
+                memory.mask([int(dist.hits.rows[0, 0])])
+            return Draft([w], [src], chosen_first=True)
         return self._draft(rows, chosen_first=True)
 
     def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:

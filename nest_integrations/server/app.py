@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
 
+from nest_integrations.assembly import DEFAULT_PRESET
 from nest_integrations.config import PRESETS, NestConfig
 from nest_integrations.server import protocol as P
 from nest_integrations.server.gate import Disconnected, ModelGate, QueueFull
@@ -47,7 +48,7 @@ class ServerSettings:
     """
 
     model_name: str = "nest"
-    preset: str = "paper"
+    preset: str = DEFAULT_PRESET
     decoding: str | None = None
     api_key: str | None = None
     max_queue: int = 8

@@ -7,6 +7,7 @@ import logging
 import sys
 from typing import Any
 
+from nest_integrations.assembly import DEFAULT_PRESET
 from nest_integrations.config import PRESETS
 
 LOG = logging.getLogger(__name__)
@@ -35,8 +36,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: no auth)")
-    p.add_argument("--preset", default="paper", choices=sorted(PRESETS),
-                   help="NestConfig preset when a request names none (default paper)")
+    p.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS),
+                   help=f"NestConfig preset when a request names none (default {DEFAULT_PRESET})")
     p.add_argument("--decoding", default=None,
                    help="decoding method when a request names none (default: nest)")
     p.add_argument("--served-model-name", default="nest",

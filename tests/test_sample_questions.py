@@ -1,0 +1,52 @@
+"""Regression test of the answers a new user sees first: the README's and the cookbook's
+questions over the shipped sample corpus (``nest ingest --sample``), with the defaults every
+entry point gets (``assembly.DEFAULT_PRESET``), 48 new tokens as in the README.
+
+Each question lists words a right answer contains and words a wrong copy contains
+(``evaluation.entities.SAMPLE_QUESTIONS``). Every citation must also be an exact slice of its
+source. Slow: ingests the whole sample corpus (about 2 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from nest_integrations import assembly
+from nest_integrations.evaluation.entities import SAMPLE_QUESTIONS
+from nest_integrations.evaluation.grounded import keyword_correct
+
+pytestmark = pytest.mark.slow
+
+#: Questions the 135M default still gets wrong (measured; see the issue-10 closing note).
+KNOWN_WRONG: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory, default_lm):
+    from nest_integrations.ingest import IngestPipeline, sample_corpus_inputs
+
+    root = tmp_path_factory.mktemp("sample-store")
+    store = assembly.open_store(None, str(root), None)
+    report = IngestPipeline(store, default_lm).ingest(sample_corpus_inputs())
+    assert report.documents > 300
+    return assembly.build_engine(assembly.EngineSpec.for_store(persist_dir=str(root)),
+                                 lm=default_lm)
+
+
+@pytest.mark.parametrize(
+    "q",
+    [
+        pytest.param(q, marks=pytest.mark.xfail(reason=KNOWN_WRONG[q.id], strict=False))
+        if q.id in KNOWN_WRONG else q
+        for q in SAMPLE_QUESTIONS
+    ],
+    ids=[q.id for q in SAMPLE_QUESTIONS],
+)
+def test_sample_question_is_answered_right(engine, q) -> None:
+    res = engine.generate([{"role": "user", "content": q.question}], max_new_tokens=48)
+    by_id = {p.id: p for p in res.passages}
+    for c in res.citations:
+        assert res.text[c.start : c.end] == c.text
+        p = by_id[c.passage_id]
+        assert p.text[c.passage_start : c.passage_end] == c.text
+    assert keyword_correct(res.text, q.must, q.must_not), res.text
