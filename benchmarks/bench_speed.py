@@ -70,6 +70,7 @@ METHODS = (
     "lossless",
     *(f"paper@{g:g}" for g in GAMMAS),
     "paper-ra",
+    "grounded",
 )
 LABELS = {
     "hf-greedy": "HF greedy `generate` (plain prompt)",
@@ -79,6 +80,7 @@ LABELS = {
     "lossless": "NEST `lossless` preset (strict, = greedy p_M)",
     **{f"paper@{g:g}": f"NEST `paper`, γ = {g:g}" for g in GAMMAS},
     "paper-ra": "RA-NEST `paper-ra` (γ = 0.5)",
+    "grounded": "`grounded` (the default: RA-NEST + guards, γ = 0.05)",
 }
 SETS = ("grounded", "held-out", "qa")
 RA = 3  # passages in the prompt for the RA methods
@@ -198,7 +200,7 @@ def engine_setting(method: str, base: Any) -> tuple[Any, str]:
     n = base.n_passages
     if method.startswith("paper@"):
         return NestConfig.from_preset("paper", n_passages=n, relaxation=float(method[6:])), "nest"
-    if method in ("lossless", "paper-ra"):
+    if method in ("lossless", "paper-ra", "grounded"):
         return NestConfig.from_preset(method, n_passages=n), "nest"
     if method == "lookup+psg":
         return base.replace(ra_passages=RA), "prompt-lookup"

@@ -371,7 +371,7 @@ _CALIBRATED_FIELDS = ("knn_temperature", "rrc_offset", "rrc_scale")
 def calibrated_config(cfg: NestConfig, spec: EngineSpec, lm: Any) -> NestConfig:
     """``cfg`` with the stored calibration of ``spec``'s collection applied (see
     ``EngineSpec.calibrated``); ``cfg`` itself when none applies."""
-    from nest_integrations.calibrate import load_calibration
+    from nest_integrations.calibration_store import load_calibration
 
     if spec.calibrated is None:
         base = NestConfig()

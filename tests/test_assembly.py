@@ -272,11 +272,11 @@ def test_stored_calibration_is_used_by_default_for_completion_configs(
     overrides = {"knn_temperature": 2.5, "rrc_offset": 0.2, "rrc_scale": 0.05}
     save_calibration(str(store_dir), assembly.DEFAULT_COLLECTION, fake_model,
                      {"overrides": overrides})
-    spec = assembly.EngineSpec.for_store(persist_dir=str(store_dir))
+    spec = assembly.EngineSpec.for_store(persist_dir=str(store_dir), config="paper")
     cfg = assembly.build_engine(spec).config
     assert (cfg.knn_temperature, cfg.rrc_offset, cfg.rrc_scale) == (2.5, 0.2, 0.05)
-    off = assembly.build_engine(assembly.EngineSpec.for_store(persist_dir=str(store_dir),
-                                                              calibrated=False)).config
+    off = assembly.build_engine(assembly.EngineSpec.for_store(
+        persist_dir=str(store_dir), config="paper", calibrated=False)).config
     assert off.knn_temperature is None and off.rrc_offset == 0.3
     ra = assembly.build_engine(assembly.EngineSpec.for_store(persist_dir=str(store_dir),
                                                              config="grounded")).config

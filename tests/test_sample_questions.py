@@ -18,7 +18,10 @@ from nest_integrations.evaluation.grounded import keyword_correct
 pytestmark = pytest.mark.slow
 
 #: Questions the 135M default still gets wrong (measured; see the issue-10 closing note).
-KNOWN_WRONG: dict[str, str] = {}
+KNOWN_WRONG: dict[str, str] = {
+    "sample/global": "the 135M model quotes the global statement's rules but never says "
+    "'identifiers' (in-context RAG misses it too: 6/8 sample questions vs grounded's 7/8)",
+}
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 
 import pytest
 
+from nest_integrations import assembly
 from tests.server.conftest import API_KEY, MAX_BODY, MAX_QUEUE, MAX_TOKENS_CAP
 
 pytestmark = pytest.mark.slow
@@ -76,7 +77,7 @@ def test_openai_chat_non_streamed(live_server: Any) -> None:
     assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
     stats = resp.model_extra["nest"]["stats"]
     assert stats["attributed_tokens"] > 0 and stats["forward_passes"] > 0
-    assert resp.model_extra["nest"]["preset"] == "paper"
+    assert resp.model_extra["nest"]["preset"] == assembly.DEFAULT_PRESET
 
 
 def test_openai_chat_streamed_equals_non_streamed(live_server: Any) -> None:
