@@ -187,22 +187,8 @@ class DresdDrafter:
             cands = cands[:1]
         self.stats.search_seconds += time.perf_counter() - t0
         self.stats.proposals += 1
-        if not cands:
-            return None
-        tokens, parents, rows = _trie(cands, self.max_nodes)
-        self.stats.drafts += len(cands)
-        self.stats.nodes += len(tokens)
-        sources: list[Source] = [self._source(state, r) for r in rows]
-        tree = any(p != i - 1 for i, p in enumerate(parents))
-        self.stats.trees += tree
-        return Draft(tokens, sources, parents=parents if tree else None)
-
-    def _source(self, state: DecodeState, row: int) -> Source:
-        ds = self.datastore
-        p = ds.passage_of(row)
-        if p not in self._registered:  # the drafter lives for one generation
-            self._registered[p] = state.add_passage(ds.passage(p), ds.passage_offsets(p))
-        return (self._registered[p], row - int(ds.bounds[p]))
+        return corpus_draft(state, cands, self.datastore, self._registered, self.stats,
+                            self.max_nodes)
 
     def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:
         if self.stats.history is not None:
@@ -243,3 +229,25 @@ METHOD = Method(
     "dresd", _make,
     description="lossless DReSD: dense-retrieval drafts from a corpus-wide token datastore",
 )  # fmt: skip
+
+
+def corpus_draft(
+    state: DecodeState, cands: list, datastore: Any, registered: dict, stats: Any, max_nodes: int
+) -> Draft | None:
+    """The draft (chain or token tree) of corpus candidates, each token sourced to its corpus
+    position; passages are registered with the generation once (``registered`` maps datastore
+    passage -> generation passage index)."""
+    if not cands:
+        return None
+    tokens, parents, rows = _trie(cands, max_nodes)
+    stats.drafts += len(cands)
+    stats.nodes += len(tokens)
+    sources: list[Source] = []
+    for r in rows:
+        p = datastore.passage_of(r)
+        if p not in registered:  # the drafter lives for one generation
+            registered[p] = state.add_passage(datastore.passage(p), datastore.passage_offsets(p))
+        sources.append((registered[p], r - int(datastore.bounds[p])))
+    tree = any(p != i - 1 for i, p in enumerate(parents))
+    stats.trees += tree
+    return Draft(tokens, sources, parents=parents if tree else None)

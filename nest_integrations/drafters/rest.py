@@ -28,6 +28,7 @@ from nest_integrations.drafters.dresd import (
     SHAPES,
     DraftStats,
     _trie,
+    corpus_draft,
     default_datastore_for,
     open_datastore,
 )
@@ -136,21 +137,8 @@ class RestDrafter:
             cands = cands[:1]
         self.stats.search_seconds += time.perf_counter() - t0
         self.stats.proposals += 1
-        if not cands:
-            return None
-        tokens, parents, rows = _trie(cands, self.max_nodes)
-        self.stats.drafts += len(cands)
-        self.stats.nodes += len(tokens)
-        ds = self.datastore
-        sources: list[Source] = []
-        for r in rows:
-            p = ds.passage_of(r)
-            if p not in self._registered:
-                self._registered[p] = state.add_passage(ds.passage(p), ds.passage_offsets(p))
-            sources.append((self._registered[p], r - int(ds.bounds[p])))
-        tree = any(p != i - 1 for i, p in enumerate(parents))
-        self.stats.trees += tree
-        return Draft(tokens, sources, parents=parents if tree else None)
+        return corpus_draft(state, cands, self.datastore, self._registered, self.stats,
+                            self.max_nodes)
 
     def candidates(
         self, ctx: list[int], length: int, eos: frozenset[int]
