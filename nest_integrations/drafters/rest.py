@@ -27,7 +27,6 @@ from nest_integrations.drafters.dresd import (
     DEFAULTS,
     SHAPES,
     DraftStats,
-    _trie,
     corpus_draft,
     default_datastore_for,
     open_datastore,
