@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install with the test extras, then run the test suite (CI runs exactly this).
-#   bash scripts/test.sh                 # everything (about 4 min of tests, 5-6 min with the install, on 2 CPU cores)
+#   bash scripts/test.sh                 # everything (about 8.5 min of tests on 2 CPU cores, 2.5 of them ingesting the sample corpus for tests/test_sample_questions.py; plus the install)
 #   bash scripts/test.sh -m "not slow"   # the quick subset: no real-model end-to-end tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
