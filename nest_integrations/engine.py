@@ -302,9 +302,8 @@ class NestEngine:
             j -= 1
         if j < 0 or out.sources[j] is None or out.ends[j] <= start:
             return None
-        cite = last_citation(out.sources[: j + 1], out.ends[: j + 1], loop.state.passages,
-                             loop.state.offsets, kind=self._kind(loop.method.uses_memory),
-                             text=out.text)
+        cite = last_citation(out.sources, out.ends, loop.state.passages, loop.state.offsets,
+                             kind=self._kind(loop.method.uses_memory), text=out.text, upto=j + 1)
         ok = cite is not None and cite.end >= start  # a whitespace delta keeps its run open
         return cite if ok and cite.n_tokens >= loop.config.min_citation_tokens else None
 

@@ -93,11 +93,12 @@ def last_citation(
     offsets: Sequence[np.ndarray],
     kind: str = "copy",
     text: str | None = None,
+    upto: int | None = None,
 ) -> Citation | None:
-    """The last citation of the run that ends at the last output token (None when that token
-    has no source, or the run has nothing citable). Walks back over that run only, so streaming
-    costs O(run length) per chunk."""
-    j = len(sources)
+    """The last citation of the run that ends at output token ``upto - 1`` (default: the last
+    token; None when that token has no source, or the run has nothing citable). Walks back over
+    that run only, so streaming costs O(run length) per chunk."""
+    j = len(sources) if upto is None else upto
     if not j or sources[j - 1] is None:
         return None
     i = j - 1
