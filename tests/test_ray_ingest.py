@@ -1,0 +1,265 @@
+"""Token-key encoding on Ray (``nest ingest --ray``, ``ingest/ray_keys.py``).
+
+The slow tests share one real local cluster (``ray start --head --block`` on loopback, 2 CPUs, so
+2 encoding actors), started in its own process group and torn down by killing exactly that group.
+The oracle is the single-process store built by ``ensure_keys`` from the same passages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nest_integrations.index.store import DiskKeyStore, content_hash, ensure_keys
+from nest_integrations.ingest import (
+    default_token_counter,
+    load_documents,
+    sample_corpus_path,
+    split_documents,
+)
+from nest_integrations.types import Passage
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("ray.data")
+
+from nest_integrations.ingest import ray_keys  # noqa: E402
+from nest_integrations.ingest.ray_keys import (  # noqa: E402
+    ModelSpec,
+    RayKeysError,
+    encode_keys_on_ray,
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """Address of a 2-CPU Ray head on 127.0.0.1, killed (its whole process group) at teardown."""
+    tmp = tempfile.mkdtemp(prefix="nray")  # short: Ray's unix socket paths have a length limit
+    port = _free_port()
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    ray_bin = Path(sys.executable).with_name("ray")
+    cmd = [str(ray_bin), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
+           "--port", str(port), "--num-cpus", "2", "--num-gpus", "0",
+           "--include-dashboard=false", "--disable-usage-stats",
+           "--object-store-memory", str(300 * 1024 * 1024), "--temp-dir", tmp]  # fmt: skip
+    log = open(Path(tmp) / "ray-start.log", "wb")
+    proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+    address = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"ray start exited: {(Path(tmp) / 'ray-start.log').read_text()}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
+        yield address
+    finally:
+        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(proc.pid, sig)  # exactly the processes of this cluster
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                pass
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def passages():
+    """A dozen real passages of the shipped sample corpus (two per Wikipedia lead)."""
+    docs, issues = load_documents([sample_corpus_path() / "wikipedia.jsonl"])
+    assert not issues
+    out = split_documents(docs[:40], default_token_counter(), max_tokens=60)
+    assert len(out) >= 12
+    return out[:12] + [Passage(id="dup", text=out[0].text)]  # a duplicate text: stored once
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, default_lm, passages):
+    """The single-process store of the same passages (the oracle)."""
+    store = DiskKeyStore.open(tmp_path_factory.mktemp("ref-keys"), default_lm)
+    ensure_keys(store, default_lm, passages, batch_size=4)
+    return store
+
+
+def assert_same_store(built: DiskKeyStore, ref: DiskKeyStore, passages) -> None:
+    assert built.fingerprint == ref.fingerprint and built.key_source == ref.key_source
+    a, b = built.stats(), ref.stats()
+    assert (a["n_passages"], a["n_tokens"]) == (b["n_passages"], b["n_tokens"])
+    assert a["n_passages"] == len({content_hash(p.text) for p in passages})
+    for p, x, y in zip(passages, built.get_keys(passages), ref.get_keys(passages)):
+        assert x is not None and y is not None, p.id
+        np.testing.assert_array_equal(x.token_ids, y.token_ids)
+        np.testing.assert_array_equal(x.offsets, y.offsets)
+        assert x.keys.dtype == y.keys.dtype == np.float16
+        xf, yf = x.keys.astype(np.float32), y.keys.astype(np.float32)
+        scale = np.abs(yf).max()
+        np.testing.assert_allclose(xf, yf, rtol=0, atol=1e-2 * scale)
+
+
+# ------------------------------------------------------------------------------ fast tests
+
+
+def test_missing_ray_is_a_clear_import_error(monkeypatch, tmp_path, tiny_lm):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    monkeypatch.setitem(sys.modules, "ray.data", None)
+    store = DiskKeyStore.open(tmp_path, tiny_lm)
+    with pytest.raises(ImportError, match=r"nest-integrations\[ray\]"):
+        encode_keys_on_ray(store, tiny_lm, [Passage("a", "Some text.")])
+
+
+def test_unreachable_address_fails_fast_with_the_address(tmp_path, tiny_lm):
+    store = DiskKeyStore.open(tmp_path, tiny_lm)
+    address = f"127.0.0.1:{_free_port()}"  # nothing listens there
+    start = time.monotonic()
+    with pytest.raises(RayKeysError, match=f"no Ray cluster at {address}.*ray start --head"):
+        encode_keys_on_ray(store, tiny_lm, [Passage("a", "Some text.")], address=address)
+    assert time.monotonic() - start < 10
+    with pytest.raises(RayKeysError, match="invalid"):
+        encode_keys_on_ray(store, tiny_lm, [Passage("a", "Some text.")], address="nohost")
+    assert len(store) == 0 and not ray.is_initialized()
+
+
+def test_model_spec_reloads_the_same_model(tiny_lm):
+    import pickle
+
+    spec = pickle.loads(pickle.dumps(ModelSpec.of(tiny_lm)))
+    assert spec.fingerprint == tiny_lm.fingerprint and spec.dtype == "float32"
+    assert spec.load().fingerprint == tiny_lm.fingerprint
+    with pytest.raises(RayKeysError, match="HFLanguageModel"):
+        ModelSpec.of(object())
+
+
+def test_cli_ray_flag():
+    from nest_integrations.cli import _ray_address, build_parser
+
+    parse = build_parser().parse_args
+    assert _ray_address(parse(["ingest", "docs/"])) is None
+    assert _ray_address(parse(["ingest", "docs/", "--ray"])) == "local"
+    assert _ray_address(parse(["ingest", "docs/", "--ray", "127.0.0.1:6379"])) == "127.0.0.1:6379"
+    args = parse(["ingest", "--ray", "docs/"])  # a path after a bare --ray stays a path
+    assert _ray_address(args) == "local" and args.paths == ["docs/"]
+
+
+# ------------------------------------------------------------------------------ on a cluster
+
+
+@pytest.mark.slow
+def test_cli_ingest_on_ray_equals_single_process_store(
+    ray_cluster, tmp_path, default_lm, monkeypatch, capsys
+):
+    from nest_integrations import cli
+    from nest_integrations.ingest import token_counter_for
+    from nest_integrations.paths import keys_dir
+
+    monkeypatch.setattr(cli, "_load_lm", lambda: default_lm)
+    main = cli.main
+
+    docs, _ = load_documents([sample_corpus_path() / "wikipedia.jsonl"])
+    src = tmp_path / "leads.jsonl"
+    src.write_text("".join(json.dumps({"id": d.doc_id, "text": d.text}) + "\n" for d in docs[:3]))
+    persist = tmp_path / "store"
+    argv = ["ingest", str(src), "--persist-dir", str(persist), "--collection", "rayc", "--json",
+            "--ray", ray_cluster]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["keys_encoder"] == "ray" and report["key_workers"] == 2
+    assert report["keys_added"] == report["passages"] > 0
+
+    # the oracle: the same passages encoded in this process
+    lm = default_lm
+    ingested, _ = load_documents([src])
+    ps = split_documents(ingested, token_counter_for(lm))
+    ref = DiskKeyStore.open(tmp_path / "ref", lm)
+    ensure_keys(ref, lm, ps, batch_size=4)
+    with DiskKeyStore.open(keys_dir(persist), lm) as built:
+        assert_same_store(built, ref, ps)
+
+    assert main(argv) == 0  # re-ingest: nothing to encode, Ray not even needed
+    again = json.loads(capsys.readouterr().out)
+    assert again["keys_added"] == 0 and again["key_workers"] == 0
+
+
+@pytest.mark.slow
+def test_killed_worker_loses_nothing(ray_cluster, tmp_path, default_lm, passages, reference):
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    killed: list[int] = []
+
+    def kill_one_holding_worker() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            pids = sorted(int(f.stem) for f in hold.glob("*.pid"))
+            if len(pids) >= 2:  # both actors are mid-batch
+                os.kill(pids[0], signal.SIGKILL)  # a real kill of a real worker process
+                killed.append(pids[0])
+                break
+            time.sleep(0.1)
+        time.sleep(1.0)
+        (hold / "go").touch()
+
+    killer = threading.Thread(target=kill_one_holding_worker, daemon=True)
+    killer.start()
+    store = DiskKeyStore.open(tmp_path / "keys", default_lm)
+    result = encode_keys_on_ray(
+        store, default_lm, passages, address=ray_cluster, batch_size=3, hold_dir=hold
+    )
+    killer.join(timeout=5)
+    assert killed, "no two encoding actors held a batch"
+    assert not _alive(killed[0])
+    assert killed[0] not in result.worker_pids  # its batch was redone by another process
+    assert result.workers == 2 and result.passages == 12
+    restarted = {int(f.stem) for f in hold.glob("*.pid")} - {killed[0]}
+    assert len(restarted) >= 2  # the survivor and the restarted actor
+    assert_same_store(store, reference, passages)
+    assert result.encoded == len(store) == 12
+
+
+def test_incomplete_run_is_reported(monkeypatch, tmp_path, tiny_lm):
+    """The completeness check names how many passages lack keys (Ray run stubbed out)."""
+    import contextlib
+
+    store = DiskKeyStore.open(tmp_path, tiny_lm)
+    ps = [Passage(str(i), f"Passage number {i}.") for i in range(3)]
+    ensure_keys(store, tiny_lm, ps[:1])
+
+    class FakeRay:
+        def cluster_resources(self):
+            return {"CPU": 1}
+
+    monkeypatch.setattr(ray_keys, "_ray_session", lambda a: contextlib.nullcontext(FakeRay()))
+    monkeypatch.setattr(ray_keys, "_run", lambda *a, **k: 0)  # a run that wrote nothing
+    with pytest.raises(ray_keys.RayKeysIncompleteError, match="2 of 3 passages"):
+        encode_keys_on_ray(store, tiny_lm, ps)
