@@ -105,12 +105,33 @@ def _ingest_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="stop at the first bad input without writing anything (default: skip it and go on)",
     )
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        default=None,
+        metavar="ADDRESS",
+        help="encode token keys on Ray (needs the 'ray' extra): no ADDRESS starts a local Ray "
+        "instance; HOST:PORT (from `ray start --head`) or 'auto' joins that cluster",
+    )
     _store_args(p)
+
+
+def _ray_address(args: argparse.Namespace) -> str | None:
+    """``--ray``'s address (None without the flag). A bare ``--ray`` before a PATH swallows
+    it (``nest ingest --ray docs/``): a value that is not HOST:PORT/auto/local is put back."""
+    value = getattr(args, "ray", None)
+    if value is None or value in ("local", "auto") or ":" in value:
+        return value
+    args.paths = [*args.paths, value]
+    args.ray = "local"
+    return "local"
 
 
 def _cmd_ingest(args: argparse.Namespace) -> int:
     from nest_integrations.ingest import sample_corpus_inputs
 
+    ray_address = _ray_address(args)  # first: a bare --ray may have taken a PATH
     inputs: list[str | Path] = list(args.paths)
     if args.sample:
         inputs += sample_corpus_inputs()
@@ -122,7 +143,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     with_keys = not args.no_keys
     store = _open_store(args)  # connect first: fail fast, before the LM
     lm = _load_lm() if with_keys else None
-    pipeline = IngestPipeline(store, lm, with_keys=with_keys)
+    pipeline = IngestPipeline(store, lm, with_keys=with_keys, ray_address=ray_address)
     report = pipeline.ingest(inputs, strict=args.strict, progress=not args.json)
     if args.json:
         _out(json.dumps(report.to_dict(), indent=2))
@@ -137,6 +158,8 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         keys = (
             f"{report.keys_added:,} passages newly encoded" if with_keys else "skipped (--no-keys)"
         )
+        if report.keys_encoder == "ray":
+            keys += f" on Ray ({report.key_workers} workers)"
         _out(f"  token keys  {keys}")
         _out(f"  time        {report.seconds:.1f} s")
     if report.issues:

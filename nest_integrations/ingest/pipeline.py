@@ -54,6 +54,10 @@ class IngestReport:
     removed: int = 0
     tokens: int = 0
     keys_added: int = 0
+    #: where the keys of this run were encoded: "local" (this process) or "ray"; "" without keys
+    keys_encoder: str = ""
+    #: encoding workers (Ray actors; 1 in-process; 0 when Ray had nothing to encode)
+    key_workers: int = 0
     issues: list[IngestIssue] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -67,8 +71,11 @@ class IngestReport:
             f"{self.documents} documents -> {self.passages} passages ({self.tokens} tokens) in "
             f"collection {self.collection!r} at {self.location}: {self.added} added, "
             f"{self.unchanged} unchanged, {self.removed} removed; "
-            f"{self.keys_added} passages newly encoded into the key store ({self.seconds:.1f} s)"
+            f"{self.keys_added} passages newly encoded into the key store"
         )
+        if self.keys_encoder == "ray":
+            text += f" on Ray ({self.key_workers} workers)"
+        text += f" ({self.seconds:.1f} s)"
         if self.issues:
             text += f"; {len(self.issues)} input(s) skipped"
         return text
@@ -88,6 +95,10 @@ class IngestPipeline:
         token_count: passage-length function; default ``lm``'s tokenizer, else the default
             model's tokenizer (loaded without the weights).
         max_passage_tokens: passage budget in tokens (NEST: 200).
+        ray_address: encode the token keys on Ray (``ingest.ray_keys``) instead of in this
+            process: ``"local"`` starts a Ray instance here, ``"auto"`` or ``"HOST:PORT"``
+            joins that cluster; ``None`` (default) encodes in-process.
+        ray_workers: Ray encoding actors (default: one per GPU of the cluster, else per CPU).
     """
 
     def __init__(
@@ -98,12 +109,17 @@ class IngestPipeline:
         with_keys: bool = True,
         token_count: TokenCounter | None = None,
         max_passage_tokens: int = MAX_PASSAGE_TOKENS,
+        ray_address: str | None = None,
+        ray_workers: int | None = None,
     ) -> None:
         self.store = store
         self.lm = lm
         self.with_keys = with_keys
         self.token_count = token_count
         self.max_passage_tokens = max_passage_tokens
+        self.ray_address = ray_address
+        self.ray_workers = ray_workers
+        self._key_run = ("local", 1)  # (encoder, workers) of the last _fill_keys
 
     def ingest(
         self,
@@ -149,6 +165,7 @@ class IngestPipeline:
             report.removed = self._remove_stale(docs, passages, damaged)
             if keys:
                 report.keys_added = self._fill_keys(passages, progress)
+                report.keys_encoder, report.key_workers = self._key_run
         report.seconds = time.perf_counter() - start
         LOG.info("ingest: %s", report)
         return report
@@ -265,6 +282,17 @@ class IngestPipeline:
         from nest_integrations.index.store import ensure_keys
 
         lm = self._lm()
+        if self.ray_address is not None:
+            from nest_integrations.ingest.ray_keys import encode_keys_on_ray
+
+            with self.key_store() as store:
+                run = encode_keys_on_ray(
+                    store, lm, passages, address=self.ray_address,
+                    workers=self.ray_workers, progress=progress,
+                )  # fmt: skip
+            self._key_run = ("ray", run.workers)
+            return run.encoded
+        self._key_run = ("local", 1)
         # Similar lengths side by side: the LM's padded batches then waste little compute.
         ordered = sorted(passages, key=lambda p: int(p.metadata.get("n_tokens") or len(p.text)))
         with self.key_store() as store:
