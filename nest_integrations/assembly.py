@@ -290,11 +290,17 @@ def open_store(
 
 
 def open_key_store(persist_dir: str | os.PathLike[str] | None, lm: Any) -> Any:
-    """The on-disk key store of ``persist_dir`` (default ``$NEST_HOME/store``) for ``lm``."""
+    """The on-disk key store of ``persist_dir`` (default ``$NEST_HOME/store``) for ``lm``: the
+    lazy LRU key cache when the dir is in lazy mode (``nest ingest --keys lazy``), else the
+    eager ``DiskKeyStore``."""
     from nest_integrations import paths
+    from nest_integrations.index.lazy_cache import LazyKeyCache, read_mode
     from nest_integrations.index.store import DiskKeyStore
 
-    return DiskKeyStore.open(paths.keys_dir(persist_root(persist_dir)), unwrap(lm))
+    keys = paths.keys_dir(persist_root(persist_dir))
+    if read_mode(keys) is not None:
+        return LazyKeyCache.open(keys, unwrap(lm))
+    return DiskKeyStore.open(keys, unwrap(lm))
 
 
 def hybrid_retriever(dense: Any) -> Any:

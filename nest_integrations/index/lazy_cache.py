@@ -1,0 +1,766 @@
+"""Lazy token keys: passages are encoded when a query first retrieves them, and their keys are
+kept in an on-disk LRU cache with a size cap (``nest ingest --keys lazy --key-cache-size 2GB``).
+
+This is the NEST paper's own approach for corpora too large to encode up front: only passages
+that stage 1 actually retrieves are ever encoded, and a bounded cache keeps the hot ones.
+
+Mode is recorded per persist dir in ``<persist_dir>/keys/lazy.json``
+(``{"keys": "lazy", "max_bytes": ..., "codec": ...}``); without that file the dir is eager (the
+append-only ``DiskKeyStore``). ``assembly.open_key_store`` returns a ``LazyKeyCache`` for a lazy
+dir, so ``nest ask``, ``NestEngine.from_defaults``, the LangChain/LlamaIndex adapters and
+``nest serve`` use it unchanged.
+
+Layout under ``<persist_dir>/keys``::
+
+    lazy.json                        mode, byte cap and codec of this persist dir
+    lazy/<namespace>/manifest.json   fingerprint, key source, key_dim, codec params + fingerprint
+    lazy/<namespace>/codec.npz       trained codec tables (int8, pq)
+    lazy/<namespace>/index.sqlite    content_hash -> (file, n_rows, bytes, last_used), WAL mode
+    lazy/<namespace>/data/<hh>/<content_hash>-<nonce>.key   one file per passage
+
+One namespace per (model fingerprint, key source, codec name). Each ``.key`` file is a 20-byte
+header (magic, version, n_rows, code_size, crc32 of the payload), the codec's codes, the int32
+token ids and the int32 (start, end) char offsets.
+
+Write protocol (``put_keys``), under sqlite's write lock (``BEGIN IMMEDIATE``, which also
+serialises writers in other processes): write each new file to a temp name, fsync it and rename it
+to a fresh unique name; insert its index row; evict least-recently-used rows until the byte total
+is within the cap; commit; only then unlink the evicted files. So an index row never points at a
+missing file: a crash before the commit leaves orphan files (``prune`` removes them), a crash
+after it leaves unreferenced files too, and a re-put of an evicted passage gets a new file name.
+A file found missing or corrupt at read time (deleted by hand, disk damage) is a miss: its row is
+dropped and the passage is encoded again.
+
+Recency is a logical clock in the index (one tick per ``get_keys``/``put_keys`` call, across
+processes): ``get_keys`` refreshes the hits, ``put_keys`` stamps the new entries last, so entries
+put in one call are evicted after every older one. An entry larger than the whole cap is returned
+to the caller (``ensure_keys`` hands back what it encoded) but not kept. The cap counts the
+``.key`` files only (not the sqlite index, about 100 bytes per entry).
+
+Switching modes (``nest ingest --keys ...``):
+
+- eager -> lazy: the eager ``DiskKeyStore`` of the same model stays as a **read-through source**:
+  passages it holds are read from it (never evicted, not counted in the cap); new ones are encoded
+  into the cache only.
+- lazy -> eager (explicit ``--keys eager``): allowed; ``lazy.json`` is removed, the ingested
+  passages are encoded into the eager store, and the cache folder is left in place (unused; its
+  path and size are logged; delete it to reclaim the space).
+- no ``--keys``: the recorded mode is kept (``--key-cache-size`` alone changes a lazy dir's cap).
+
+Example::
+
+    configure_lazy(keys_dir(persist_dir), max_bytes=parse_size("2GB"))
+    with LazyKeyCache.open(keys_dir(persist_dir), lm) as cache:
+        keys = ensure_keys(cache, lm, passages)   # encodes misses, evicts LRU beyond the cap
+        cache.stats()["bytes_used"]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import sqlite3
+import struct
+import threading
+import uuid
+import zlib
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from nest_integrations.index.base import KeyStoreMismatchError
+from nest_integrations.index.codecs import CODECS, DEFAULT_CODEC, KeyCodec, load_codec, make_codec
+from nest_integrations.index.store import content_hash
+from nest_integrations.types import Passage, PassageKeys
+
+LOG = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+MODE_FILE = "lazy.json"
+LAZY_DIR = "lazy"
+#: Cap of ``--keys lazy`` without ``--key-cache-size``: about 1.7M tokens of fp16 d=576 keys.
+DEFAULT_MAX_BYTES = 2 * 10**9
+#: Passages encoded at ingest to train an int8/pq codec for the lazy cache.
+CODEC_SAMPLE_PASSAGES = 300
+_MAGIC = b"NLKC"
+_HEADER = struct.Struct("<4sHHIII")  # magic, version, reserved, n_rows, code_size, crc32
+_SQL_CHUNK = 500
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    content_hash TEXT PRIMARY KEY, file TEXT NOT NULL, n_rows INTEGER NOT NULL,
+    bytes INTEGER NOT NULL, last_used INTEGER NOT NULL) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS entries_lru ON entries (last_used, content_hash);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+INSERT OR IGNORE INTO meta VALUES ('clock', 0), ('total_bytes', 0);
+"""
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "LazyKeyCache",
+    "configure_lazy",
+    "lazy_cache_stats",
+    "parse_size",
+    "prune_all",
+    "read_mode",
+    "set_eager_mode",
+    "train_lazy_codec",
+]
+
+
+# --------------------------------------------------------------------------------- the mode
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes of a size like ``2GB``, ``500MB``, ``1.5G``, ``64KiB`` or ``100000`` (decimal
+    units; ``KiB``/``MiB``/``GiB``/``TiB`` are binary). Raises ValueError naming the rule."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        n = text
+    else:
+        m = _SIZE_RE.match(str(text))
+        if not m:
+            raise ValueError(
+                f"size {text!r} is invalid: allowed a number with an optional unit "
+                "B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), "
+                "e.g. 2GB or 500MB"
+            )
+        unit = (m.group(2) or "").lower().removesuffix("b")
+        if unit == "i":
+            raise ValueError(f"size {text!r} is invalid: unit {m.group(2)!r} is unknown")
+        base = 1024 ** ("kmgt".index(unit[0]) + 1) if unit.endswith("i") else _UNITS[unit]
+        n = int(float(m.group(1)) * base)
+    if n < 1:
+        raise ValueError(f"size {text!r} is invalid: the key cache needs at least 1 byte")
+    return n
+
+
+def read_mode(keys_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The lazy-mode record of a key-store folder, or None when the folder is eager."""
+    f = Path(keys_dir) / MODE_FILE
+    if not f.exists():
+        return None
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"lazy key mode file {f} is unreadable ({exc}); delete it and re-run "
+                         "`nest ingest --keys lazy`") from exc
+    if not isinstance(data, dict) or data.get("keys") != "lazy" or "max_bytes" not in data:
+        raise ValueError(f"lazy key mode file {f} is not a lazy-mode record: {data!r}")
+    data.setdefault("codec", DEFAULT_CODEC)
+    return data
+
+
+def configure_lazy(
+    keys_dir: str | os.PathLike[str],
+    *,
+    max_bytes: int | None = None,
+    codec: str | None = None,
+) -> dict[str, Any]:
+    """Record lazy mode for ``keys_dir`` (``None`` keeps the recorded cap / codec, else the
+    defaults). Returns the record. Changing the codec starts a new cache namespace; the old one's
+    folder is left (logged)."""
+    old = read_mode(keys_dir) or {}
+    codec = codec or old.get("codec") or DEFAULT_CODEC
+    if codec not in CODECS:
+        raise ValueError(f"key codec {codec!r} is unknown: allowed one of {CODECS}")
+    max_bytes = parse_size(max_bytes) if max_bytes is not None else int(
+        old.get("max_bytes", DEFAULT_MAX_BYTES)
+    )
+    if old and old.get("codec") != codec:
+        LOG.warning("lazy key cache codec changes %s -> %s: a new cache starts; the old one under "
+                    "%s can be deleted", old.get("codec"), codec, Path(keys_dir) / LAZY_DIR)
+    record = {"format_version": FORMAT_VERSION, "keys": "lazy", "max_bytes": max_bytes,
+              "codec": codec}
+    _write_json_atomic(Path(keys_dir) / MODE_FILE, record)
+    return record
+
+
+def set_eager_mode(keys_dir: str | os.PathLike[str]) -> bool:
+    """Switch ``keys_dir`` back to eager keys (removes ``lazy.json``). Returns whether it was
+    lazy. The cache folder is left in place: unused from now on."""
+    f = Path(keys_dir) / MODE_FILE
+    if not f.exists():
+        return False
+    f.unlink()
+    lazy = Path(keys_dir) / LAZY_DIR
+    size = sum(p.stat().st_size for p in lazy.rglob("*") if p.is_file()) if lazy.is_dir() else 0
+    LOG.warning("keys of %s are eager again; the lazy key cache %s (%.1f MB) is no longer used "
+                "and can be deleted", keys_dir, lazy, size / 1e6)
+    return True
+
+
+# --------------------------------------------------------------------------------- the cache
+
+
+class LazyKeyCache:
+    """Token keys encoded at query time, kept on disk in an LRU cache of at most ``max_bytes``.
+
+    Implements the ``KeyStore`` port (``ensure_keys`` fills it). Safe to share between threads
+    and between processes.
+
+    Open the cache of a lazy persist dir for a model::
+
+        cache = LazyKeyCache.open(keys_dir, lm)        # reads lazy.json; read-through to eager
+        keys = ensure_keys(cache, lm, passages)
+
+    Args:
+        keys_dir: the key-store folder of a persist dir (``paths.keys_dir``).
+        fingerprint, key_source, key_dim: the model the keys come from.
+        max_bytes: the cap on the ``.key`` files' total size.
+        codec: ``fp16`` (default), ``fp32``, or ``int8``/``pq`` (tables trained at ingest by
+            ``train_lazy_codec``).
+        source: a read-through ``KeyStore`` (the eager store) consulted on cache misses.
+
+    Raises:
+        KeyStoreMismatchError: the namespace exists with another key_dim or codec.
+        ValueError: a trained codec that has no tables for this model yet.
+    """
+
+    def __init__(
+        self,
+        keys_dir: str | os.PathLike[str],
+        *,
+        fingerprint: str,
+        key_source: str | int,
+        key_dim: int,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        codec: str = DEFAULT_CODEC,
+        source: Any = None,
+    ) -> None:
+        if not isinstance(key_dim, int) or isinstance(key_dim, bool) or key_dim < 1:
+            raise ValueError(f"key_dim={key_dim!r} is invalid: allowed an integer >= 1")
+        self.path = Path(keys_dir)
+        self.fingerprint = fingerprint
+        self.key_source = key_source
+        self.key_dim = key_dim
+        self.max_bytes = parse_size(max_bytes)
+        self.source = source
+        self.namespace_dir = self.path / LAZY_DIR / _namespace_name(fingerprint, key_source, codec)
+        self.codec = _open_codec(self.namespace_dir, fingerprint, key_source, key_dim, codec)
+        # What get_keys returns and ensure_keys casts fresh keys to: raw codecs keep their dtype,
+        # trained ones decode to float32.
+        self.dtype = np.dtype(np.float16 if codec == "fp16" else np.float32)
+        self.hits = self.misses = self.source_hits = 0  # this process's counters
+        self._data = self.namespace_dir / "data"
+        self._data.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(
+            self.namespace_dir / "index.sqlite",
+            timeout=120.0,
+            isolation_level=None,  # autocommit; transactions are explicit
+            check_same_thread=False,
+        )
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")  # files are fsynced before their row
+        self._db.executescript(_SCHEMA)
+
+    @classmethod
+    def open(
+        cls,
+        keys_dir: str | os.PathLike[str],
+        lm: Any,
+        *,
+        read_through: bool = True,
+    ) -> LazyKeyCache:
+        """The cache of the lazy key folder ``keys_dir`` for ``lm`` (cap and codec from
+        ``lazy.json``); with ``read_through``, an eager store of the same model there is read
+        on misses."""
+        mode = read_mode(keys_dir)
+        if mode is None:
+            raise ValueError(f"{keys_dir} is not in lazy key mode (no {MODE_FILE}); run "
+                             "`nest ingest --keys lazy` first")
+        source = _eager_source(keys_dir, lm) if read_through else None
+        return cls(keys_dir, fingerprint=lm.fingerprint, key_source=lm.key_source,
+                   key_dim=lm.key_dim, max_bytes=int(mode["max_bytes"]), codec=mode["codec"],
+                   source=source)  # fmt: skip
+
+    # -- the KeyStore port ------------------------------------------------------------------
+
+    def get_keys(self, passages: Sequence[Passage]) -> list[PassageKeys | None]:
+        """Cached keys of each passage (by content hash), else the read-through source's, else
+        None. Hits become the most recently used entries."""
+        hashes = [content_hash(p.text) for p in passages]
+        with self._lock:
+            rows = self._lookup(hashes)
+            loaded: dict[str, PassageKeys | None] = {}
+            for h, (file, n_rows, _) in rows.items():
+                loaded[h] = self._read_file(file, n_rows)
+            bad = [(h, rows[h][0]) for h, k in loaded.items() if k is None]
+            good = [h for h, k in loaded.items() if k is not None]
+            if good or bad:
+                self._touch(good, bad)
+        out: list[PassageKeys | None] = []
+        for p, h in zip(passages, hashes):
+            k = loaded.get(h)
+            out.append(None if k is None else _renamed(k, p.id))
+        self.hits += sum(k is not None for k in out)
+        missing = [i for i, k in enumerate(out) if k is None]
+        if missing and self.source is not None:
+            found = self.source.get_keys([passages[i] for i in missing])
+            for i, k in zip(missing, found):
+                if k is not None:
+                    out[i] = PassageKeys(k.passage_id, np.asarray(k.keys).astype(self.dtype),
+                                         k.token_ids, k.offsets)
+                    self.source_hits += 1
+        self.misses += sum(k is None for k in out)
+        return out
+
+    def put_keys(self, passages: Sequence[Passage], keys: Sequence[PassageKeys]) -> None:
+        """Cache keys (entries already cached are refreshed, not rewritten), then evict least
+        recently used entries until the total is within ``max_bytes``."""
+        if len(passages) != len(keys):
+            raise ValueError(f"put_keys got {len(passages)} passages but {len(keys)} key sets")
+        blobs: dict[str, tuple[bytes, int]] = {}
+        for p, k in zip(passages, keys):
+            h = content_hash(p.text)
+            if h not in blobs:
+                blobs[h] = self._blob(p, k)
+        if not blobs:
+            return
+        with self._lock:
+            evicted = self._insert(blobs)
+        for f in evicted:  # after the commit: no row points at them any more
+            (self._data / f).unlink(missing_ok=True)
+
+    # -- maintenance ----------------------------------------------------------------------------
+
+    def prune(self) -> dict[str, int]:
+        """Remove orphan files (a crashed writer's) and rows whose file is gone, recount the byte
+        total and evict down to the cap. Returns what was removed."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                known = dict(self._db.execute("SELECT file, content_hash FROM entries"))
+                on_disk = {str(f.relative_to(self._data)): f for f in self._data.rglob("*")
+                           if f.is_file()}  # fmt: skip
+                orphans = [f for name, f in on_disk.items() if name not in known]
+                gone = [h for name, h in known.items() if name not in on_disk]
+                self._delete_rows(gone)
+                (total,) = self._db.execute(
+                    "SELECT COALESCE(SUM(bytes), 0) FROM entries").fetchone()
+                self._db.execute("UPDATE meta SET value = ? WHERE key = 'total_bytes'", (total,))
+                evicted = self._evict()
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            for f in orphans:
+                f.unlink(missing_ok=True)
+            for f in evicted:
+                (self._data / f).unlink(missing_ok=True)
+        if orphans or gone or evicted:
+            LOG.info("lazy key cache prune: %d orphan files, %d dangling rows, %d evicted",
+                     len(orphans), len(gone), len(evicted))
+        return {"orphan_files": len(orphans), "dangling_rows": len(gone), "evicted": len(evicted)}
+
+    def stats(self) -> dict[str, Any]:
+        """Mode, cap, use and identity of this cache (for ``nest info``)."""
+        with self._lock:
+            s = _db_stats(self._db)
+        return {
+            "mode": "lazy",
+            "path": str(self.namespace_dir),
+            "fingerprint": self.fingerprint,
+            "key_source": self.key_source,
+            "key_dim": self.key_dim,
+            "codec": self.codec.name,
+            "max_bytes": self.max_bytes,
+            **s,
+            "read_through": None if self.source is None else str(getattr(self.source, "path", "")),
+            "hits": self.hits,
+            "misses": self.misses,
+            "source_hits": self.source_hits,
+        }
+
+    def __len__(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM entries").fetchone()[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+        if self.source is not None and hasattr(self.source, "close"):
+            self.source.close()
+
+    def __enter__(self) -> LazyKeyCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"LazyKeyCache({str(self.path)!r}, fingerprint={self.fingerprint!r}, "
+                f"key_source={self.key_source!r}, key_dim={self.key_dim}, "
+                f"codec={self.codec.name!r}, max_bytes={self.max_bytes})")
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _blob(self, p: Passage, k: PassageKeys) -> tuple[bytes, int]:
+        """The file bytes of one passage's keys, and its row count; ValueError on bad keys."""
+        keys = np.asarray(k.keys)
+        if keys.ndim != 2 or keys.shape[1] != self.key_dim:
+            raise KeyStoreMismatchError(
+                f"keys of passage {p.id!r} have shape {keys.shape}; this cache holds "
+                f"key_dim={self.key_dim} ({self.fingerprint}, key source {self.key_source!r})"
+            )
+        ids = np.asarray(k.token_ids).reshape(-1)
+        offs = np.asarray(k.offsets).reshape(-1, 2)
+        m = ids.shape[0]
+        if keys.shape[0] != m or offs.shape[0] != m:
+            raise ValueError(f"passage {p.id!r}: keys {keys.shape}, token_ids {ids.shape} and "
+                             f"offsets {offs.shape} must all have m={m} rows")
+        if m and (ids.min() < 0 or ids.max() > np.iinfo(np.int32).max):
+            raise ValueError(f"passage {p.id!r}: token ids out of int32 range")
+        if m and (offs.min() < 0 or offs.max() > len(p.text)):
+            raise ValueError(f"passage {p.id!r}: offsets fall outside its {len(p.text)} chars")
+        codes = self.codec.encode(keys) if m else np.zeros((0, self.codec.code_size), np.uint8)
+        payload = b"".join((
+            np.ascontiguousarray(codes, np.uint8).tobytes(),
+            ids.astype("<i4").tobytes(),
+            offs.astype("<i4").tobytes(),
+        ))  # fmt: skip
+        header = _HEADER.pack(_MAGIC, FORMAT_VERSION, 0, m, self.codec.code_size,
+                              zlib.crc32(payload))
+        return header + payload, m
+
+    def _read_file(self, file: str, n_rows: int) -> PassageKeys | None:
+        """Keys from a ``.key`` file, or None (logged) when it is missing or corrupt."""
+        try:
+            data = (self._data / file).read_bytes()
+        except OSError:
+            LOG.warning("lazy key cache file %s is missing: treated as a miss", file)
+            return None
+        cs = self.codec.code_size
+        try:
+            magic, version, _, m, code_size, crc = _HEADER.unpack_from(data)
+            payload = memoryview(data)[_HEADER.size:]
+            ok = (magic == _MAGIC and version == FORMAT_VERSION and m == n_rows and code_size == cs
+                  and len(payload) == m * (cs + 12) and zlib.crc32(payload) == crc)
+        except struct.error:
+            ok = False
+        if not ok:
+            LOG.warning("lazy key cache file %s is corrupt: treated as a miss", file)
+            return None
+        codes = np.frombuffer(payload, np.uint8, m * cs).reshape(m, cs)
+        ids = np.frombuffer(payload, "<i4", m, offset=m * cs)
+        offs = np.frombuffer(payload, "<i4", 2 * m, offset=m * (cs + 4)).reshape(m, 2)
+        keys = self.codec.decode(codes) if m else np.zeros((0, self.key_dim))
+        return PassageKeys(
+            passage_id="",
+            keys=np.array(keys, dtype=self.dtype),  # own copy, writable
+            token_ids=ids.astype(np.int64),
+            offsets=offs.astype(np.int32),
+        )
+
+    def _lookup(self, hashes: Sequence[str]) -> dict[str, tuple[str, int, int]]:
+        """content_hash -> (file, n_rows, bytes) for the cached ones."""
+        found: dict[str, tuple[str, int, int]] = {}
+        unique = list(dict.fromkeys(hashes))
+        for i in range(0, len(unique), _SQL_CHUNK):
+            part = unique[i : i + _SQL_CHUNK]
+            rows = self._db.execute(
+                "SELECT content_hash, file, n_rows, bytes FROM entries "
+                f"WHERE content_hash IN ({','.join('?' * len(part))})",
+                part,
+            )
+            found.update((h, (f, n, b)) for h, f, n, b in rows)
+        return found
+
+    def _tick(self) -> int:
+        """The next value of the shared logical clock (inside a write transaction)."""
+        self._db.execute("UPDATE meta SET value = value + 1 WHERE key = 'clock'")
+        return int(self._db.execute("SELECT value FROM meta WHERE key = 'clock'").fetchone()[0])
+
+    def _touch(self, good: list[str], bad: list[tuple[str, str]]) -> None:
+        """Refresh the recency of hits; drop the rows of unreadable files (if still theirs)."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            if good:
+                tick = self._tick()
+                self._db.executemany("UPDATE entries SET last_used = ? WHERE content_hash = ?",
+                                     [(tick, h) for h in good])
+            for h, file in bad:
+                row = self._db.execute("SELECT bytes FROM entries WHERE content_hash = ? AND "
+                                       "file = ?", (h, file)).fetchone()
+                if row:
+                    self._db.execute("DELETE FROM entries WHERE content_hash = ?", (h,))
+                    self._add_total(-row[0])
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        for _, file in bad:  # a corrupt file is no use to anyone; a missing one is a no-op
+            (self._data / file).unlink(missing_ok=True)
+
+    def _insert(self, blobs: dict[str, tuple[bytes, int]]) -> list[str]:
+        """Write and index the new blobs, evict beyond the cap; returns files to unlink."""
+        self._db.execute("BEGIN IMMEDIATE")  # the write lock, across processes too
+        try:
+            tick = self._tick()
+            present = self._lookup(list(blobs))
+            if present:
+                self._db.executemany("UPDATE entries SET last_used = ? WHERE content_hash = ?",
+                                     [(tick, h) for h in present])
+            budget, rows = self.max_bytes, []
+            for h, (blob, m) in blobs.items():
+                if h in present:
+                    continue
+                if len(blob) > budget:  # larger than the cap (or the rest of it): not kept
+                    LOG.debug("lazy key cache: entry of %d bytes does not fit the cap", len(blob))
+                    continue
+                budget -= len(blob)
+                rows.append((h, self._write_file(h, blob), m, len(blob), tick))
+            self._db.executemany("INSERT INTO entries VALUES (?, ?, ?, ?, ?)", rows)
+            self._add_total(sum(r[3] for r in rows))
+            evicted = self._evict()
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        LOG.debug("lazy key cache: %d new entries, %d evicted", len(rows), len(evicted))
+        return evicted
+
+    def _write_file(self, h: str, blob: bytes) -> str:
+        """Write ``blob`` atomically (tmp + fsync + rename) under a fresh name; returns it."""
+        name = f"{h[:2]}/{h}-{uuid.uuid4().hex[:12]}.key"
+        final = self._data / name
+        final.parent.mkdir(exist_ok=True)
+        tmp = final.with_suffix(".tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(blob)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        return name
+
+    def _evict(self) -> list[str]:
+        """Delete least-recently-used rows until the total is within the cap (inside a write
+        transaction); returns their files."""
+        evicted: list[str] = []
+        total = self._total()
+        while total > self.max_bytes:
+            batch = self._db.execute(
+                "SELECT content_hash, file, bytes FROM entries "
+                "ORDER BY last_used, content_hash LIMIT 256"
+            ).fetchall()
+            if not batch:
+                break
+            drop = []
+            for h, f, b in batch:
+                if total <= self.max_bytes:
+                    break
+                drop.append(h)
+                evicted.append(f)
+                total -= b
+            self._delete_rows(drop)
+        return evicted
+
+    def _delete_rows(self, hashes: Sequence[str]) -> None:
+        for i in range(0, len(hashes), _SQL_CHUNK):
+            part = list(hashes[i : i + _SQL_CHUNK])
+            marks = ",".join("?" * len(part))
+            (freed,) = self._db.execute(
+                f"SELECT COALESCE(SUM(bytes), 0) FROM entries WHERE content_hash IN ({marks})",
+                part).fetchone()  # fmt: skip
+            self._db.execute(f"DELETE FROM entries WHERE content_hash IN ({marks})", part)
+            self._add_total(-freed)
+
+    def _total(self) -> int:
+        return int(self._db.execute("SELECT value FROM meta WHERE key = 'total_bytes'")
+                   .fetchone()[0])  # fmt: skip
+
+    def _add_total(self, delta: int) -> None:
+        if delta:
+            self._db.execute("UPDATE meta SET value = value + ? WHERE key = 'total_bytes'",
+                             (int(delta),))
+
+
+# --------------------------------------------------------------------------------- codec wiring
+
+
+def train_lazy_codec(
+    keys_dir: str | os.PathLike[str],
+    lm: Any,
+    codec: str,
+    sample: Sequence[Passage],
+    *,
+    seed: int = 0,
+) -> KeyCodec:
+    """Train the lazy cache's ``int8``/``pq`` codec for ``lm`` (a model, or a function that
+    loads it, called only for a trained codec) on up to
+    ``CODEC_SAMPLE_PASSAGES`` passages of ``sample`` (encoded now) and save its tables in the
+    cache namespace. Tables already saved there are kept (codes in the cache depend on them).
+    Raw codecs (fp16, fp32) need nothing and are returned as they are."""
+    from nest_integrations.index.store import _encode
+
+    if make_codec(codec, 1).needs_training is False:
+        return make_codec(codec, getattr(lm, "key_dim", 1) or 1)
+    if callable(lm) and not hasattr(lm, "fingerprint"):
+        lm = lm()  # a loader: the model is loaded only for a trained codec
+    ns = Path(keys_dir) / LAZY_DIR / _namespace_name(lm.fingerprint, lm.key_source, codec)
+    made = make_codec(codec, lm.key_dim)
+    if (ns / "manifest.json").exists():
+        return _open_codec(ns, lm.fingerprint, lm.key_source, lm.key_dim, codec)
+    if not sample:
+        raise ValueError(f"the {codec} key codec must be trained on passages: ingest some")
+    rng = np.random.default_rng(seed)
+    idx = rng.choice(len(sample), size=min(len(sample), CODEC_SAMPLE_PASSAGES), replace=False)
+    chosen = [sample[i] for i in sorted(idx)]
+    LOG.info("training the %s key codec on the keys of %d passages", codec, len(chosen))
+    keys = [k.keys for i in range(0, len(chosen), 16)
+            for k in _encode(lm, chosen[i : i + 16], np.dtype(np.float32)) if len(k)]
+    made.train(np.concatenate(keys).astype(np.float32))
+    ns.mkdir(parents=True, exist_ok=True)
+    made.save(ns)
+    _write_manifest(ns, lm.fingerprint, lm.key_source, lm.key_dim, made)
+    return made
+
+
+def _open_codec(ns: Path, fingerprint: str, key_source: Any, key_dim: int, codec: str) -> KeyCodec:
+    """The namespace's codec: created for raw codecs, loaded (and checked) for trained ones."""
+    f = ns / "manifest.json"
+    if not f.exists():
+        made = make_codec(codec, key_dim)
+        if made.needs_training:
+            raise ValueError(
+                f"the lazy key cache's {codec} codec has no trained tables for model "
+                f"{fingerprint}; run `nest ingest --keys lazy --key-codec {codec}` with this "
+                "model first (it trains the codec on a sample of passages)"
+            )
+        ns.mkdir(parents=True, exist_ok=True)
+        _write_manifest(ns, fingerprint, key_source, key_dim, made)
+    try:
+        m = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"lazy key cache manifest {f} is unreadable: {exc}") from exc
+    if m.get("key_dim") != key_dim or m.get("codec", {}).get("codec") != codec:
+        raise KeyStoreMismatchError(
+            f"lazy key cache {ns} holds key_dim={m.get('key_dim')} {m.get('codec')} keys, but was "
+            f"opened with key_dim={key_dim} codec {codec!r}"
+        )
+    loaded = load_codec(m["codec"], ns)
+    if loaded.fingerprint() != m.get("codec_fingerprint"):
+        raise ValueError(f"lazy key cache {ns}: codec tables do not match its manifest "
+                         "(codec.npz changed); delete the folder to start the cache again")
+    return loaded
+
+
+def _write_manifest(ns: Path, fingerprint: str, key_source: Any, key_dim: int,
+                    codec: KeyCodec) -> None:
+    _write_json_atomic(ns / "manifest.json", {
+        "format_version": FORMAT_VERSION, "fingerprint": fingerprint, "key_source": key_source,
+        "key_dim": key_dim, "codec": codec.params(), "codec_fingerprint": codec.fingerprint(),
+    }, exclusive=True)  # fmt: skip
+
+
+def _eager_source(keys_dir: str | os.PathLike[str], lm: Any) -> Any:
+    """The eager ``DiskKeyStore`` of ``lm`` in ``keys_dir`` when one exists (else None)."""
+    from nest_integrations.index.store import DiskKeyStore, list_namespaces
+
+    try:
+        spaces = list_namespaces(keys_dir)
+    except Exception as exc:  # a damaged eager store must not stop lazy queries
+        LOG.warning("eager key store at %s is unreadable (%s): not used as a source", keys_dir, exc)
+        return None
+    for ns in spaces:
+        if (ns["fingerprint"], ns["key_source"], ns["key_dim"]) == (
+            lm.fingerprint, lm.key_source, lm.key_dim
+        ):
+            LOG.info("lazy keys read through the eager key store at %s", keys_dir)
+            return DiskKeyStore.open(keys_dir, lm)
+    return None
+
+
+def prune_all(keys_dir: str | os.PathLike[str]) -> None:
+    """``prune`` every cache namespace of a lazy ``keys_dir`` under its recorded cap (no model
+    needed: identities come from the manifests)."""
+    mode = read_mode(keys_dir)
+    root = Path(keys_dir) / LAZY_DIR
+    if mode is None or not root.is_dir():
+        return
+    for ns in sorted(root.iterdir()):
+        f = ns / "manifest.json"
+        if not f.exists():
+            continue
+        m = json.loads(f.read_text(encoding="utf-8"))
+        with LazyKeyCache(keys_dir, fingerprint=m["fingerprint"], key_source=m["key_source"],
+                          key_dim=m["key_dim"], max_bytes=int(mode["max_bytes"]),
+                          codec=m["codec"]["codec"]) as cache:  # fmt: skip
+            cache.prune()
+
+
+# --------------------------------------------------------------------------------- nest info
+
+
+def lazy_cache_stats(keys_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """Mode, cap and use of every lazy cache namespace in ``keys_dir`` without loading a model,
+    or None for an eager folder."""
+    mode = read_mode(keys_dir)
+    if mode is None:
+        return None
+    root = Path(keys_dir) / LAZY_DIR
+    spaces = []
+    for ns in sorted(root.iterdir()) if root.is_dir() else []:
+        if not (ns / "index.sqlite").exists() or not (ns / "manifest.json").exists():
+            continue
+        m = json.loads((ns / "manifest.json").read_text(encoding="utf-8"))
+        db = sqlite3.connect(f"file:{ns / 'index.sqlite'}?mode=ro", uri=True, timeout=30.0)
+        try:
+            s = _db_stats(db)
+        finally:
+            db.close()
+        spaces.append({"path": str(ns), "fingerprint": m["fingerprint"],
+                       "key_source": m["key_source"], "key_dim": m["key_dim"],
+                       "codec": m["codec"]["codec"], **s})  # fmt: skip
+    return {"mode": "lazy", "max_bytes": int(mode["max_bytes"]), "codec": mode["codec"],
+            "namespaces": spaces}  # fmt: skip
+
+
+def _db_stats(db: sqlite3.Connection) -> dict[str, Any]:
+    n, tokens, used = db.execute(
+        "SELECT COUNT(*), COALESCE(SUM(n_rows), 0), COALESCE(SUM(bytes), 0) FROM entries"
+    ).fetchone()
+    return {"n_entries": int(n), "n_tokens": int(tokens), "bytes_used": int(used),
+            "bytes_per_token": used / tokens if tokens else 0.0}  # fmt: skip
+
+
+# --------------------------------------------------------------------------------- helpers
+
+
+def _namespace_name(fingerprint: str, key_source: Any, codec: str) -> str:
+    """A readable, filesystem-safe and collision-free folder name."""
+    digest = hashlib.sha256(json.dumps([fingerprint, key_source, codec]).encode()).hexdigest()[:16]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{fingerprint}--{key_source}--{codec}").strip("-.")
+    return f"{slug[:64]}--{digest}"
+
+
+def _renamed(k: PassageKeys, passage_id: str) -> PassageKeys:
+    return k if k.passage_id == passage_id else PassageKeys(passage_id, k.keys, k.token_ids,
+                                                            k.offsets)
+
+
+def _write_json_atomic(f: Path, data: dict[str, Any], *, exclusive: bool = False) -> None:
+    """Write ``f`` atomically (tmp + fsync + rename); ``exclusive`` keeps an existing file (a
+    concurrent creator may win)."""
+    f.parent.mkdir(parents=True, exist_ok=True)
+    tmp = f.with_name(f"{f.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2)
+        fh.flush()
+        os.fsync(fh.fileno())
+    try:
+        if exclusive:
+            try:
+                os.link(tmp, f)
+            except FileExistsError:
+                pass
+        else:
+            os.replace(tmp, f)
+    finally:
+        tmp.unlink(missing_ok=True)
+
