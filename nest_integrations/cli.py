@@ -91,8 +91,9 @@ def _ingest_args(p: argparse.ArgumentParser) -> None:
         "paths",
         nargs="*",
         metavar="PATH",
-        help="files or folders (recursive) of .txt .md .rst .html .htm .jsonl "
-        '(JSONL: one {"text", "id"?, "metadata"?} object per line)',
+        help="files or folders (recursive) of .txt .md .rst .html .htm .jsonl .pdf "
+        '(JSONL: one {"text", "id"?, "metadata"?} object per line; text in any detected '
+        "encoding; PDFs by their extracted text, with page numbers)",
     )
     p.add_argument("--sample", action="store_true", help="also ingest the shipped sample corpus")
     p.add_argument(
@@ -323,6 +324,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"nest {args.command}: error: {exc}\n")
         return 2
     except Exception as exc:  # the CLI boundary: one line, no traceback unless --debug
+        from nest_integrations.retrieval.chroma import InvalidCollectionNameError
+
+        if isinstance(exc, InvalidCollectionNameError):  # a bad --collection: a usage error
+            sys.stderr.write(f"nest {args.command}: error: {exc}\n")
+            return 2
         if args.debug:
             traceback.print_exc()
         sys.stderr.write(f"nest: error: {_describe(exc)}\n")

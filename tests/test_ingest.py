@@ -114,7 +114,7 @@ def test_load_formats_and_titles(tmp_path: Path) -> None:
     write(root / "sub" / "b.md", "intro\n\n## The Title ##\n\nbody\n")
     write(root / "c.rst", "Heading\n=======\n\nText.\n")
     write(root / ".hidden.txt", "skipped")
-    write(root / "skip.pdf", "not ingested from folders")
+    write(root / "skip.docx", "not ingested from folders")
     docs, issues = load_documents([root])
     assert not issues
     got = {d.doc_id: d for d in docs}
@@ -203,16 +203,19 @@ def test_texts_and_framework_documents() -> None:
 BAD_CASES = {
     "missing": (None, "missing.txt: no such file or folder"),
     "binary": (b"\x00\x01\x02abc", "bin.txt: binary file"),
-    "latin1": ("caf\u00e9".encode("latin-1"), "latin1.txt: not UTF-8 text (invalid byte at"),
+    "bad_utf16": (b"\xff\xfe" + "odd".encode("utf-16-le") + b"\x00",
+                  "bad_utf16.txt: starts with a utf-16-le byte-order mark but is not"),
     "empty": ("  \n\n", "empty.txt: empty file"),
     "bad_jsonl": ('{"text": "ok"}\n{"text": oops}\n', "bad_jsonl.jsonl:2: invalid JSON"),
     "no_text": ('{"text": "ok"}\n\n{"id": 3}\n', 'no_text.jsonl:3: missing "text" string field'),
     "not_object": ('{"text": "ok"}\n[1]\n', "not_object.jsonl:2: expected a JSON object, got list"),
     "dup_id": ('{"id": "x", "text": "a"}\n{"id": "x", "text": "b"}\n',
                "dup_id.jsonl:2: duplicate id 'x' (first on line 1)"),
-    "pdf": (b"%PDF-1.4", "pdf.pdf: unsupported file type '.pdf'"),
+    "pdf": (b"%PDF-1.4", "pdf.pdf: not a valid PDF"),
+    "docx": (b"PK\x03\x04", "docx.docx: unsupported file type '.docx'"),
 }  # fmt: skip
-_SUFFIX = {"missing": ".txt", "binary": ".txt", "latin1": ".txt", "empty": ".txt", "pdf": ".pdf"}
+_SUFFIX = {"missing": ".txt", "binary": ".txt", "bad_utf16": ".txt", "empty": ".txt", "pdf": ".pdf",
+           "docx": ".docx"}
 
 
 def _bad_file(tmp_path: Path, case: str) -> Path:

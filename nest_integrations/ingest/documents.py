@@ -2,10 +2,16 @@
 
 Every loader returns :class:`SourceDocument` objects whose ``text`` is the *stored source text*:
 the exact text that passage offsets index into. For plain-text formats (.txt, .md, .rst, .jsonl
-lines) that is the file content as decoded UTF-8, byte for byte. For HTML it is the **extracted
-text** (tags dropped, entities decoded, ``<script>``/``<style>`` skipped, block elements on their
-own lines); offsets index that extracted text, not the markup, and such documents carry
-``source_format="html"``.
+lines) that is the decoded file content, character for character: UTF-8 (a BOM dropped), else
+UTF-16/32 with a BOM, else the encoding that ``charset-normalizer`` detects (see
+:func:`decode_text`); the encoding used is recorded (``SourceDocument.encoding``, and the
+``encoding`` key of every passage's metadata). For HTML it is the **extracted text** (tags
+dropped, entities decoded, ``<script>``/``<style>`` skipped, block elements on their own lines);
+offsets index that extracted text, not the markup, and such documents carry
+``source_format="html"``. For PDF it is the extracted text of the pages joined by blank lines
+(``source_format="pdf"``, see ``ingest/pdf.py``); the char offset of each page start is kept
+(``SourceDocument.page_starts``), from which each passage gets its ``page`` (and ``page_end``
+when it spans several).
 
 Bad input never raises unless ``strict=True``: each problem becomes an :class:`IngestIssue`
 naming the file (and line, for JSONL), is logged as a warning, and loading continues.
@@ -13,6 +19,7 @@ naming the file (and line, for JSONL), is logged as a warning, and loading conti
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import html
 import json
@@ -29,7 +36,10 @@ LOG = logging.getLogger(__name__)
 TEXT_SUFFIXES = {".txt": "text", ".md": "markdown", ".rst": "rst"}
 HTML_SUFFIXES = {".html", ".htm"}
 JSONL_SUFFIXES = {".jsonl"}
-SUPPORTED_SUFFIXES = tuple(sorted({*TEXT_SUFFIXES, *HTML_SUFFIXES, *JSONL_SUFFIXES}))
+PDF_SUFFIXES = {".pdf"}
+SUPPORTED_SUFFIXES = tuple(
+    sorted({*TEXT_SUFFIXES, *HTML_SUFFIXES, *JSONL_SUFFIXES, *PDF_SUFFIXES})
+)
 
 
 @dataclass(frozen=True)
@@ -45,7 +55,12 @@ class SourceDocument:
         metadata: The user's own metadata (JSONL ``metadata``, LangChain/LlamaIndex metadata).
         scope: Replacement scope: re-ingesting a scope replaces all of its old passages
             (``"file:<source>"`` for files, ``"doc:<doc_id>"`` otherwise).
-        source_format: ``"text"``, ``"markdown"``, ``"rst"``, ``"html"`` or ``"jsonl"``.
+        source_format: ``"text"``, ``"markdown"``, ``"rst"``, ``"html"``, ``"jsonl"`` or
+            ``"pdf"``.
+        encoding: the text encoding the file was decoded with (``"utf-8"``, ``"cp1252"``,
+            ``"utf-16-le"``, ...); ``None`` for PDFs and in-memory texts.
+        page_starts: for PDFs, the offset in ``text`` where each page begins (page ``i + 1``
+            at ``page_starts[i]``); empty otherwise.
     """
 
     doc_id: str
@@ -55,6 +70,13 @@ class SourceDocument:
     metadata: dict[str, Any] = field(default_factory=dict)
     scope: str = ""
     source_format: str = "text"
+    encoding: str | None = None
+    page_starts: tuple[int, ...] = ()
+
+    @property
+    def page_count(self) -> int | None:
+        """Number of pages (PDFs), else ``None``."""
+        return len(self.page_starts) if self.page_starts else None
 
 
 @dataclass(frozen=True)
@@ -143,45 +165,157 @@ def _walk(folder: Path) -> Iterator[Path]:
                 yield Path(dirpath) / name
 
 
-def read_text_file(path: Path, location: str, issues: IssueLog) -> str | None:
-    """Decoded UTF-8 content, or ``None`` (issue recorded) if unreadable, binary or empty."""
+_BOMS = (  # longest first: the UTF-32-LE BOM starts with the UTF-16-LE one
+    (codecs.BOM_UTF32_LE, "utf-32-le"),
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF8, "utf-8"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+)
+#: cp1252 (Windows Western, a superset of Latin-1's printable characters) is taken when it reads
+#: the bytes as plausible text (charset-normalizer's mess ratio at most this) and no candidate
+#: is clearly more plausible: short Western-European text is ambiguous among single-byte
+#: code pages, and the detector's first pick there is often a Baltic or DOS page.
+_CP1252_MAX_MESS = 0.2
+_CP1252_MARGIN = 0.1
+
+
+class DecodeError(ValueError):
+    """Bytes that are not text in any detectable encoding."""
+
+
+def decode_text(data: bytes) -> tuple[str, str]:
+    """``(text, encoding)`` of a text file's bytes.
+
+    In order: a byte-order mark (UTF-8/16/32; the BOM is not part of the text), strict UTF-8,
+    then detection with ``charset-normalizer`` (cp1252 preferred when it reads the bytes as
+    plausible text, see ``_CP1252_MAX_MESS``). The encoding is returned as Python's codec
+    name (``"utf-8"``, ``"cp1252"``, ``"utf-16-le"``, ``"cp932"``, ...).
+
+    Raises:
+        DecodeError: binary data (NUL bytes outside UTF-16/32, control characters) or no
+            encoding detected.
+    """
+    for bom, name in _BOMS:
+        if data.startswith(bom):
+            try:
+                return _checked(data[len(bom) :].decode(name), name), name
+            except UnicodeDecodeError as exc:
+                raise DecodeError(
+                    f"starts with a {name} byte-order mark but is not {name} text "
+                    f"(invalid byte at offset {exc.start + len(bom)})"
+                ) from exc
+    try:
+        return _checked(data.decode("utf-8"), "utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        pass
+    name = _detect(data)
+    return _checked(data.decode(name), name), name
+
+
+def _detect(data: bytes) -> str:
+    from charset_normalizer import from_bytes
+
+    best = from_bytes(data).best()
+    has_nul = b"\x00" in data
+    if has_nul:  # only UTF-16/32 text has NUL bytes
+        if best is not None and codecs.lookup(best.encoding).name.startswith(("utf-16", "utf-32")):
+            return codecs.lookup(best.encoding).name
+        raise DecodeError("binary file (contains NUL bytes); expected text")
+    try:
+        western = data.decode("cp1252")
+    except UnicodeDecodeError:
+        western = None
+    if western is not None:
+        mess = _mess(western)
+        if mess <= _CP1252_MAX_MESS and (best is None or mess <= best.chaos + _CP1252_MARGIN):
+            return "cp1252"
+    if best is None:
+        raise DecodeError(
+            "binary file or unknown text encoding (not UTF-8, and no encoding detected)"
+        )
+    return codecs.lookup(best.encoding).name
+
+
+def _mess(text: str) -> float:
+    try:
+        from charset_normalizer.md import mess_ratio
+    except ImportError:  # pragma: no cover - internal module moved: trust the detector alone
+        return 1.0
+    return float(mess_ratio(text, 1.0))
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
+
+
+def _checked(text: str, encoding: str) -> str:
+    """``text`` unless it looks binary (NULs or many control characters)."""
+    bad = len(_CONTROL.findall(text[:65536]))
+    if "\x00" in text or bad > max(2, len(text[:65536]) // 100):
+        raise DecodeError(
+            f"binary file (control characters in the text decoded as {encoding}); expected text"
+        )
+    return text
+
+
+def read_text_file(path: Path, location: str, issues: IssueLog) -> tuple[str, str] | None:
+    """``(decoded content, encoding)``, or ``None`` (issue recorded) if unreadable, binary or
+    empty. See :func:`decode_text` for how the encoding is chosen."""
     try:
         data = path.read_bytes()
     except OSError as exc:
         issues.add(location, f"cannot read file: {exc.strerror or exc}")
         return None
-    if b"\x00" in data[:8192]:
-        issues.add(location, "binary file (contains NUL bytes); expected UTF-8 text")
-        return None
     try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        issues.add(location, f"not UTF-8 text (invalid byte at offset {exc.start})")
+        text, encoding = decode_text(data)
+    except DecodeError as exc:
+        issues.add(location, str(exc))
         return None
     if not text.strip():
         issues.add(location, "empty file")
         return None
-    return text
+    if encoding != "utf-8":
+        LOG.info("%s: decoded as %s", location, encoding)
+    return text, encoding
 
 
 def load_file(path: Path, rel: str, issues: IssueLog) -> list[SourceDocument]:
     """Documents of one supported file (several for JSONL)."""
-    text = read_text_file(path, rel, issues)
-    if text is None:
-        return []
     suffix = path.suffix.lower()
     scope = f"file:{rel}"
+    if suffix in PDF_SUFFIXES:
+        return _load_pdf(path, rel, issues)
+    read = read_text_file(path, rel, issues)
+    if read is None:
+        return []
+    text, encoding = read
     if suffix in JSONL_SUFFIXES:
-        return _load_jsonl(text, rel, issues)
+        return _load_jsonl(text, rel, issues, encoding)
     if suffix in HTML_SUFFIXES:
         title, body = html_to_text(text)
         if not body.strip():
             issues.add(rel, "HTML file has no text")
             return []
-        return [SourceDocument(rel, body, rel, title or path.stem, {}, scope, "html")]
+        return [SourceDocument(rel, body, rel, title or path.stem, {}, scope, "html", encoding)]
     fmt = TEXT_SUFFIXES[suffix]
     title = _heading(text, fmt) or path.stem
-    return [SourceDocument(rel, text, rel, title, {}, scope, fmt)]
+    return [SourceDocument(rel, text, rel, title, {}, scope, fmt, encoding)]
+
+
+def _load_pdf(path: Path, rel: str, issues: IssueLog) -> list[SourceDocument]:
+    from nest_integrations.ingest.pdf import PdfError, extract_pdf
+
+    try:
+        pdf = extract_pdf(path)
+    except PdfError as exc:
+        issues.add(rel, str(exc))
+        return []
+    title = pdf.title or path.stem
+    return [
+        SourceDocument(
+            rel, pdf.text, rel, title, {}, f"file:{rel}", "pdf", page_starts=pdf.page_starts
+        )
+    ]
 
 
 def _heading(text: str, fmt: str) -> str | None:
@@ -202,7 +336,9 @@ def _heading(text: str, fmt: str) -> str | None:
     return None
 
 
-def _load_jsonl(text: str, rel: str, issues: IssueLog) -> list[SourceDocument]:
+def _load_jsonl(
+    text: str, rel: str, issues: IssueLog, encoding: str | None = None
+) -> list[SourceDocument]:
     docs: list[SourceDocument] = []
     seen: dict[str, int] = {}
     issues_before = len(issues.issues)
@@ -240,7 +376,9 @@ def _load_jsonl(text: str, rel: str, issues: IssueLog) -> list[SourceDocument]:
             continue
         seen[doc_id] = lineno
         title = str(meta.get("title") or (given if given is not None else "") or rel)
-        docs.append(SourceDocument(doc_id, body, rel, title, dict(meta), f"file:{rel}", "jsonl"))
+        docs.append(
+            SourceDocument(doc_id, body, rel, title, dict(meta), f"file:{rel}", "jsonl", encoding)
+        )
     if not docs and len(issues.issues) == issues_before:
         issues.add(rel, "no documents in JSONL file")
     return docs
@@ -401,7 +539,7 @@ def load_documents(
 
     Args:
         sources: paths (``str`` or ``PathLike``; files or folders, walked recursively) of
-            .txt/.md/.rst/.html/.htm/.jsonl files, and/or document objects (LangChain
+            .txt/.md/.rst/.html/.htm/.jsonl/.pdf files, and/or document objects (LangChain
             ``Document``, LlamaIndex nodes/``Document``, ``SourceDocument``).
         texts: raw strings, one document each (ids default to a hash of the text).
         ids: optional document ids for ``texts``.

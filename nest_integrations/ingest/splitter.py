@@ -140,13 +140,29 @@ def flatten_metadata(meta: dict[str, Any], prefix: str = "") -> dict[str, str | 
 def passage_metadata(
     doc: SourceDocument, index: int, start: int, end: int, n_tokens: int, pid: str
 ) -> dict[str, Any]:
-    """Stored metadata of one passage: the user's keys plus ours (the user's never overwritten)."""
+    """Stored metadata of one passage: the user's keys plus ours (the user's never overwritten,
+    except ``page``/``page_end``/``page_count`` of a PDF, which come from the passage's offsets).
+
+    Ours: ``source``, ``title``, ``source_format``, ``encoding`` (text files), ``page``,
+    ``page_end`` (only when the passage spans several pages) and ``page_count`` (PDFs), and the
+    reserved ``RESERVED_KEYS``."""
     meta: dict[str, Any] = {}
     for key, value in flatten_metadata(doc.metadata).items():
         meta[f"user_{key}" if key in RESERVED_KEYS else key] = value
     meta.setdefault("source", doc.source)
     meta.setdefault("title", doc.title)
     meta.setdefault("source_format", doc.source_format)
+    if doc.encoding is not None:
+        meta.setdefault("encoding", doc.encoding)
+    if doc.page_starts:  # PDF: the page(s) this passage spans, 1-based, from its offsets
+        from nest_integrations.ingest.pdf import pages_of_span
+
+        first, last = pages_of_span(doc.page_starts, start, end)
+        meta["page_count"] = len(doc.page_starts)
+        meta["page"] = first
+        meta.pop("page_end", None)
+        if last != first:
+            meta["page_end"] = last
     meta.update(
         doc_id=doc.doc_id,
         passage_id=pid,

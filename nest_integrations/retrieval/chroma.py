@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 from urllib.parse import urlsplit
@@ -40,6 +41,44 @@ class ChromaConnectionError(ConnectionError):
     """A Chroma server could not be reached."""
 
 
+class InvalidCollectionNameError(ValueError):
+    """A collection name that Chroma would refuse; the message states the rule."""
+
+
+#: Chroma's rule for collection names (chromadb 1.x validates it in Rust).
+COLLECTION_NAME_RULE = (
+    "3-512 characters from [a-zA-Z0-9._-], starting and ending with a letter or digit, "
+    "with no '..' and not an IPv4 address"
+)
+_NAME_RE = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9._-]{1,510}[a-zA-Z0-9]", re.ASCII)
+
+
+def validate_collection_name(name: Any) -> str:
+    """``name`` if Chroma accepts it as a collection name, else ``InvalidCollectionNameError``
+    naming the rule (checked before anything is created, so a bad name writes nothing)."""
+    if not isinstance(name, str):
+        raise InvalidCollectionNameError(
+            f"collection name must be a string, got {type(name).__name__}"
+        )
+    if not _NAME_RE.fullmatch(name) or ".." in name or _is_ipv4(name):
+        shown = repr(name) if len(name) <= 60 else f"{name[:40]!r}... ({len(name)} characters)"
+        raise InvalidCollectionNameError(
+            f"invalid collection name {shown}: a Chroma collection name has "
+            f"{COLLECTION_NAME_RULE} (e.g. 'my-docs')"
+        )
+    return name
+
+
+def _is_ipv4(name: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.IPv4Address(name)
+    except ValueError:
+        return False
+    return True
+
+
 class ChromaPassageStore:
     """A Chroma collection of NEST passages, read-only (implements ``PassageRetriever``).
 
@@ -54,7 +93,8 @@ class ChromaPassageStore:
 
     Args:
         client: a chromadb client (``PersistentClient``, ``HttpClient``, ...).
-        collection: collection name (3-512 chars of ``[a-zA-Z0-9._-]``).
+        collection: collection name (:data:`COLLECTION_NAME_RULE`; else
+            ``InvalidCollectionNameError``, a ``ValueError``).
         persist_dir: the store folder whose ``keys/`` holds token keys (default
             ``$NEST_HOME/store``; for a server, keys still live locally).
         embedding_function: default ``NestEmbeddingFunction()`` (packaged all-MiniLM-L6-v2).
@@ -71,7 +111,7 @@ class ChromaPassageStore:
         location: str | None = None,
     ) -> None:
         self.client = client
-        self.collection_name = collection
+        self.collection_name = validate_collection_name(collection)
         self.persist_dir = Path(persist_dir) if persist_dir is not None else None
         self.embedding_function = embedding_function or NestEmbeddingFunction()
         self.location = location or "the given Chroma client"
@@ -91,6 +131,7 @@ class ChromaPassageStore:
         ``$NEST_HOME/store/chroma``)."""
         import chromadb
 
+        validate_collection_name(collection)  # before the store folder is created
         root = Path(persist_dir) if persist_dir is not None else paths.default_persist_dir()
         folder = paths.chroma_dir(root)
         folder.mkdir(parents=True, exist_ok=True)
@@ -110,6 +151,7 @@ class ChromaPassageStore:
         ``http://localhost:8000``. Token keys stay in ``persist_dir``/keys on this machine."""
         import chromadb
 
+        validate_collection_name(collection)
         host, port, ssl = parse_chroma_url(url)
         try:
             client = chromadb.HttpClient(host=host, port=port, ssl=ssl, settings=_settings())
