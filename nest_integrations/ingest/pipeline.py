@@ -99,6 +99,9 @@ class IngestPipeline:
             process: ``"local"`` starts a Ray instance here, ``"auto"`` or ``"HOST:PORT"``
             joins that cluster; ``None`` (default) encodes in-process.
         ray_workers: Ray encoding actors (default: one per GPU of the cluster, else per CPU).
+        key_codec: how token keys are stored (``index.codecs``: ``"fp16"``, ``"fp32"``,
+            ``"int8"``, ``"pq"``, or a ``KeyCodec``); ``None`` (default) uses the key store's
+            recorded codec, fp16 for a new store. Another codec than the store's is refused.
     """
 
     def __init__(
@@ -111,8 +114,10 @@ class IngestPipeline:
         max_passage_tokens: int = MAX_PASSAGE_TOKENS,
         ray_address: str | None = None,
         ray_workers: int | None = None,
+        key_codec: Any = None,
     ) -> None:
         self.store = store
+        self.key_codec = key_codec
         self.lm = lm
         self.with_keys = with_keys
         self.token_count = token_count
@@ -212,7 +217,7 @@ class IngestPipeline:
         """The ``DiskKeyStore`` of the store's persist dir for this LM (loads it if needed)."""
         from nest_integrations.index.store import DiskKeyStore
 
-        return DiskKeyStore.open(self.store.keys_dir, self._lm())
+        return DiskKeyStore.open(self.store.keys_dir, self._lm(), codec=self.key_codec)
 
     # ----------------------------------------------------------------------------- internals
 
