@@ -115,6 +115,15 @@ def _ingest_args(p: argparse.ArgumentParser) -> None:
         help="encode token keys on Ray (needs the 'ray' extra): no ADDRESS starts a local Ray "
         "instance; HOST:PORT (from `ray start --head`) or 'auto' joins that cluster",
     )
+    p.add_argument(
+        "--key-codec",
+        choices=("fp16", "fp32", "int8", "pq"),
+        default=None,
+        help="how token keys are stored, chosen when the store is created: fp16 (default for "
+        "a new store; 2 bytes/dim), int8 (per-dimension scalar quantisation, half of fp16), pq "
+        "(FAISS product quantisation, d/8 bytes/key), fp32; default: the store's own codec. "
+        "With --no-keys it is only recorded",
+    )
     _store_args(p)
 
 
@@ -143,8 +152,13 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     _quiet_transformers()
     with_keys = not args.no_keys
     store = _open_store(args)  # connect first: fail fast, before the LM
-    lm = _load_lm() if with_keys else None
-    pipeline = IngestPipeline(store, lm, with_keys=with_keys, ray_address=ray_address)
+    codec = getattr(args, "key_codec", None)
+    lm = _load_lm() if with_keys or codec else None
+    pipeline = IngestPipeline(
+        store, lm, with_keys=with_keys, ray_address=ray_address, key_codec=codec
+    )
+    if codec and not with_keys:
+        pipeline.key_store().close()  # records the codec (refuses another one) before writing
     report = pipeline.ingest(inputs, strict=args.strict, progress=not args.json)
     if args.json:
         _out(json.dumps(report.to_dict(), indent=2))
@@ -214,6 +228,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 def key_store_stats(keys_dir: Path) -> list[dict[str, Any]]:
     """``stats()`` of every namespace of the key store at ``keys_dir``, without loading a model."""
+    from nest_integrations.index.codecs import load_codec
     from nest_integrations.index.store import DiskKeyStore, list_namespaces
 
     out = []
@@ -223,7 +238,10 @@ def key_store_stats(keys_dir: Path) -> list[dict[str, Any]]:
             fingerprint=ns["fingerprint"],
             key_source=ns["key_source"],
             key_dim=ns["key_dim"],
-            dtype=ns["dtype"],
+            codec=load_codec({**ns.get("codec", {}), "key_dim": ns["key_dim"]})
+            if isinstance(ns.get("codec"), dict)
+            else None,
+            dtype=None if isinstance(ns.get("codec"), dict) else ns["dtype"],
         ) as ks:
             out.append(ks.stats())
     return out
@@ -247,7 +265,16 @@ def _print_info(info: dict[str, Any], collection: str | None) -> None:
     for s in ks["namespaces"]:
         _out(
             f"  model       {s['fingerprint']} (key source {s['key_source']!r}, "
-            f"d={s['key_dim']}, {s['dtype']})"
+            f"d={s['key_dim']})"
+        )
+        codec = s.get("codec", s["dtype"])
+        detail = ", ".join(f"{k}={v}" for k, v in s.get("codec_params", {}).items()
+                           if k not in ("codec", "key_dim"))
+        _out(
+            f"  key codec   {codec}{f' ({detail})' if detail else ''}: "
+            f"{s.get('code_bytes', 0):,} bytes/key, decoded as {s['dtype']}"
+            + ("" if s.get("codec_fingerprint") or codec in ("fp16", "fp32")
+               else " (not trained yet)")
         )
         _out(f"  passages    {s['n_passages']:,} with keys, {s['n_tokens']:,} tokens")
         _out(
