@@ -327,6 +327,18 @@ class LazyKeyCache:
         for f in evicted:  # after the commit: no row points at them any more
             (self._data / f).unlink(missing_ok=True)
 
+    def as_stored(self, k: PassageKeys) -> PassageKeys:
+        """``k`` as a later ``get_keys`` returns it (through the codec; ``ensure_keys`` hands
+        this back for freshly encoded passages, so a cold query equals a warm one)."""
+        keys = np.asarray(k.keys)
+        if len(keys) and self.codec.needs_training:
+            keys = self.codec.decode(self.codec.encode(keys))
+        return PassageKeys(k.passage_id, keys.astype(self.dtype), k.token_ids, k.offsets)
+
+    def codec_ready(self) -> bool:
+        """Always: a trained codec's tables come from ``nest ingest`` (``train_lazy_codec``)."""
+        return True
+
     # -- maintenance ----------------------------------------------------------------------------
 
     def prune(self) -> dict[str, int]:
