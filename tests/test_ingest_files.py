@@ -135,18 +135,21 @@ def test_utf8_records_utf8_and_other_formats_decode_too(tmp_path: Path) -> None:
 
 
 def test_binary_garbage_is_named_and_skipped(tmp_path: Path) -> None:
-    """Random bytes (with and without NULs) and a broken UTF-16 BOM file are issues naming the
-    file; the good file next to them is ingested."""
+    """Random bytes (with and without NULs), a broken UTF-16 BOM file and a UTF-8 file with a
+    stray byte (any other encoding would read it as mojibake) are issues naming the file; the
+    good file next to them is ingested."""
     rng = random.Random(0)
     (tmp_path / "good.txt").write_text("fine text\n", encoding="utf-8")
     (tmp_path / "random.txt").write_bytes(rng.randbytes(4096))
     (tmp_path / "high.txt").write_bytes(bytes(rng.randrange(0x80, 0x100) for _ in range(600)))
     (tmp_path / "bad16.txt").write_bytes(b"\xff\xfe" + "odd".encode("utf-16-le") + b"\x00")
     (tmp_path / "elf.md").write_bytes(b"\x7fELF\x02\x01\x01" + bytes(64) + b"text" * 5)
+    (tmp_path / "stray.txt").write_bytes(("Le café.\n" * 20).encode() + b"stray \xe9 byte\n")
     docs, issues = load_documents([tmp_path])
     assert [d.doc_id for d in docs] == [f"{tmp_path.name}/good.txt"]
     by_file = {i.location.rsplit("/", 1)[-1]: i.message for i in issues}
-    assert sorted(by_file) == ["bad16.txt", "elf.md", "high.txt", "random.txt"]
+    assert sorted(by_file) == ["bad16.txt", "elf.md", "high.txt", "random.txt", "stray.txt"]
+    assert by_file["stray.txt"].startswith("not valid UTF-8 (invalid UTF-8 byte 0xe9 at offset 206;")
     assert by_file["bad16.txt"].startswith("starts with a utf-16-le byte-order mark but is not")
     for name in ("random.txt", "high.txt", "elf.md"):
         assert "binary file" in by_file[name], by_file[name]
@@ -295,6 +298,16 @@ def test_end_to_end_pdf_pages_reach_chroma_and_citations(
     )  # fmt: skip
     assert cite.metadata["page"] == 2
     assert sources[cite.doc_id][cite.source_start : cite.source_end] == cite.text
+    # ... and so do the framework objects made from citations.
+    from nest_integrations.integrations.langchain.retrievers import citations_to_documents
+    from nest_integrations.integrations.llama_index.retrievers import citation_nodes
+    from nest_integrations.types import NestResult, NestStats
+
+    (lc_doc,) = citations_to_documents([cite])
+    assert lc_doc.metadata["page"] == 2 and lc_doc.page_content == cite.text
+    result = NestResult(top.text, [], [cite], NestStats(), passages=[top])
+    (node,) = citation_nodes(result)
+    assert node.node.metadata["page"] == 2 and node.node.metadata["source_format"] == "pdf"
 
 
 NAMES = [

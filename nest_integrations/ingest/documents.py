@@ -207,13 +207,13 @@ def decode_text(data: bytes) -> tuple[str, str]:
                 ) from exc
     try:
         return _checked(data.decode("utf-8"), "utf-8"), "utf-8"
-    except UnicodeDecodeError:
-        pass
-    name = _detect(data)
+    except UnicodeDecodeError as exc:
+        utf8_error = f"invalid UTF-8 byte 0x{data[exc.start]:02x} at offset {exc.start}"
+    name = _detect(data, utf8_error)
     return _checked(data.decode(name), name), name
 
 
-def _detect(data: bytes) -> str:
+def _detect(data: bytes, utf8_error: str) -> str:
     from charset_normalizer import from_bytes
 
     best = from_bytes(data).best()
@@ -222,6 +222,15 @@ def _detect(data: bytes) -> str:
         if best is not None and codecs.lookup(best.encoding).name.startswith(("utf-16", "utf-32")):
             return codecs.lookup(best.encoding).name
         raise DecodeError("binary file (contains NUL bytes); expected text")
+    lossy = data.decode("utf-8", errors="replace")
+    bad = lossy.count("\ufffd")
+    good = sum(1 for ch in lossy if ord(ch) > 0x7F) - bad
+    if good >= max(1, bad):  # UTF-8 with a few broken bytes: any other reading is mojibake
+        raise DecodeError(
+            f"not valid UTF-8 ({utf8_error}; {bad} invalid byte sequence(s), while "
+            f"{good} non-ASCII characters are valid UTF-8); fix those bytes or re-save the "
+            "file as UTF-8"
+        )
     try:
         western = data.decode("cp1252")
     except UnicodeDecodeError:
@@ -232,7 +241,8 @@ def _detect(data: bytes) -> str:
             return "cp1252"
     if best is None:
         raise DecodeError(
-            "binary file or unknown text encoding (not UTF-8, and no encoding detected)"
+            f"binary file or unknown text encoding ({utf8_error}, and no other encoding "
+            "detected); convert it to UTF-8 first, e.g. `iconv -f ENCODING -t UTF-8`"
         )
     return codecs.lookup(best.encoding).name
 
