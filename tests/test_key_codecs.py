@@ -303,3 +303,37 @@ def test_fp16_engine_output_equals_the_old_store(tiny_lm, tmp_path: Path) -> Non
 def test_wanted_training_rows_are_known_for_trained_codecs() -> None:
     for name in ("int8", "pq"):
         assert codecs.MIN_TRAIN_ROWS[name] <= codecs.WANT_TRAIN_ROWS[name]
+
+
+def test_nest_info_names_each_namespace_codec(tmp_path: Path, capsys) -> None:
+    from nest_integrations.cli import _print_info, key_store_stats
+
+    lm = FakeLM(key_dim=32)
+    with DiskKeyStore.open(tmp_path, lm) as s:
+        ensure_keys(s, lm, _passages(5))
+    with DiskKeyStore.open(tmp_path, lm, codec="int8", allow_new_namespace=True) as s:
+        ensure_keys(s, lm, _passages(10))
+    stats = key_store_stats(tmp_path)
+    assert sorted((s["codec"], s["code_bytes"], s["n_passages"]) for s in stats) == [
+        ("fp16", 64, 5), ("int8", 32, 10)]
+    _print_info({"chroma": "x", "collections": {},
+                 "key_store": {"path": str(tmp_path), "namespaces": stats}}, None)
+    out = capsys.readouterr().out
+    assert "key codec   fp16: 64 bytes/key" in out
+    assert "key codec   int8 (margin=0.02): 32 bytes/key, decoded as float32" in out
+
+
+@pytest.mark.slow
+def test_real_model_pq_store_copies_with_exact_citations(default_lm, tmp_path: Path) -> None:
+    """SmolLM2-135M over a pq store (72 bytes/key) trained on the sample corpus still copies a
+    quoted passage verbatim, and every citation is an exact slice."""
+    corpus = _training_corpus()[:14]  # > 2,048 tokens
+    with DiskKeyStore.open(tmp_path, default_lm, codec="pq") as s:
+        ensure_keys(s, default_lm, corpus)
+        assert s.codec.code_size == default_lm.key_dim // 8
+        engine = NestEngine(default_lm, key_store=s)
+        passages = [_p(PASSAGE_TEXT, "rome"), _p(UNRELATED_TEXT, "bio")]
+        res = engine.generate(PASSAGE_TEXT[:60], max_new_tokens=30, passages=passages)
+    assert res.citations, res.text
+    assert max(c.n_tokens for c in res.citations) >= 8
+    cited_text_matches_source(res, {"rome": PASSAGE_TEXT, "bio": UNRELATED_TEXT})
