@@ -309,6 +309,16 @@ def test_end_to_end_pdf_pages_reach_chroma_and_citations(
     (node,) = citation_nodes(result)
     assert node.node.metadata["page"] == 2 and node.node.metadata["source_format"] == "pdf"
 
+    # Re-ingest: unchanged files add nothing; a PDF that became corrupt is reported and its
+    # stored passages are kept (bad input never deletes data).
+    stored = {p.id for p in store.iter_passages()}
+    good = mixed_folder / "good.pdf"
+    good.write_bytes(good.read_bytes()[:200])
+    again = pipe.ingest([mixed_folder])
+    assert (again.added, again.removed) == (0, 0)
+    assert "docs/good.pdf" in {i.location for i in again.issues}
+    assert {p.id for p in store.iter_passages()} == stored
+
 
 NAMES = [
     "a b", "x", "ab", "a" * 513, "_abc", "abc-", "a..b", "1.2.3.4", "héllo", "tab\tname",
