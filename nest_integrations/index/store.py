@@ -693,7 +693,8 @@ def _needs_training(store: Any) -> bool:
     codec = getattr(store, "codec", None)
     if codec is None or not getattr(codec, "needs_training", False):
         return False
-    return not store.codec_ready()
+    ready = getattr(store, "codec_ready", None)
+    return not (ready() if callable(ready) else codec.trained)
 
 
 def read_store_manifest(path: str | os.PathLike[str]) -> dict[str, Any] | None:
