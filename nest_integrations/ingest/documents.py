@@ -255,16 +255,22 @@ def _mess(text: str) -> float:
     return float(mess_ratio(text, 1.0))
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1a\x1c-\x1f\x7f]")
 
 
 def _checked(text: str, encoding: str) -> str:
-    """``text`` unless it looks binary (NULs or many control characters)."""
-    bad = len(_CONTROL.findall(text[:65536]))
-    if "\x00" in text or bad > max(2, len(text[:65536]) // 100):
-        raise DecodeError(
-            f"binary file (control characters in the text decoded as {encoding}); expected text"
-        )
+    """``text`` unless it looks binary: a NUL character, or (text decoded with a detected or
+    BOM-given encoding, not plain UTF-8) control characters in more than 1% of the first 64K
+    characters. ESC is allowed (ANSI colours in logs)."""
+    if "\x00" in text:
+        raise DecodeError(f"binary file (NUL characters in the text decoded as {encoding})")
+    if encoding != "utf-8":
+        head = text[:65536]
+        if len(_CONTROL.findall(head)) > max(2, len(head) // 100):
+            raise DecodeError(
+                f"binary file (control characters in the text decoded as {encoding}); "
+                "expected text"
+            )
     return text
 
 
