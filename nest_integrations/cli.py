@@ -124,7 +124,40 @@ def _ingest_args(p: argparse.ArgumentParser) -> None:
         "(FAISS product quantisation, d/8 bytes/key), fp32; default: the store's own codec. "
         "With --no-keys it is only recorded",
     )
+    p.add_argument(
+        "--keys",
+        choices=("eager", "lazy"),
+        default=None,
+        help="eager: encode every passage's token keys now (default for a new store); lazy: "
+        "encode none now, only the passages a query retrieves, at query time, kept in an "
+        "on-disk LRU cache capped by --key-cache-size (with --key-codec int8/pq the codec is "
+        "trained now on a sample); default: the store's recorded mode. Eager keys already "
+        "stored are still read in lazy mode",
+    )
+    p.add_argument(
+        "--key-cache-size",
+        metavar="SIZE",
+        default=None,
+        help="byte cap of the lazy key cache, e.g. 2GB, 500MB, 1.5GiB (default: the recorded "
+        "cap, 2GB for a new one); least recently used passages' keys are evicted beyond it",
+    )
     _store_args(p)
+
+
+def _lazy_keys(args: argparse.Namespace, store: Any) -> bool:
+    """Whether this ingest leaves the persist dir in lazy key mode (``--keys lazy``, or a lazy
+    dir without ``--keys``); checks ``--key-cache-size``."""
+    from nest_integrations.index.lazy_cache import parse_size, read_mode
+
+    lazy = args.keys == "lazy" or (args.keys is None and read_mode(store.keys_dir) is not None)
+    if args.key_cache_size is not None:
+        if not lazy:
+            raise UsageError("--key-cache-size applies to lazy keys only: add --keys lazy")
+        try:
+            args.key_cache_size = parse_size(args.key_cache_size)
+        except ValueError as exc:
+            raise UsageError(f"--key-cache-size: {exc}") from None
+    return lazy
 
 
 def _ray_address(args: argparse.Namespace) -> str | None:
@@ -153,11 +186,15 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     with_keys = not args.no_keys
     store = _open_store(args)  # connect first: fail fast, before the LM
     codec = getattr(args, "key_codec", None)
-    lm = _load_lm() if with_keys or codec else None
+    lazy = _lazy_keys(args, store)
+    if lazy:
+        with_keys = False  # keys are encoded at query time (a trained codec needs the LM now)
+    lm = _load_lm() if with_keys or (codec and not lazy) or codec in ("int8", "pq") else None
     pipeline = IngestPipeline(
-        store, lm, with_keys=with_keys, ray_address=ray_address, key_codec=codec
-    )
-    if codec and not with_keys:
+        store, lm, with_keys=with_keys, ray_address=ray_address, key_codec=codec,
+        keys=args.keys, key_cache_size=args.key_cache_size,
+    )  # fmt: skip
+    if codec and not with_keys and not lazy:
         pipeline.key_store().close()  # records the codec (refuses another one) before writing
     report = pipeline.ingest(inputs, strict=args.strict, progress=not args.json)
     if args.json:
@@ -175,6 +212,8 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         )
         if report.keys_encoder == "ray":
             keys += f" on Ray ({report.key_workers} workers)"
+        if report.keys_mode == "lazy":
+            keys = "lazy: encoded when a query retrieves them (cache: `nest info`)"
         _out(f"  token keys  {keys}")
         _out(f"  time        {report.seconds:.1f} s")
     if report.issues:
@@ -212,6 +251,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
         info["collection"] = store.stats()
     keys_dir = store.keys_dir
     info["key_store"] = {"path": str(keys_dir), "namespaces": key_store_stats(keys_dir)}
+    from nest_integrations.index.lazy_cache import lazy_cache_stats
+
+    info["key_store"]["mode"] = "eager"
+    lazy = lazy_cache_stats(keys_dir)
+    if lazy is not None:
+        info["key_store"].update(mode="lazy", lazy=lazy)
     if args.json:
         _out(json.dumps(info, indent=2, default=str))
     else:
@@ -260,6 +305,8 @@ def _print_info(info: dict[str, Any], collection: str | None) -> None:
         )
     ks = info["key_store"]
     _out(f"Key store:    {ks['path']} (shared by the collections of this persist dir)")
+    if ks.get("mode") == "lazy":
+        _print_lazy_info(ks["lazy"])
     if not ks["namespaces"]:
         _out("  (empty: keys are computed by `nest ingest` or on first use)")
     for s in ks["namespaces"]:
@@ -280,6 +327,19 @@ def _print_info(info: dict[str, Any], collection: str | None) -> None:
         _out(
             f"  size        {s['bytes_on_disk'] / 1e6:,.1f} MB, "
             f"{s['bytes_per_token']:,.1f} bytes/token"
+        )
+
+
+def _print_lazy_info(lazy: dict[str, Any]) -> None:
+    _out(
+        f"  mode        lazy (keys encoded at query time), cap {lazy['max_bytes'] / 1e6:,.1f} MB, "
+        f"codec {lazy['codec']}"
+    )
+    for s in lazy["namespaces"]:
+        _out(f"  cache       {s['fingerprint']} (key source {s['key_source']!r}, {s['codec']})")
+        _out(
+            f"  used        {s['bytes_used'] / 1e6:,.1f} MB of {lazy['max_bytes'] / 1e6:,.1f} MB"
+            f", {s['n_entries']:,} passages, {s['n_tokens']:,} tokens"
         )
 
 

@@ -683,8 +683,13 @@ def _eager_source(keys_dir: str | os.PathLike[str], lm: Any) -> Any:
         if (ns["fingerprint"], ns["key_source"], ns["key_dim"]) == (
             lm.fingerprint, lm.key_source, lm.key_dim
         ):
+            try:
+                source = DiskKeyStore.open(keys_dir, lm, allow_new_namespace=True)
+            except (KeyStoreMismatchError, ValueError, OSError) as exc:
+                LOG.warning("eager key store at %s cannot be read (%s): not used", keys_dir, exc)
+                return None
             LOG.info("lazy keys read through the eager key store at %s", keys_dir)
-            return DiskKeyStore.open(keys_dir, lm)
+            return source
     return None
 
 

@@ -58,6 +58,9 @@ class IngestReport:
     keys_encoder: str = ""
     #: encoding workers (Ray actors; 1 in-process; 0 when Ray had nothing to encode)
     key_workers: int = 0
+    #: the persist dir's key mode after this run: "eager" or "lazy" (``--keys lazy``: keys are
+    #: encoded at query time into an LRU cache, ``index.lazy_cache``)
+    keys_mode: str = "eager"
     issues: list[IngestIssue] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -102,6 +105,12 @@ class IngestPipeline:
         key_codec: how token keys are stored (``index.codecs``: ``"fp16"``, ``"fp32"``,
             ``"int8"``, ``"pq"``, or a ``KeyCodec``); ``None`` (default) uses the key store's
             recorded codec, fp16 for a new store. Another codec than the store's is refused.
+        keys: ``"lazy"`` records lazy key mode for the persist dir (no keys encoded at ingest;
+            ``index.lazy_cache``: encoded at query time into an LRU cache of
+            ``key_cache_size``, with ``key_codec``'s name, fp16 by default); ``"eager"`` switches
+            a lazy dir back; ``None`` (default) keeps the recorded mode.
+        key_cache_size: the lazy cache's byte cap (an int or ``"2GB"``); None keeps the
+            recorded cap (``lazy_cache.DEFAULT_MAX_BYTES`` for a new one).
     """
 
     def __init__(
@@ -115,8 +124,14 @@ class IngestPipeline:
         ray_address: str | None = None,
         ray_workers: int | None = None,
         key_codec: Any = None,
+        keys: str | None = None,
+        key_cache_size: int | str | None = None,
     ) -> None:
+        if keys not in (None, "eager", "lazy"):
+            raise ValueError(f"keys={keys!r} is invalid: allowed 'eager', 'lazy' or None")
         self.store = store
+        self.keys = keys
+        self.key_cache_size = key_cache_size
         self.key_codec = key_codec
         self.lm = lm
         self.with_keys = with_keys
@@ -156,12 +171,15 @@ class IngestPipeline:
         report = IngestReport(self.store.collection_name, self.store.location, issues=issues)
         report.documents = len(docs)
         keys = self.with_keys if with_keys is None else with_keys
+        lazy = self.key_mode() == "lazy"
+        keys = keys and not lazy  # lazy mode: keys are encoded at query time
         passages = split_documents(
             docs, self._token_counter(keys), self.max_passage_tokens, progress
         )
         report.passages = len(passages)
         report.tokens = sum(int(p.metadata.get("n_tokens", 0)) for p in passages)
         if docs:
+            report.keys_mode = self._apply_key_mode(lazy, passages)
             if keys:
                 self.key_store().close()  # refuse a key store of another model before writing
             report.added, report.unchanged = self._write(passages, progress)
@@ -192,7 +210,7 @@ class IngestPipeline:
             )
             prepared.append(dataclasses.replace(p, metadata=meta))
         added, unchanged = self._write(prepared, progress)
-        if self.with_keys if with_keys is None else with_keys:
+        if (self.with_keys if with_keys is None else with_keys) and self.key_mode() == "eager":
             self._fill_keys(prepared, progress)
         return added, unchanged
 
@@ -212,6 +230,31 @@ class IngestPipeline:
         """Drop the collection (token keys are shared by content and stay)."""
         self.store.client.delete_collection(self.store.collection_name)
         self.store.reopen()
+
+    def key_mode(self) -> str:
+        """``"lazy"`` or ``"eager"``: the requested mode, else the persist dir's recorded one."""
+        from nest_integrations.index.lazy_cache import read_mode
+
+        if self.keys is not None:
+            return self.keys
+        return "lazy" if read_mode(self.store.keys_dir) is not None else "eager"
+
+    def _apply_key_mode(self, lazy: bool, passages: Sequence[Passage]) -> str:
+        """Record the key mode in the persist dir (lazy: cap, codec; a trained codec is trained
+        on a sample of ``passages``); an explicit ``keys="eager"`` switches a lazy dir back."""
+        from nest_integrations.index import lazy_cache
+
+        if not lazy:
+            if self.keys == "eager":
+                lazy_cache.set_eager_mode(self.store.keys_dir)
+            return "eager"
+        codec = getattr(self.key_codec, "name", self.key_codec)
+        record = lazy_cache.configure_lazy(
+            self.store.keys_dir, max_bytes=self.key_cache_size, codec=codec
+        )
+        lazy_cache.train_lazy_codec(self.store.keys_dir, self._lm, record["codec"], passages)
+        lazy_cache.prune_all(self.store.keys_dir)  # a lowered cap applies now
+        return "lazy"
 
     def key_store(self) -> Any:
         """The ``DiskKeyStore`` of the store's persist dir for this LM (loads it if needed)."""
