@@ -144,8 +144,8 @@ def passage_metadata(
     except ``page``/``page_end``/``page_count`` of a PDF, which come from the passage's offsets).
 
     Ours: ``source``, ``title``, ``source_format``, ``encoding`` (text files), ``page``,
-    ``page_end`` (only when the passage spans several pages) and ``page_count`` (PDFs), and the
-    reserved ``RESERVED_KEYS``."""
+    ``page_end`` (only for a span across pages, which ``split_document`` never makes) and
+    ``page_count`` (PDFs), and the reserved ``RESERVED_KEYS``."""
     meta: dict[str, Any] = {}
     for key, value in flatten_metadata(doc.metadata).items():
         meta[f"user_{key}" if key in RESERVED_KEYS else key] = value
@@ -178,9 +178,24 @@ def passage_metadata(
 def split_document(
     doc: SourceDocument, token_count: TokenCounter, max_tokens: int = MAX_PASSAGE_TOKENS
 ) -> list[Passage]:
-    """The passages of ``doc``, with ids, offsets and metadata."""
+    """The passages of ``doc``, with ids, offsets and metadata.
+
+    A PDF (``doc.page_starts`` set) is split page by page: no passage crosses a page break, so
+    every passage, and every citation of it, lies on exactly one page (``metadata["page"]``).
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if doc.page_starts:
+        bounds = [*doc.page_starts[1:], len(doc.text)]
+        spans = [
+            span
+            for lo, hi in zip(doc.page_starts, bounds, strict=True)
+            for span in _split(doc.text, lo, hi, 0, token_count, max_tokens)
+        ]
+    else:
+        spans = split_text(doc.text, token_count, max_tokens)
     passages = []
-    for i, (start, end) in enumerate(split_text(doc.text, token_count, max_tokens)):
+    for i, (start, end) in enumerate(spans):
         text = doc.text[start:end]
         pid = passage_id(doc.doc_id, start, text)
         meta = passage_metadata(doc, i, start, end, token_count(text), pid)
