@@ -39,6 +39,7 @@ import logging
 import os
 import socket
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -56,6 +57,7 @@ MAX_RESTARTS = 4
 MAX_TASK_RETRIES = 4
 #: Object store of an in-process local instance (bytes); key rows are small and streamed.
 LOCAL_OBJECT_STORE_BYTES = 500 * 1024 * 1024
+_MAX_BLOCKS = 4096  # dataset blocks (a block is about two batches)
 _CHECK_CHUNK = 512  # passages per get_keys call when listing missing / verifying
 
 
@@ -238,6 +240,11 @@ def encode_keys_on_ray(
         LOG.info("ray keys: every passage already has keys; Ray not started")
         return result
     spec = ModelSpec.of(lm, hold_dir=str(hold_dir) if hold_dir else None)
+    if _train_codec(store, lm, list(todo.values())):  # int8/pq: trained here, on a sample
+        todo = _missing(store, passages)
+        if not todo:
+            result.encoded = len(store)
+            return result
     before = len(store)
     with _ray_session(address) as ray:
         resources = ray.cluster_resources()
@@ -297,18 +304,27 @@ def _run(
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # ours is the one that counts merged passages
     ctx.print_on_execution_start = False
-    blocks = max(1, min(len(rows), n * 4, -(-len(rows) // batch_size)))
+    # Blocks of about two batches, at least two per actor (every actor gets work; the bar
+    # moves), at most _MAX_BLOCKS; an actor holds one block running and one queued.
+    blocks = min(_MAX_BLOCKS, max(min(len(rows), 2 * n), -(-len(rows) // (2 * batch_size))))
     ds = ray.data.from_items(rows, override_num_blocks=blocks)
-    encoded = ds.map_batches(
-        KeyEncoder,
+    args: dict[str, Any] = dict(
         fn_constructor_kwargs={"spec": spec, "dtype": store.dtype.name},
         batch_size=batch_size,
         batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(size=n),
-        max_restarts=MAX_RESTARTS,
-        max_task_retries=MAX_TASK_RETRIES,
+        compute=ray.data.ActorPoolStrategy(size=n, max_tasks_in_flight_per_actor=2),
         **per_actor,
     )
+    # Bounded fault tolerance: a dead actor is restarted and its batch retried, a few times
+    # (Ray Data's own default retries forever, which never ends on a batch that always kills its
+    # worker, e.g. out of memory). Ray 2.60 takes these as (deprecated) remote args only.
+    retries = {"max_restarts": MAX_RESTARTS, "max_task_retries": MAX_TASK_RETRIES}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
+        try:
+            encoded = ds.map_batches(KeyEncoder, **args, **retries)
+        except TypeError:  # a Ray that no longer takes them: its defaults (retry forever) apply
+            encoded = ds.map_batches(KeyEncoder, **args)
     tokens = 0
     dtype, key_dim = store.dtype, store.key_dim
     with tqdm(total=len(rows), desc="token keys (ray)", unit="passage", disable=not progress) as bar:
@@ -350,6 +366,15 @@ def _missing(store: Any, passages: Sequence[Passage]) -> dict[str, Passage]:
             if k is None:
                 todo[h] = p
     return todo
+
+
+def _train_codec(store: Any, lm: Any, todo: list[Passage]) -> bool:
+    """Train the store's codec (int8, pq) in the driver when it needs it (those sample passages
+    are then stored); True when it did. Stores without codecs need nothing."""
+    from nest_integrations.index import store as store_module
+
+    train = getattr(store_module, "train_codec", None)
+    return bool(train(store, lm, todo)) if train is not None else False
 
 
 def _verify(store: Any, passages: Sequence[Passage]) -> None:
@@ -403,7 +428,7 @@ def _ray_session(address: str | None) -> Iterator[Any]:
     }
     if address in (None, "", "local"):
         LOG.info("ray keys: starting a local Ray instance")
-        ray.init(object_store_memory=LOCAL_OBJECT_STORE_BYTES, **common)
+        ray.init(address="local", object_store_memory=LOCAL_OBJECT_STORE_BYTES, **common)
     else:
         _check_reachable(address)
         try:
