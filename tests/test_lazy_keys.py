@@ -355,6 +355,13 @@ def test_cli_ingest_lazy_encodes_nothing_and_info_shows_the_cache(
     assert info["lazy"]["namespaces"][0]["n_entries"] == len(passages) >= 1
     assert cli.main(["info", *store]) == 0
     assert "lazy (keys encoded at query time), cap 2.0 MB" in capsys.readouterr().out
+    assert cli.main(["ingest", str(notes), *store, "--key-cache-size", "10B"]) == 0
+    assert lazy_cache_stats(keys)["namespaces"][0]["bytes_used"] == 0  # a lower cap applies now
+    monkeypatch.setattr(assembly, "shared_model", lambda *a, **k: lm)
+    assert cli.main(["ingest", str(notes), *store, "--keys", "eager"]) == 0  # lazy -> eager
+    assert read_mode(keys) is None and "passages newly encoded" in capsys.readouterr().out
+    with assembly.open_key_store(tmp_path / "store", lm) as eager:
+        assert isinstance(eager, DiskKeyStore) and len(eager) == len(passages)
 
 
 PASSAGES = [
