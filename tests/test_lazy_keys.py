@@ -292,18 +292,21 @@ def test_mode_record_open_key_store_and_read_through(tmp_path: Path, lm: FakeLM)
         assert isinstance(eager, DiskKeyStore)
 
 
-def test_int8_codec_is_trained_at_ingest_and_cold_equals_warm(tmp_path: Path, lm: FakeLM) -> None:
-    """A lazy int8 cache needs tables trained on a sample first; then a cold read (freshly
-    encoded) equals a warm one (decoded from disk), at 1 byte per dimension."""
+@pytest.mark.parametrize("name", ["int8", "pq"])
+def test_trained_codec_comes_from_ingest_and_cold_equals_warm(
+    tmp_path: Path, lm: FakeLM, name: str
+) -> None:
+    """A lazy int8/pq cache needs tables trained on a sample first; then a cold read (freshly
+    encoded) equals a warm one (decoded from disk), at the codec's bytes per key."""
     from nest_integrations.index.lazy_cache import train_lazy_codec
 
     keys = tmp_path / "keys"
-    configure_lazy(keys, max_bytes="1MB", codec="int8")
+    configure_lazy(keys, max_bytes="1MB", codec=name)
     with pytest.raises(ValueError, match="no trained tables"):
         LazyKeyCache.open(keys, lm)
-    sample = [four_token(i) for i in range(50)]  # the corpus the cache will see
-    codec = train_lazy_codec(keys, lm, "int8", sample)
-    assert codec.trained and train_lazy_codec(keys, lm, "int8", sample[:3]).fingerprint() == \
+    sample = [four_token(i) for i in range(80)]  # the corpus the cache will see
+    codec = train_lazy_codec(keys, lm, name, sample)
+    assert codec.trained and train_lazy_codec(keys, lm, name, sample[:3]).fingerprint() == \
         codec.fingerprint()  # tables are kept, not retrained  # fmt: skip
     ps = [four_token(i) for i in range(3)]
     with LazyKeyCache.open(keys, lm) as cache:
@@ -312,8 +315,31 @@ def test_int8_codec_is_trained_at_ingest_and_cold_equals_warm(tmp_path: Path, lm
         for c, w, p in zip(cold, warm, ps):
             np.testing.assert_array_equal(c.keys, w.keys)
             exact = lm.encode_passages([lm.tokenize_with_offsets(p.text)[0]])[0]
-            assert np.abs(w.keys - exact).max() < 0.05 * np.ptp(exact)  # lossy but close
-        assert cache.stats()["bytes_used"] == 3 * (20 + 4 * (D + 12))
+            if name == "int8":
+                assert np.abs(w.keys - exact).max() < 0.05 * np.ptp(exact)  # lossy but close
+        assert cache.stats()["bytes_used"] == 3 * (20 + 4 * (codec.code_size + 12))
+        assert codec.code_size == {"int8": D, "pq": D // 8}[name]
+
+
+def test_threads_share_one_cache(tmp_path: Path, lm: FakeLM) -> None:
+    """Four threads encode and read through one cache object: reads exact, cap kept."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ps = [four_token(i) for i in range(30)]
+    with open_cache(tmp_path, lm, 10 * ENTRY) as cache:
+
+        def work(seed: int) -> None:
+            rng = np.random.default_rng(seed)
+            for _ in range(40):
+                chosen = [ps[j] for j in rng.choice(len(ps), size=3, replace=False)]
+                for p, k in zip(chosen, ensure_keys(cache, lm, chosen)):
+                    assert k.passage_id == p.id
+                    assert k.token_ids.tolist() == list(lm.tokenize_with_offsets(p.text)[0])
+                assert cache.stats()["bytes_used"] <= 10 * ENTRY
+
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(work, range(4)))
+        assert len(cache) == 10 and cache.prune()["orphan_files"] == 0
 
 
 def test_parse_size() -> None:
