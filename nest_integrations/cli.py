@@ -307,7 +307,7 @@ def _print_info(info: dict[str, Any], collection: str | None) -> None:
     _out(f"Key store:    {ks['path']} (shared by the collections of this persist dir)")
     if ks.get("mode") == "lazy":
         _print_lazy_info(ks["lazy"])
-    if not ks["namespaces"]:
+    if not ks["namespaces"] and ks.get("mode") != "lazy":
         _out("  (empty: keys are computed by `nest ingest` or on first use)")
     for s in ks["namespaces"]:
         _out(
