@@ -57,6 +57,8 @@ def source_lines(result: NestResult, width: int = 100, min_tokens: int = 2) -> l
                 if c.source_start is not None
                 else f"chars {c.passage_start}-{c.passage_end} of the passage"
             )
+            if c.metadata.get("page") is not None:
+                loc = f"page {c.metadata['page']}, {loc}"
             text = " ".join(c.text.split())
             if len(text) > width:
                 text = text[: width - 3] + "..."

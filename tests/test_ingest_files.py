@@ -308,6 +308,14 @@ def test_end_to_end_pdf_pages_reach_chroma_and_citations(
     result = NestResult(top.text, [], [cite], NestStats(), passages=[top])
     (node,) = citation_nodes(result)
     assert node.node.metadata["page"] == 2 and node.node.metadata["source_format"] == "pdf"
+    # ... the CLI's source list, the frameworks' citation extras and the server's annotation.
+    from nest_integrations.formatting import source_lines
+    from nest_integrations.integrations._common import citation_extras
+    from nest_integrations.server.protocol import annotation
+
+    assert "page 2, chars" in "\n".join(source_lines(result, min_tokens=1))
+    assert citation_extras(cite)["page"] == 2
+    assert annotation(cite)["url_citation"]["page"] == 2
 
     # Re-ingest: unchanged files add nothing; a PDF that became corrupt is reported and its
     # stored passages are kept (bad input never deletes data).

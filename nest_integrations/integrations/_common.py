@@ -57,6 +57,7 @@ def citation_extras(c: Citation) -> dict[str, Any]:
         "n_tokens": c.n_tokens,
         "kind": c.kind,
         "copied": c.kind == "copy",
+        **({"page": c.metadata["page"]} if c.metadata.get("page") is not None else {}),
     }
 
 

@@ -321,6 +321,7 @@ def annotation(c: Citation) -> dict[str, Any]:
             "passage_end": c.passage_end,
             "n_tokens": c.n_tokens,
             "kind": getattr(c, "kind", "copy"),
+            **({"page": meta["page"]} if meta.get("page") is not None else {}),
         },
     }
 
