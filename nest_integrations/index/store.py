@@ -216,8 +216,9 @@ class DiskKeyStore:
                 if _codec_id(want) != _codec_id(recorded):
                     raise KeyStoreMismatchError(
                         f"key store at {path} holds {_describe(recorded)} keys, but "
-                        f"{_describe(want)} was asked for; open it without a codec (it uses "
-                        f"{recorded['codec']}), or ingest into a new persist dir with "
+                        f"{_describe(want)} was asked for; open it without a codec (drop "
+                        f"--key-codec: it uses {recorded['codec']}), or ingest into a new "
+                        "persist dir with "
                         f"`nest ingest ... --key-codec {want['codec']}`"
                     )
         return cls(
