@@ -201,7 +201,8 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         _out(json.dumps(report.to_dict(), indent=2))
     else:
         _out(f"Ingested into collection {report.collection!r} ({report.location})")
-        _out(f"  documents   {report.documents:,}")
+        formats = ", ".join(f"{v} {k}" for k, v in report.formats.items())
+        _out(f"  documents   {report.documents:,}" + (f": {formats}" if formats else ""))
         _out(
             f"  passages    {report.passages:,} ({report.added:,} added, "
             f"{report.unchanged:,} unchanged, {report.removed:,} removed)"

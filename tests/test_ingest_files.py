@@ -276,6 +276,7 @@ def test_end_to_end_pdf_pages_reach_chroma_and_citations(
     report = pipe.ingest([mixed_folder])
     assert report.documents == 4 and len(report.issues) == 5
     assert report.added == report.passages == store.count()
+    assert report.formats["pdf"] == "2 (3 pages)" and "1 cp1252" in report.formats["text"]
     docs, _ = load_documents([mixed_folder])
     sources = {d.doc_id: d.text for d in docs}
 

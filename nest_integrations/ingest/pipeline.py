@@ -61,6 +61,9 @@ class IngestReport:
     #: the persist dir's key mode after this run: "eager" or "lazy" (``--keys lazy``: keys are
     #: encoded at query time into an LRU cache, ``index.lazy_cache``)
     keys_mode: str = "eager"
+    #: what was read, e.g. ``{"pdf": "1 (2 pages)", "text": "2 (1 cp1252)"}``: a wrong
+    #: encoding guess or a PDF with missing pages shows here
+    formats: dict[str, str] = field(default_factory=dict)
     issues: list[IngestIssue] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -170,6 +173,7 @@ class IngestPipeline:
         )
         report = IngestReport(self.store.collection_name, self.store.location, issues=issues)
         report.documents = len(docs)
+        report.formats = describe_formats(docs)
         keys = self.with_keys if with_keys is None else with_keys
         lazy = self.key_mode() == "lazy"
         keys = keys and not lazy  # lazy mode: keys are encoded at query time
@@ -367,6 +371,26 @@ class IngestPipeline:
             LOG.info("loading the default language model for token keys")
             self.lm = assembly.shared_model()
         return self.lm
+
+
+def describe_formats(docs: Sequence[Any]) -> dict[str, str]:
+    """Documents per source format, with PDF page totals and the non-UTF-8 encodings used."""
+    by: dict[str, list[Any]] = {}
+    for d in docs:
+        by.setdefault(d.source_format, []).append(d)
+    out: dict[str, str] = {}
+    for fmt, group in sorted(by.items()):
+        notes = []
+        pages = sum(d.page_count or 0 for d in group)
+        if pages:
+            notes.append(f"{pages:,} pages")
+        encodings: dict[str, int] = {}
+        for d in group:
+            if d.encoding and d.encoding not in ("utf-8", "ascii"):
+                encodings[d.encoding] = encodings.get(d.encoding, 0) + 1
+        notes += [f"{n:,} {e}" for e, n in sorted(encodings.items())]
+        out[fmt] = f"{len(group):,}" + (f" ({', '.join(notes)})" if notes else "")
+    return out
 
 
 def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
