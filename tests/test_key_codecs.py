@@ -337,3 +337,27 @@ def test_real_model_pq_store_copies_with_exact_citations(default_lm, tmp_path: P
     assert res.citations, res.text
     assert max(c.n_tokens for c in res.citations) >= 8
     cited_text_matches_source(res, {"rome": PASSAGE_TEXT, "bio": UNRELATED_TEXT})
+
+
+@pytest.mark.parametrize("with_keys", [True, False])
+def test_ingest_pipeline_trains_the_codec_on_a_sample_of_the_corpus(
+    tiny_lm, tmp_path: Path, with_keys: bool
+) -> None:
+    """`nest ingest --key-codec int8` (with keys, or --no-keys) trains the tables during ingest on
+    a shuffled sample of the corpus (not the shortest passages, not the first query's), records
+    the codec, and later opens without naming it."""
+    from nest_integrations.ingest.pipeline import IngestPipeline
+    from nest_integrations.retrieval.chroma import ChromaPassageStore
+
+    texts = [p.text for p in _training_corpus()]
+    store = ChromaPassageStore.from_persist_dir(tmp_path / "store", "codec")
+    pipe = IngestPipeline(store, tiny_lm, with_keys=with_keys, key_codec="int8")
+    report = pipe.ingest(texts=texts, ids=[f"t{i}" for i in range(len(texts))])
+    assert report.passages >= len(texts)
+    with DiskKeyStore.open(store.keys_dir, tiny_lm) as s:  # no codec named: the recorded one
+        assert s.codec.name == "int8" and s.codec_ready()
+        stored = len(s)
+    if with_keys:
+        assert stored == report.keys_added == report.passages
+    else:  # the training sample was encoded (here the whole small corpus is that sample)
+        assert 0 < stored <= report.passages and report.keys_added == 0

@@ -193,6 +193,11 @@ class IngestPipeline:
             if keys:
                 report.keys_added = self._fill_keys(passages, progress)
                 report.keys_encoder, report.key_workers = self._key_run
+            elif not lazy and getattr(self.key_codec, "name", self.key_codec) in ("int8", "pq"):
+                # --no-keys with a trained codec: train it now on a sample of the corpus, so
+                # that the first query does not train it on just the passages it retrieved.
+                with self.key_store() as store:
+                    self._train_codec(store, passages)
         report.seconds = time.perf_counter() - start
         LOG.info("ingest: %s", report)
         return report
@@ -349,6 +354,7 @@ class IngestPipeline:
         ordered = sorted(passages, key=lambda p: int(p.metadata.get("n_tokens") or len(p.text)))
         with self.key_store() as store:
             before = len(store)
+            self._train_codec(store, passages)  # int8/pq: on a shuffled sample, not the shortest
             with tqdm(
                 total=len(passages), desc="token keys", unit="passage", disable=not progress
             ) as bar:
@@ -356,6 +362,21 @@ class IngestPipeline:
                     ensure_keys(store, lm, list(chunk), batch_size=16)
                     bar.update(len(chunk))
             return len(store) - before
+
+    def _train_codec(self, store: Any, passages: Sequence[Passage]) -> None:
+        """Train a trained codec (int8, pq) that is not trained yet on a seeded shuffle of
+        ``passages`` (their keys are stored too), so its tables see the whole corpus."""
+        import random
+
+        from nest_integrations.index.store import train_codec
+
+        if not passages or not getattr(store.codec, "needs_training", False):
+            return
+        if store.codec_ready():
+            return
+        shuffled = list(passages)
+        random.Random(0).shuffle(shuffled)
+        train_codec(store, self._lm(), shuffled)
 
     def _token_counter(self, keys: bool) -> TokenCounter:
         if self.token_count is not None:
