@@ -299,7 +299,6 @@ def _run(
 ) -> int:
     """Run the map_batches pipeline and merge its output into ``store``; returns tokens."""
     import ray.data
-    from tqdm.auto import tqdm
 
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # ours is the one that counts merged passages
@@ -325,9 +324,29 @@ def _run(
             encoded = ds.map_batches(KeyEncoder, **args, **retries)
         except TypeError:  # a Ray that no longer takes them: its defaults (retry forever) apply
             encoded = ds.map_batches(KeyEncoder, **args)
+    quiet = logging.getLogger("ray.data")  # its INFO/WARNING lines duplicate our bar and log
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        return _merge(encoded, store, todo, len(rows), progress, result)
+    finally:
+        quiet.setLevel(level)
+
+
+def _merge(
+    encoded: Any,
+    store: Any,
+    todo: dict[str, Passage],
+    total: int,
+    progress: bool,
+    result: RayKeysResult,
+) -> int:
+    """Stream the actors' rows into ``store`` (``put_keys`` per batch); returns tokens."""
+    from tqdm.auto import tqdm
+
     tokens = 0
     dtype, key_dim = store.dtype, store.key_dim
-    with tqdm(total=len(rows), desc="token keys (ray)", unit="passage", disable=not progress) as bar:
+    with tqdm(total=total, desc="token keys (ray)", unit="passage", disable=not progress) as bar:
         for batch in encoded.iter_batches(batch_size=None, batch_format="numpy"):
             ps, ks = [], []
             for i, h in enumerate(batch["hash"]):
