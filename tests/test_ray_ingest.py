@@ -37,6 +37,7 @@ pytest.importorskip("ray.data")
 from nest_integrations.ingest import ray_keys  # noqa: E402
 from nest_integrations.ingest.ray_keys import (  # noqa: E402
     ModelSpec,
+    RayConnectionError,
     RayKeysError,
     encode_keys_on_ray,
 )
@@ -146,12 +147,29 @@ def test_unreachable_address_fails_fast_with_the_address(tmp_path, tiny_lm):
     store = DiskKeyStore.open(tmp_path, tiny_lm)
     address = f"127.0.0.1:{_free_port()}"  # nothing listens there
     start = time.monotonic()
-    with pytest.raises(RayKeysError, match=f"no Ray cluster at {address}.*ray start --head"):
+    with pytest.raises(RayConnectionError, match=f"no Ray cluster at {address}.*ray start"):
         encode_keys_on_ray(store, tiny_lm, [Passage("a", "Some text.")], address=address)
     assert time.monotonic() - start < 10
-    with pytest.raises(RayKeysError, match="invalid"):
+    with pytest.raises(ValueError, match="Ray address 'nohost' is invalid"):
         encode_keys_on_ray(store, tiny_lm, [Passage("a", "Some text.")], address="nohost")
     assert len(store) == 0 and not ray.is_initialized()
+
+
+def test_cli_unreachable_ray_fails_before_writing(tmp_path, tiny_lm, monkeypatch, capsys):
+    from nest_integrations import cli
+
+    monkeypatch.setattr(cli, "_load_lm", lambda: tiny_lm)
+    src = tmp_path / "a.txt"
+    src.write_text("A short document about nothing in particular.")
+    address = f"127.0.0.1:{_free_port()}"
+    argv = ["ingest", str(src), "--persist-dir", str(tmp_path / "s"), "--ray", address]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"nest: error: no Ray cluster at {address}" in err and "Traceback" not in err
+    import chromadb
+
+    client = chromadb.PersistentClient(str(tmp_path / "s" / "chroma"))
+    assert [c.name for c in client.list_collections()] == []  # nothing written
 
 
 def test_model_spec_reloads_the_same_model(tiny_lm):

@@ -186,6 +186,10 @@ class IngestPipeline:
             report.keys_mode = self._apply_key_mode(lazy, passages)
             if keys:
                 self.key_store().close()  # refuse a key store of another model before writing
+                if self.ray_address is not None:  # no Ray there: fail before writing
+                    from nest_integrations.ingest.ray_keys import check_ray_address
+
+                    check_ray_address(self.ray_address)
             report.added, report.unchanged = self._write(passages, progress)
             # A file with a bad line keeps its old passages: bad input never deletes data.
             damaged = {f"file:{i.location}" for i in issues}

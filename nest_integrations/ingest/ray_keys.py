@@ -69,6 +69,23 @@ class RayKeysIncompleteError(RayKeysError):
     """After a Ray run some passages still have no keys in the store."""
 
 
+class RayConnectionError(ConnectionError):
+    """No Ray cluster answers at the given address."""
+
+
+def check_ray_address(address: str | None) -> None:
+    """Fail fast, before anything is written: Ray Data is installed and, for ``HOST:PORT``,
+    something listens there (``None``/``"local"``/``"auto"`` are not probed).
+
+    Raises:
+        ImportError: ray is not installed. ValueError: a malformed address.
+        RayConnectionError: nothing listens at the address.
+    """
+    _require_ray()
+    if address not in (None, "", "local"):
+        _check_reachable(address)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """How an actor loads the driver's model (picklable; the weights are not shipped).
@@ -224,7 +241,8 @@ def encode_keys_on_ray(
 
     Raises:
         ImportError: ray is not installed.
-        RayKeysError: no cluster at ``address``.
+        ValueError: a malformed ``address``.
+        RayConnectionError: no cluster at ``address``.
         RayKeysIncompleteError: passages still without keys after the run.
     """
     if batch_size < 1:
@@ -453,7 +471,7 @@ def _ray_session(address: str | None) -> Iterator[Any]:
         try:
             ray.init(address=address, **common)
         except (ConnectionError, RuntimeError, TimeoutError) as exc:
-            raise RayKeysError(
+            raise RayConnectionError(
                 f"could not connect to a Ray cluster at {address!r}: {exc}. Start one with "
                 "`ray start --head --port 6379` and pass --ray HOST:6379"
             ) from exc
@@ -469,7 +487,7 @@ def _check_reachable(address: str, timeout: float = 3.0) -> None:
         return
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or not host:
-        raise RayKeysError(
+        raise ValueError(
             f"Ray address {address!r} is invalid: allowed HOST:PORT (e.g. 127.0.0.1:6379), "
             "'auto', or nothing for a local instance"
         )
@@ -477,7 +495,7 @@ def _check_reachable(address: str, timeout: float = 3.0) -> None:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
             pass
     except OSError as exc:
-        raise RayKeysError(
+        raise RayConnectionError(
             f"no Ray cluster at {address}: {exc}. Start one with `ray start --head --port "
             f"{port}` (then pass --ray {address}), or use --ray without an address for a "
             "local instance"
@@ -507,8 +525,10 @@ def _replace(spec: ModelSpec, **changes: Any) -> ModelSpec:
 __all__ = [
     "KeyEncoder",
     "ModelSpec",
+    "RayConnectionError",
     "RayKeysError",
     "RayKeysIncompleteError",
     "RayKeysResult",
+    "check_ray_address",
     "encode_keys_on_ray",
 ]
