@@ -62,6 +62,10 @@ def ray_cluster():
     """Address of a 2-CPU Ray head on 127.0.0.1, killed (its whole process group) at teardown."""
     tmp = tempfile.mkdtemp(prefix="nray")  # short: Ray's unix socket paths have a length limit
     port = _free_port()
+    # Token auth off on both sides (loopback only): a ~/.ray/auth_token left by any earlier
+    # local `ray.init()` would otherwise turn it on for `ray start` but not for this driver.
+    saved_auth = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     ray_bin = Path(sys.executable).with_name("ray")
     cmd = [str(ray_bin), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
@@ -97,6 +101,10 @@ def ray_cluster():
                 pass
         log.close()
         shutil.rmtree(tmp, ignore_errors=True)
+        if saved_auth is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved_auth
 
 
 @pytest.fixture(scope="module")

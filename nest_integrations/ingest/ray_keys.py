@@ -62,7 +62,7 @@ _CHECK_CHUNK = 512  # passages per get_keys call when listing missing / verifyin
 
 
 class RayKeysError(RuntimeError):
-    """Key encoding on Ray could not run (no cluster at the address, a model it cannot load)."""
+    """Key encoding on Ray could not run or finish (e.g. a model the actors cannot reload)."""
 
 
 class RayKeysIncompleteError(RayKeysError):
@@ -91,7 +91,8 @@ class ModelSpec:
     """How an actor loads the driver's model (picklable; the weights are not shipped).
 
     Attributes:
-        path: local folder (or Hub id in the node's HF cache) for ``HFLanguageModel.from_pretrained``.
+        path: local folder (or Hub id in the node's HF cache) for
+            ``HFLanguageModel.from_pretrained``.
         name: the model's name (part of its fingerprint).
         key_source: the LM vector the keys are (``NestConfig.key_source``).
         dtype: torch dtype of the weights, e.g. ``"float32"``.
@@ -258,12 +259,13 @@ def encode_keys_on_ray(
         LOG.info("ray keys: every passage already has keys; Ray not started")
         return result
     spec = ModelSpec.of(lm, hold_dir=str(hold_dir) if hold_dir else None)
+    before = len(store)
     if _train_codec(store, lm, list(todo.values())):  # int8/pq: trained here, on a sample
         todo = _missing(store, passages)
         if not todo:
-            result.encoded = len(store)
+            result.encoded = len(store) - before
+            result.seconds = time.perf_counter() - start
             return result
-    before = len(store)
     with _ray_session(address) as ray:
         resources = ray.cluster_resources()
         n_gpus, n_cpus = int(resources.get("GPU", 0)), max(1, int(resources.get("CPU", 1)))
@@ -471,14 +473,31 @@ def _ray_session(address: str | None) -> Iterator[Any]:
         try:
             ray.init(address=address, **common)
         except (ConnectionError, RuntimeError, TimeoutError) as exc:
+            hint = (
+                "Start one with `ray start --head --port 6379` and pass --ray HOST:6379"
+            )
+            if _auth_failure(exc):
+                hint = (
+                    "The cluster requires token authentication: set RAY_AUTH_MODE=token and "
+                    "its token (RAY_AUTH_TOKEN, or the file ~/.ray/auth_token); Ray enables "
+                    "tokens only for clusters it finds itself, not for an explicit address"
+                )
             raise RayConnectionError(
-                f"could not connect to a Ray cluster at {address!r}: {exc}. Start one with "
-                "`ray start --head --port 6379` and pass --ray HOST:6379"
+                f"could not connect to a Ray cluster at {address!r}: {exc}. {hint}"
             ) from exc
     try:
         yield ray
     finally:
         ray.shutdown()
+
+
+def _auth_failure(exc: BaseException | None) -> bool:
+    """Whether a Ray connection error was caused by a missing or wrong auth token."""
+    while exc is not None:
+        if type(exc).__name__ == "AuthenticationError" or "InvalidAuthToken" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _check_reachable(address: str, timeout: float = 3.0) -> None:
