@@ -425,11 +425,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _describe(exc: BaseException) -> str:
     """Expected errors carry actionable messages; anything else also names its type."""
+    from nest_integrations.index.store import KeyStoreCorruptError
     from nest_integrations.ingest import IngestError
+    from nest_integrations.ingest.ray_keys import RayKeysError
     from nest_integrations.retrieval.chroma import ChromaConnectionError, CollectionNotFoundError
 
     expected = (
         IngestError,
+        KeyStoreCorruptError,
+        RayKeysError,
         CollectionNotFoundError,
         ChromaConnectionError,
         ImportError,

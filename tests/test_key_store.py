@@ -101,6 +101,15 @@ def test_absent_passages_get_none(store: DiskKeyStore, lm: FakeLM) -> None:
     assert [k is None for k in got] == [False, False] + [True] * (len(TEXTS) - 2)
 
 
+def test_stored_hashes_agrees_with_get_keys(store: DiskKeyStore, lm: FakeLM) -> None:
+    """stored_hashes (an index query, used to list what a large ingest must still encode)
+    names exactly the passages get_keys finds."""
+    ensure_keys(store, lm, make_passages()[:2])
+    hashes = [content_hash(p.text) for p in make_passages()]
+    found = {h for h, k in zip(hashes, store.get_keys(make_passages())) if k is not None}
+    assert store.stored_hashes(hashes) == found and len(found) == 2
+
+
 def test_put_is_idempotent(store: DiskKeyStore, lm: FakeLM) -> None:
     """Putting an existing text again changes nothing, even with different keys."""
     passages = make_passages()

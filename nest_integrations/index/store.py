@@ -339,6 +339,12 @@ class DiskKeyStore:
                 for p, h in zip(passages, hashes)
             ]
 
+    def stored_hashes(self, hashes: Sequence[str]) -> set[str]:
+        """Which of ``hashes`` (``content_hash`` of passage texts) have keys: one index query,
+        no key reads (for listing what is missing in a large corpus)."""
+        with self._lock:
+            return set(self._lookup(list(hashes)))
+
     def put_keys(self, passages: Sequence[Passage], keys: Sequence[PassageKeys]) -> None:
         """Persist keys; entries already present (same text) are left untouched."""
         if len(passages) != len(keys):

@@ -397,6 +397,9 @@ def _missing(store: Any, passages: Sequence[Passage]) -> dict[str, Passage]:
     unique: dict[str, Passage] = {}
     for p in passages:
         unique.setdefault(content_hash(p.text), p)
+    if callable(getattr(store, "stored_hashes", None)):  # an index query, no key reads
+        present = store.stored_hashes(list(unique))
+        return {h: p for h, p in unique.items() if h not in present}
     items = list(unique.items())
     todo: dict[str, Passage] = {}
     for i in range(0, len(items), _CHECK_CHUNK):
