@@ -72,6 +72,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from nest_integrations.index import _disk
 from nest_integrations.index.base import KeyStoreMismatchError
 from nest_integrations.index.codecs import CODECS, DEFAULT_CODEC, KeyCodec, load_codec, make_codec
 from nest_integrations.index.store import content_hash
@@ -88,7 +89,6 @@ DEFAULT_MAX_BYTES = 2 * 10**9
 CODEC_SAMPLE_PASSAGES = 300
 _MAGIC = b"NLKC"
 _HEADER = struct.Struct("<4sHHIII")  # magic, version, reserved, n_rows, code_size, crc32
-_SQL_CHUNK = 500
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
     content_hash TEXT PRIMARY KEY, file TEXT NOT NULL, n_rows INTEGER NOT NULL,
@@ -176,7 +176,7 @@ def configure_lazy(
                     "%s can be deleted", old.get("codec"), codec, Path(keys_dir) / LAZY_DIR)
     record = {"format_version": FORMAT_VERSION, "keys": "lazy", "max_bytes": max_bytes,
               "codec": codec}
-    _write_json_atomic(Path(keys_dir) / MODE_FILE, record)
+    _disk.write_json_atomic(Path(keys_dir) / MODE_FILE, record)
     return record
 
 
@@ -249,15 +249,7 @@ class LazyKeyCache:
         self._data = self.namespace_dir / "data"
         self._data.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(
-            self.namespace_dir / "index.sqlite",
-            timeout=120.0,
-            isolation_level=None,  # autocommit; transactions are explicit
-            check_same_thread=False,
-        )
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")  # files are fsynced before their row
-        self._db.executescript(_SCHEMA)
+        self._db = _disk.open_index(self.namespace_dir / "index.sqlite", _SCHEMA)
 
     @classmethod
     def open(
@@ -297,7 +289,7 @@ class LazyKeyCache:
         out: list[PassageKeys | None] = []
         for p, h in zip(passages, hashes):
             k = loaded.get(h)
-            out.append(None if k is None else _renamed(k, p.id))
+            out.append(None if k is None else _disk.renamed(k, p.id))
         self.hits += sum(k is not None for k in out)
         missing = [i for i, k in enumerate(out) if k is None]
         if missing and self.source is not None:
@@ -471,17 +463,9 @@ class LazyKeyCache:
 
     def _lookup(self, hashes: Sequence[str]) -> dict[str, tuple[str, int, int]]:
         """content_hash -> (file, n_rows, bytes) for the cached ones."""
-        found: dict[str, tuple[str, int, int]] = {}
-        unique = list(dict.fromkeys(hashes))
-        for i in range(0, len(unique), _SQL_CHUNK):
-            part = unique[i : i + _SQL_CHUNK]
-            rows = self._db.execute(
-                "SELECT content_hash, file, n_rows, bytes FROM entries "
-                f"WHERE content_hash IN ({','.join('?' * len(part))})",
-                part,
-            )
-            found.update((h, (f, n, b)) for h, f, n, b in rows)
-        return found
+        return _disk.lookup(
+            self._db, "SELECT content_hash, file, n_rows, bytes FROM entries", hashes
+        )
 
     def _tick(self) -> int:
         """The next value of the shared logical clock (inside a write transaction)."""
@@ -573,8 +557,8 @@ class LazyKeyCache:
         return evicted
 
     def _delete_rows(self, hashes: Sequence[str]) -> None:
-        for i in range(0, len(hashes), _SQL_CHUNK):
-            part = list(hashes[i : i + _SQL_CHUNK])
+        for i in range(0, len(hashes), _disk.SQL_CHUNK):
+            part = list(hashes[i : i + _disk.SQL_CHUNK])
             marks = ",".join("?" * len(part))
             (freed,) = self._db.execute(
                 f"SELECT COALESCE(SUM(bytes), 0) FROM entries WHERE content_hash IN ({marks})",
@@ -664,7 +648,7 @@ def _open_codec(ns: Path, fingerprint: str, key_source: Any, key_dim: int, codec
 
 def _write_manifest(ns: Path, fingerprint: str, key_source: Any, key_dim: int,
                     codec: KeyCodec) -> None:
-    _write_json_atomic(ns / "manifest.json", {
+    _disk.write_json_atomic(ns / "manifest.json", {
         "format_version": FORMAT_VERSION, "fingerprint": fingerprint, "key_source": key_source,
         "key_dim": key_dim, "codec": codec.params(), "codec_fingerprint": codec.fingerprint(),
     }, exclusive=True)  # fmt: skip
@@ -754,30 +738,3 @@ def _namespace_name(fingerprint: str, key_source: Any, codec: str) -> str:
     digest = hashlib.sha256(json.dumps([fingerprint, key_source, codec]).encode()).hexdigest()[:16]
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{fingerprint}--{key_source}--{codec}").strip("-.")
     return f"{slug[:64]}--{digest}"
-
-
-def _renamed(k: PassageKeys, passage_id: str) -> PassageKeys:
-    return k if k.passage_id == passage_id else PassageKeys(passage_id, k.keys, k.token_ids,
-                                                            k.offsets)
-
-
-def _write_json_atomic(f: Path, data: dict[str, Any], *, exclusive: bool = False) -> None:
-    """Write ``f`` atomically (tmp + fsync + rename); ``exclusive`` keeps an existing file (a
-    concurrent creator may win)."""
-    f.parent.mkdir(parents=True, exist_ok=True)
-    tmp = f.with_name(f"{f.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2)
-        fh.flush()
-        os.fsync(fh.fileno())
-    try:
-        if exclusive:
-            try:
-                os.link(tmp, f)
-            except FileExistsError:
-                pass
-        else:
-            os.replace(tmp, f)
-    finally:
-        tmp.unlink(missing_ok=True)
-

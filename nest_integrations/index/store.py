@@ -46,7 +46,6 @@ import json
 import logging
 import os
 import re
-import sqlite3
 import threading
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple, Sequence
@@ -54,6 +53,7 @@ from typing import Any, Iterator, NamedTuple, Sequence
 import numpy as np
 
 from nest_integrations.index import codecs as _codecs
+from nest_integrations.index import _disk
 from nest_integrations.index.base import KeyStoreMismatchError
 from nest_integrations.index.codecs import KeyCodec
 from nest_integrations.types import Passage, PassageKeys
@@ -67,7 +67,6 @@ _RAW_CODECS = ("fp16", "fp32")  # these share the v1 namespace name
 DEFAULT_SHARD_BYTES = 1 << 30  # keys bytes per shard file before a new one is started
 _ID_DTYPE = np.dtype("<i4")
 _OFF_DTYPE = np.dtype("<i4")
-_SQL_CHUNK = 500  # host parameters per IN (...) query
 _NS_FIELDS = ("format_version", "fingerprint", "key_source", "key_dim", "dtype")
 _Rows = tuple[np.ndarray, np.ndarray, np.ndarray, int]  # keys, token ids, offsets, n_chars
 _SCHEMA = """
@@ -177,15 +176,7 @@ class DiskKeyStore:
         self._rows_per_shard = max(1, shard_bytes // self._row_bytes)
         self._lock = threading.RLock()
         self._maps: dict[int, _ShardMap] = {}
-        self._db = sqlite3.connect(
-            self.namespace_dir / "index.sqlite",
-            timeout=120.0,
-            isolation_level=None,  # autocommit; transactions are explicit
-            check_same_thread=False,
-        )
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")  # data is fsynced before its row commits
-        self._db.executescript(_SCHEMA)
+        self._db = _disk.open_index(self.namespace_dir / "index.sqlite", _SCHEMA)
 
     @classmethod
     def open(
@@ -282,7 +273,7 @@ class DiskKeyStore:
                     self.codec.train(sample)
                     self.codec.save(self.namespace_dir)  # tables first, then the manifest
                     m = {**m, "codec_fingerprint": self.codec.fingerprint()}
-                    _write_json_replace(f, m)
+                    _disk.write_json_atomic(f, m)
                 else:
                     self._load_tables(m)
                 self._db.execute("COMMIT")
@@ -481,17 +472,9 @@ class DiskKeyStore:
 
     def _lookup(self, hashes: Sequence[str]) -> dict[str, tuple[int, int, int]]:
         """content_hash -> (shard, row_start, n_rows) for the stored ones."""
-        found: dict[str, tuple[int, int, int]] = {}
-        unique = list(dict.fromkeys(hashes))
-        for i in range(0, len(unique), _SQL_CHUNK):
-            part = unique[i : i + _SQL_CHUNK]
-            rows = self._db.execute(
-                "SELECT content_hash, shard, row_start, n_rows FROM entries "
-                f"WHERE content_hash IN ({','.join('?' * len(part))})",
-                part,
-            )
-            found.update((h, (s, r, n)) for h, s, r, n in rows)
-        return found
+        return _disk.lookup(
+            self._db, "SELECT content_hash, shard, row_start, n_rows FROM entries", hashes
+        )
 
     def _append(self, new: list[tuple[str, _Rows]]) -> None:
         """Place ``new`` after the last shard's committed end (starting a shard when it is full),
@@ -670,7 +653,7 @@ def ensure_keys(
     if todo:
         LOG.info("encoded %d of %d passages", len(todo), len(passages))
     return [
-        k if k is not None else _renamed(computed[content_hash(p.text)], p.id)
+        k if k is not None else _disk.renamed(computed[content_hash(p.text)], p.id)
         for p, k in zip(passages, found)
     ]
 
@@ -771,12 +754,6 @@ def _empty_keys(passage_id: str, key_dim: int, dtype: np.dtype) -> PassageKeys:
         token_ids=np.zeros(0, dtype=np.int64),
         offsets=np.zeros((0, 2), dtype=np.int32),
     )
-
-
-def _renamed(k: PassageKeys, passage_id: str) -> PassageKeys:
-    if k.passage_id == passage_id:
-        return k
-    return PassageKeys(passage_id, k.keys, k.token_ids, k.offsets)
 
 
 def _namespace_name(fingerprint: str, key_source: str | int, codec_tag: str | None = None) -> str:
@@ -896,9 +873,10 @@ def _open_root(
     # A raw-codec store stays readable by v1 code (which ignores ``key_codec``).
     version = 1 if codec["codec"] in _RAW_CODECS else FORMAT_VERSION
     manifest = {"format_version": version, "fingerprint": fingerprint}
-    _write_json_once(
+    _disk.write_json_atomic(
         path / "store.json",
         {**manifest, "key_source": key_source, "key_codec": _codec_id(codec)},
+        exclusive=True,
     )
     return read_store_manifest(path) or manifest
 
@@ -922,11 +900,11 @@ def _open_namespace(
             )
         ns.mkdir(parents=True, exist_ok=True)
         decoded = "float16" if codec["codec"] == "fp16" else "float32"
-        _write_json_once(f, {
+        _disk.write_json_atomic(f, {
             "format_version": FORMAT_VERSION, "fingerprint": fingerprint,
             "key_source": key_source, "key_dim": key_dim, "dtype": decoded,
             "codec": _codec_id(codec),
-        })  # fmt: skip
+        }, exclusive=True)  # fmt: skip
     m = _read_json(f, _NS_FIELDS)
     if (m["fingerprint"], m["key_source"]) != (fingerprint, key_source):
         raise KeyStoreCorruptError(f"key store manifest {f} does not describe its folder: {m}")
@@ -955,32 +933,3 @@ def _read_json(f: Path, required: Sequence[str]) -> dict[str, Any]:
             f"of nest-integrations reads up to {FORMAT_VERSION}: upgrade the package"
         )
     return data
-
-
-def _write_json_replace(f: Path, data: dict[str, Any]) -> None:
-    """Atomically replace ``f`` (callers hold the store's write lock)."""
-    tmp = f.with_name(f"{f.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, f)
-
-
-def _write_json_once(f: Path, data: dict[str, Any]) -> None:
-    """Write ``f`` atomically unless it exists (a concurrent creator may win; both agree)."""
-    f.parent.mkdir(parents=True, exist_ok=True)
-    tmp = f.with_name(f"{f.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2)
-        fh.flush()
-        os.fsync(fh.fileno())
-    try:
-        os.link(tmp, f)  # fails if f exists: never overwrite another creator's manifest
-    except FileExistsError:
-        pass
-    except OSError:  # filesystems without hard links
-        if not f.exists():
-            os.replace(tmp, f)
-    finally:
-        tmp.unlink(missing_ok=True)

@@ -1,0 +1,69 @@
+"""Small on-disk helpers shared by the key store (``store.py``) and the lazy key cache
+(``lazy_cache.py``): their sqlite index connection, batched content-hash lookups, atomic JSON
+manifests, and renaming a ``PassageKeys`` to the passage that asked for it."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+from nest_integrations.types import PassageKeys
+
+SQL_CHUNK = 500  # host parameters per IN (...) query
+
+
+def open_index(path: Path, schema: str) -> sqlite3.Connection:
+    """The sqlite index at ``path``: WAL, autocommit (transactions are explicit, ``BEGIN
+    IMMEDIATE`` is the cross-process write lock), shareable between threads (callers lock)."""
+    db = sqlite3.connect(path, timeout=120.0, isolation_level=None, check_same_thread=False)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")  # data is fsynced before the row that points at it
+    db.executescript(schema)
+    return db
+
+
+def lookup(db: sqlite3.Connection, select: str, hashes: Sequence[str]) -> dict[str, tuple]:
+    """``content_hash -> the other selected columns`` for the rows of ``hashes`` that exist.
+    ``select`` is ``"SELECT content_hash, <cols> FROM <table>"``."""
+    found: dict[str, tuple] = {}
+    unique = list(dict.fromkeys(hashes))
+    for i in range(0, len(unique), SQL_CHUNK):
+        part = unique[i : i + SQL_CHUNK]
+        rows = db.execute(f"{select} WHERE content_hash IN ({','.join('?' * len(part))})", part)
+        found.update((r[0], tuple(r[1:])) for r in rows)
+    return found
+
+
+def write_json_atomic(f: Path, data: dict[str, Any], *, exclusive: bool = False) -> None:
+    """Write ``f`` atomically (tmp + fsync + rename). ``exclusive`` keeps an existing ``f``
+    (a concurrent creator may win; both wrote the same description)."""
+    f.parent.mkdir(parents=True, exist_ok=True)
+    tmp = f.with_name(f"{f.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2)
+        fh.flush()
+        os.fsync(fh.fileno())
+    try:
+        if not exclusive:
+            os.replace(tmp, f)
+            return
+        try:
+            os.link(tmp, f)  # fails if f exists: never overwrite another creator's manifest
+        except FileExistsError:
+            pass
+        except OSError:  # filesystems without hard links
+            if not f.exists():
+                os.replace(tmp, f)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def renamed(k: PassageKeys, passage_id: str) -> PassageKeys:
+    """``k`` under ``passage_id`` (keys are shared by every passage with the same text)."""
+    if k.passage_id == passage_id:
+        return k
+    return PassageKeys(passage_id, k.keys, k.token_ids, k.offsets)
