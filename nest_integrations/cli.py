@@ -122,7 +122,7 @@ def _ingest_args(p: argparse.ArgumentParser) -> None:
         help="how token keys are stored, chosen when the store is created: fp16 (default for "
         "a new store; 2 bytes/dim), int8 (per-dimension scalar quantisation, half of fp16), pq "
         "(FAISS product quantisation, d/8 bytes/key), fp32; default: the store's own codec. "
-        "With --no-keys it is only recorded",
+        "With --no-keys, int8/pq tables are still trained now, on a sample",
     )
     p.add_argument(
         "--keys",
