@@ -285,7 +285,7 @@ def test_parse_url_and_unreachable_server(tmp_path: Path) -> None:
         parse_chroma_url("ftp://x")
     port = free_port()
     with pytest.raises(ChromaConnectionError) as err:
-        ChromaPassageStore.from_url(f"http://127.0.0.1:{port}", "c", persist_dir=tmp_path)
+        ChromaPassageStore.from_url(f"http://127.0.0.1:{port}", "col", persist_dir=tmp_path)
     assert f"http://127.0.0.1:{port}" in str(err.value) and "chroma run" in str(err.value)
 
 
