@@ -432,3 +432,36 @@ def test_round_trip_with_the_real_model(tmp_path: Path, request: pytest.FixtureR
         np.testing.assert_array_equal(a.keys, b.keys)
         scale = float(np.abs(ref).max()) + 1.0
         np.testing.assert_allclose(b.keys.astype(np.float32), ref, atol=2e-3 * scale, rtol=2e-3)
+
+
+def _open_and_insert(path: str, q) -> None:  # pragma: no cover - runs in a child process
+    from nest_integrations.index import _disk
+
+    try:
+        db = _disk.open_index(Path(path), "CREATE TABLE IF NOT EXISTS t (a INTEGER);")
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("INSERT INTO t VALUES (1)")
+        db.execute("COMMIT")
+        db.close()
+        q.put("ok")
+    except Exception as exc:  # reported to the parent
+        q.put(repr(exc))
+
+
+def test_processes_creating_one_index_at_once_all_succeed(tmp_path: Path) -> None:
+    """Switching a new sqlite index to WAL takes a lock sqlite does not wait for; processes
+    that open a new key store or lazy cache at the same moment must not fail with 'database is
+    locked' (they did, about 1 open in 50, before open_index retried)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    for trial in range(25):
+        path = str(tmp_path / f"i{trial}.sqlite")
+        q = ctx.Queue()
+        procs = [ctx.Process(target=_open_and_insert, args=(path, q)) for _ in range(4)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        results = [q.get(timeout=10) for _ in procs]
+        assert results == ["ok"] * 4, results

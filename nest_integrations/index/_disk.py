@@ -8,8 +8,9 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from nest_integrations.types import PassageKeys
 
@@ -20,10 +21,31 @@ def open_index(path: Path, schema: str) -> sqlite3.Connection:
     """The sqlite index at ``path``: WAL, autocommit (transactions are explicit, ``BEGIN
     IMMEDIATE`` is the cross-process write lock), shareable between threads (callers lock)."""
     db = sqlite3.connect(path, timeout=120.0, isolation_level=None, check_same_thread=False)
-    db.execute("PRAGMA journal_mode=WAL")
+    # Switching to WAL takes an exclusive lock that sqlite does not wait for (no busy handler),
+    # so two processes creating the same index at once retry instead of failing.
+    _retry_locked(lambda: _set_wal(db))
     db.execute("PRAGMA synchronous=NORMAL")  # data is fsynced before the row that points at it
-    db.executescript(schema)
+    _retry_locked(lambda: db.executescript(schema))
     return db
+
+
+def _set_wal(db: sqlite3.Connection) -> None:
+    if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+        db.execute("PRAGMA journal_mode=WAL")
+
+
+def _retry_locked(op: Callable[[], Any], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        try:
+            op()
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
 
 
 def lookup(db: sqlite3.Connection, select: str, hashes: Sequence[str]) -> dict[str, tuple]:
