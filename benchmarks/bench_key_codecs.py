@@ -56,7 +56,8 @@ from nest_integrations.calibrate import (  # noqa: E402
 from nest_integrations.config import NestConfig  # noqa: E402
 from nest_integrations.core.token_memory import TokenMemory  # noqa: E402
 from nest_integrations.index import codecs  # noqa: E402
-from nest_integrations.index.store import DiskKeyStore, _encode  # noqa: E402
+from nest_integrations.index.keys import encode_keys  # noqa: E402
+from nest_integrations.index.store import DiskKeyStore  # noqa: E402
 
 CODECS = [("fp16", {}), ("int8", {}), ("pq", {}), ("pq", {"m": 144})]
 
@@ -113,7 +114,7 @@ def main() -> int:
     t0 = time.perf_counter()
     keys = []
     for i in range(0, len(passages), 16):
-        keys += _encode(lm, passages[i : i + 16], np.dtype(np.float32))
+        keys += encode_keys(lm, passages[i : i + 16], np.dtype(np.float32))
     n_tok = sum(len(k.token_ids) for k in keys)
     t_enc = time.perf_counter() - t0
     print(f"encoded {n_tok} tokens in {t_enc:.0f} s", flush=True)

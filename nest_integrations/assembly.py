@@ -294,7 +294,8 @@ def open_key_store(persist_dir: str | os.PathLike[str] | None, lm: Any) -> Any:
     lazy LRU key cache when the dir is in lazy mode (``nest ingest --keys lazy``), else the
     eager ``DiskKeyStore``."""
     from nest_integrations import paths
-    from nest_integrations.index.lazy_cache import LazyKeyCache, read_mode
+    from nest_integrations.index.lazy_cache import LazyKeyCache
+    from nest_integrations.index.lazy_mode import read_mode
     from nest_integrations.index.store import DiskKeyStore
 
     keys = paths.keys_dir(persist_root(persist_dir))

@@ -176,7 +176,7 @@ def score_text(
     """One teacher-forced forward over ``prefix + rest`` and the nearest keys of the memory of
     ``passages`` at every scored position (prompt = the raw prefix, as a completion)."""
     from nest_integrations.core.token_memory import TokenMemory
-    from nest_integrations.index.store import ensure_keys
+    from nest_integrations.index.keys import ensure_keys
 
     p_ids = list(lm.tokenize(text.prefix))
     r_ids = list(lm.tokenize(text.rest))

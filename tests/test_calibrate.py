@@ -43,7 +43,7 @@ def test_pool_objective_equals_the_engine_mixture(tiny_lm):
     from nest_integrations.core.mixture import nest_distribution
     from nest_integrations.core.token_memory import TokenMemory
     from nest_integrations.index.in_memory_store import InMemoryKeyStore
-    from nest_integrations.index.store import ensure_keys
+    from nest_integrations.index.keys import ensure_keys
 
     passages = _corpus()
     store = InMemoryKeyStore()

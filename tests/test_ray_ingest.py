@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nest_integrations.index.store import DiskKeyStore, content_hash, ensure_keys
+from nest_integrations.index.keys import content_hash, ensure_keys
+from nest_integrations.index.store import DiskKeyStore
 from nest_integrations.ingest import (
     default_token_counter,
     load_documents,

@@ -1,6 +1,7 @@
 """Small on-disk helpers shared by the key store (``store.py``) and the lazy key cache
 (``lazy_cache.py``): their sqlite index connection, batched content-hash lookups, atomic JSON
-manifests, and renaming a ``PassageKeys`` to the passage that asked for it."""
+manifests, checking the keys of a passage before they are written, and renaming a
+``PassageKeys`` to the passage that asked for it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from nest_integrations.types import PassageKeys
+import numpy as np
+
+from nest_integrations.index.base import KeyStoreMismatchError
+from nest_integrations.types import Passage, PassageKeys
 
 SQL_CHUNK = 500  # host parameters per IN (...) query
 
@@ -89,3 +93,36 @@ def renamed(k: PassageKeys, passage_id: str) -> PassageKeys:
     if k.passage_id == passage_id:
         return k
     return PassageKeys(passage_id, k.keys, k.token_ids, k.offsets)
+
+
+def checked_rows(
+    p: Passage, k: PassageKeys, key_dim: int, holder: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(keys (m, d), token ids (m,), offsets (m, 2))`` of ``k``, after checking that they fit
+    passage ``p``'s text and ``holder`` (e.g. ``"store (<fingerprint>, key source 'x')"``), which
+    holds ``key_dim``-dimensional keys.
+
+    Raises:
+        KeyStoreMismatchError: keys of another dimension.
+        ValueError: row counts that disagree, token ids out of int32 range, or offsets
+            outside the text.
+    """
+    keys = np.asarray(k.keys)
+    if keys.ndim != 2 or keys.shape[1] != key_dim:
+        raise KeyStoreMismatchError(
+            f"keys of passage {p.id!r} have shape {keys.shape}; this {holder} holds "
+            f"key_dim={key_dim} keys"
+        )
+    ids = np.asarray(k.token_ids).reshape(-1)
+    offs = np.asarray(k.offsets).reshape(-1, 2)
+    m = ids.shape[0]
+    if keys.shape[0] != m or offs.shape[0] != m:
+        raise ValueError(
+            f"passage {p.id!r}: keys {keys.shape}, token_ids {ids.shape} and offsets "
+            f"{offs.shape} must all have m={m} rows"
+        )
+    if m and (ids.min() < 0 or ids.max() > np.iinfo(np.int32).max):
+        raise ValueError(f"passage {p.id!r}: token ids out of int32 range")
+    if m and (offs.min() < 0 or offs.max() > len(p.text)):
+        raise ValueError(f"passage {p.id!r}: offsets fall outside its {len(p.text)} chars")
+    return keys, ids, offs

@@ -174,7 +174,7 @@ class KeyEncoder:
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from nest_integrations.index.base import KeyStoreMismatchError
-        from nest_integrations.index.store import _encode
+        from nest_integrations.index.keys import encode_keys
 
         if self.fingerprint != self.spec.fingerprint:
             raise KeyStoreMismatchError(
@@ -185,7 +185,7 @@ class KeyEncoder:
         if self.spec.hold_dir:
             _hold(Path(self.spec.hold_dir))
         passages = [Passage(id=str(i), text=str(t)) for i, t in zip(batch["id"], batch["text"])]
-        keys = _encode(self.lm, passages, self.dtype)
+        keys = encode_keys(self.lm, passages, self.dtype)
         return {
             "hash": np.asarray([str(h) for h in batch["hash"]], dtype=object),
             "n_tokens": np.asarray([len(k.token_ids) for k in keys], dtype=np.int64),
@@ -260,7 +260,9 @@ def encode_keys_on_ray(
         return result
     spec = ModelSpec.of(lm, hold_dir=str(hold_dir) if hold_dir else None)
     before = len(store)
-    if _train_codec(store, lm, list(todo.values())):  # int8/pq: trained here, on a sample
+    from nest_integrations.index.keys import train_codec
+
+    if train_codec(store, lm, list(todo.values())):  # int8/pq: trained in the driver, on a sample
         todo = _missing(store, passages)
         if not todo:
             result.encoded = len(store) - before
@@ -392,7 +394,7 @@ def _merge(
 
 def _missing(store: Any, passages: Sequence[Passage]) -> dict[str, Passage]:
     """content hash -> passage, for the passages without stored keys (first of each text)."""
-    from nest_integrations.index.store import content_hash
+    from nest_integrations.index.keys import content_hash
 
     unique: dict[str, Passage] = {}
     for p in passages:
@@ -408,15 +410,6 @@ def _missing(store: Any, passages: Sequence[Passage]) -> dict[str, Passage]:
             if k is None:
                 todo[h] = p
     return todo
-
-
-def _train_codec(store: Any, lm: Any, todo: list[Passage]) -> bool:
-    """Train the store's codec (int8, pq) in the driver when it needs it (those sample passages
-    are then stored); True when it did. Stores without codecs need nothing."""
-    from nest_integrations.index import store as store_module
-
-    train = getattr(store_module, "train_codec", None)
-    return bool(train(store, lm, todo)) if train is not None else False
 
 
 def _verify(store: Any, passages: Sequence[Passage]) -> None:
