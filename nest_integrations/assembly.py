@@ -48,10 +48,10 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Mapping
 
 from nest_integrations.config import NestConfig
+from nest_integrations.paths import persist_root
 
 LOG = logging.getLogger(__name__)
 
@@ -263,13 +263,6 @@ def unwrap(lm: Any) -> Any:
 
 
 # --------------------------------------------------------------------------------- stores
-
-
-def persist_root(persist_dir: str | os.PathLike[str] | None) -> Path:
-    """The store folder: ``persist_dir``, else ``$NEST_HOME/store``."""
-    from nest_integrations import paths
-
-    return Path(persist_dir) if persist_dir is not None else paths.default_persist_dir()
 
 
 def open_store(
