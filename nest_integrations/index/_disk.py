@@ -5,13 +5,14 @@ manifests, checking the keys of a passage before they are written, and renaming 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from nest_integrations.index.base import KeyStoreMismatchError
 from nest_integrations.types import Passage, PassageKeys
 
 SQL_CHUNK = 500  # host parameters per IN (...) query
+_T = TypeVar("_T", bound="IndexedFolder")
 
 
 def open_index(path: Path, schema: str) -> sqlite3.Connection:
@@ -31,6 +33,42 @@ def open_index(path: Path, schema: str) -> sqlite3.Connection:
     db.execute("PRAGMA synchronous=NORMAL")  # data is fsynced before the row that points at it
     _retry_locked(lambda: db.executescript(schema))
     return db
+
+
+@contextlib.contextmanager
+def write_transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction under sqlite's write lock (``BEGIN IMMEDIATE``, which also
+    serialises writers in other processes): committed when the block ends, rolled back when it
+    raises (anything, KeyboardInterrupt included)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
+class IndexedFolder:
+    """What the key store and the lazy cache share: an ``entries`` table in the sqlite index
+    ``self._db`` (guarded by ``self._lock``) that counts their passages, and ``close`` on
+    leaving a ``with`` block."""
+
+    _db: sqlite3.Connection
+    _lock: threading.RLock
+
+    def __len__(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM entries").fetchone()[0])
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _T) -> _T:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _set_wal(db: sqlite3.Connection) -> None:

@@ -90,7 +90,7 @@ INSERT OR IGNORE INTO meta VALUES ('clock', 0), ('total_bytes', 0);
 __all__ = ["LazyKeyCache", "lazy_cache_stats", "prune_all"]
 
 
-class LazyKeyCache:
+class LazyKeyCache(_disk.IndexedFolder):
     """Token keys encoded at query time, kept on disk in an LRU cache of at most ``max_bytes``.
 
     Implements the ``KeyStore`` port (``ensure_keys`` fills it). Safe to share between threads
@@ -230,8 +230,7 @@ class LazyKeyCache:
         """Remove orphan files (a crashed writer's) and rows whose file is gone, recount the byte
         total and evict down to the cap. Returns what was removed."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
+            with _disk.write_transaction(self._db):
                 known = dict(self._db.execute("SELECT file, content_hash FROM entries"))
                 on_disk = {str(f.relative_to(self._data)): f for f in self._data.rglob("*")
                            if f.is_file()}  # fmt: skip
@@ -242,10 +241,6 @@ class LazyKeyCache:
                     "SELECT COALESCE(SUM(bytes), 0) FROM entries").fetchone()
                 self._db.execute("UPDATE meta SET value = ? WHERE key = 'total_bytes'", (total,))
                 evicted = self._evict()
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
             for f in orphans:
                 f.unlink(missing_ok=True)
             for f in evicted:
@@ -274,21 +269,11 @@ class LazyKeyCache:
             "source_hits": self.source_hits,
         }
 
-    def __len__(self) -> int:
-        with self._lock:
-            return int(self._db.execute("SELECT COUNT(*) FROM entries").fetchone()[0])
-
     def close(self) -> None:
         with self._lock:
             self._db.close()
         if self.source is not None and hasattr(self.source, "close"):
             self.source.close()
-
-    def __enter__(self) -> LazyKeyCache:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"LazyKeyCache({str(self.path)!r}, fingerprint={self.fingerprint!r}, "
@@ -355,8 +340,7 @@ class LazyKeyCache:
 
     def _touch(self, good: list[str], bad: list[tuple[str, str]]) -> None:
         """Refresh the recency of hits; drop the rows of unreadable files (if still theirs)."""
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with _disk.write_transaction(self._db):
             if good:
                 tick = self._tick()
                 self._db.executemany("UPDATE entries SET last_used = ? WHERE content_hash = ?",
@@ -367,17 +351,12 @@ class LazyKeyCache:
                 if row:
                     self._db.execute("DELETE FROM entries WHERE content_hash = ?", (h,))
                     self._add_total(-row[0])
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         for _, file in bad:  # a corrupt file is no use to anyone; a missing one is a no-op
             (self._data / file).unlink(missing_ok=True)
 
     def _insert(self, blobs: dict[str, tuple[bytes, int]]) -> list[str]:
         """Write and index the new blobs, evict beyond the cap; returns files to unlink."""
-        self._db.execute("BEGIN IMMEDIATE")  # the write lock, across processes too
-        try:
+        with _disk.write_transaction(self._db):  # the write lock, across processes too
             tick = self._tick()
             present = self._lookup(list(blobs))
             if present:
@@ -395,10 +374,6 @@ class LazyKeyCache:
             self._db.executemany("INSERT INTO entries VALUES (?, ?, ?, ?, ?)", rows)
             self._add_total(sum(r[3] for r in rows))
             evicted = self._evict()
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         LOG.debug("lazy key cache: %d new entries, %d evicted", len(rows), len(evicted))
         return evicted
 

@@ -76,7 +76,7 @@ CREATE TABLE IF NOT EXISTS shards (shard INTEGER PRIMARY KEY, n_rows INTEGER NOT
 __all__ = ["DEFAULT_SHARD_BYTES", "DiskKeyStore"]
 
 
-class DiskKeyStore:
+class DiskKeyStore(_disk.IndexedFolder):
     """Persistent token keys of passages for one (model fingerprint, key source) namespace.
 
     Implements the ``KeyStore`` port. Safe to share between threads and between processes.
@@ -233,8 +233,7 @@ class DiskKeyStore:
                     f"(about {_codecs.WANT_TRAIN_ROWS[self.codec.name]:,} tokens give good "
                     "tables), or use --key-codec fp16"
                 )
-            self._db.execute("BEGIN IMMEDIATE")  # the write lock, across processes too
-            try:
+            with _disk.write_transaction(self._db):  # the write lock, across processes too
                 f = self.namespace_dir / "manifest.json"
                 m = _ns.read_json(f, _ns.NS_FIELDS)
                 trained_here = not m.get("codec_fingerprint")
@@ -246,10 +245,6 @@ class DiskKeyStore:
                     _disk.write_json_atomic(f, m)
                 else:
                     self._load_tables(m)
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
             self._manifest = m
             return trained_here
 
@@ -322,16 +317,11 @@ class DiskKeyStore:
         if not todo:
             return
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")  # the write lock, across processes too
-            try:
+            with _disk.write_transaction(self._db):  # the write lock, across processes too
                 present = self._lookup(list(todo))
                 new = [(h, rows) for h, rows in todo.items() if h not in present]
                 if new:
                     self._append(new)
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
         LOG.debug("put_keys: %d new of %d passages", len(new), len(passages))
 
     # -- whole-namespace access ---------------------------------------------------------------
@@ -363,20 +353,10 @@ class DiskKeyStore:
             "built_with": self.built_with,
         }
 
-    def __len__(self) -> int:
-        with self._lock:
-            return int(self._db.execute("SELECT COUNT(*) FROM entries").fetchone()[0])
-
     def close(self) -> None:
         with self._lock:
             self._maps.clear()
             self._db.close()
-
-    def __enter__(self) -> DiskKeyStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (
