@@ -113,7 +113,7 @@ class IngestPipeline:
             ``key_cache_size``, with ``key_codec``'s name, fp16 by default); ``"eager"`` switches
             a lazy dir back; ``None`` (default) keeps the recorded mode.
         key_cache_size: the lazy cache's byte cap (an int or ``"2GB"``); None keeps the
-            recorded cap (``lazy_cache.DEFAULT_MAX_BYTES`` for a new one).
+            recorded cap (``lazy_mode.DEFAULT_MAX_BYTES`` for a new one).
     """
 
     def __init__(
