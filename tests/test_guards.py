@@ -67,8 +67,8 @@ def _passage(text, pid):
 class _EndingLM(FakeLM):
     """FakeLM whose own top token is always EOS (id 1)."""
 
-    def forward(self, ids, cache):
-        logits, keys = super().forward(ids, cache)
+    def forward(self, ids, cache, *, last=None):
+        logits, keys = super().forward(ids, cache, last=last)
         logits[:, 1] = logits.max() + 5.0
         return logits, keys
 
