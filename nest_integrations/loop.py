@@ -324,7 +324,9 @@ class DecodeLoop:
         else:
             yield from self._draft_first()
 
-    def _ordinary_token(self, dist: Distribution, draft: Draft | None) -> tuple[int, Any, int] | None:
+    def _ordinary_token(
+        self, dist: Distribution, draft: Draft | None
+    ) -> tuple[int, Any, int] | None:
         """Target-first: ``(token, source, n_accepted)`` when this step commits one token
         without a verify pass (no draft; a drafter's own ordinary step, i.e. a one-token
         ``chosen_first`` draft; or a draft whose first token the target rejects), else None."""

@@ -210,6 +210,34 @@ def test_propose_drafts_corpus_continuation_with_exact_sources(tiny_lm, built):
         assert all(-1 <= q < i for i, q in enumerate(draft.parents))
 
 
+def test_drafter_counters_land_in_the_generation_stats(tiny_lm, tmp_path):
+    """DReSD's and REST's search time and candidates are in the generation's NestStats
+    (no process-global counters), on a datastore of the model's own responses; unknown
+    options are refused by name."""
+    from nest_integrations.drafters import get_method
+    from nest_integrations.drafters.base import DrafterContext
+    from nest_integrations.dresd.responses import prompt_ids
+    from nest_integrations.loop import decode_ids
+    from nest_integrations.types import NestStats
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:2]))
+    ds = build_datastore(tiny_lm, PromptSource(read_prompts(prompts), tiny_lm,
+                                               max_new_tokens=12), tmp_path / "in")
+    ids = prompt_ids(tiny_lm, {"prompt": PROMPTS[0]})
+    for name, extra in (("dresd", {"min_score": -1.0}), ("rest", {})):
+        stats = NestStats()
+        options = {"datastore": str(ds.root), **extra}
+        ctx = DrafterContext(tiny_lm, None, ids, [], options=options, stats=stats)
+        method = get_method(name)
+        decode_ids(tiny_lm, method, ids, 12, drafter=method.make_drafter(ctx), stats=stats)
+        assert stats.draft_candidates >= stats.verify_steps > 0, name
+        assert stats.time_draft > 0 and stats.accepted_tokens > 0, name
+        with pytest.raises(ValueError, match=f"unknown drafter option.*{name}"):
+            method.make_drafter(DrafterContext(tiny_lm, None, ids, [],
+                                               options={**options, "beam": 2}))
+
+
 def test_first_token_filter_and_budget(tiny_lm, built):
     from nest_integrations.drafters.corpus import trie as _trie
     from nest_integrations.drafters.dresd import DresdDrafter

@@ -1,7 +1,7 @@
 """KNN-SSD: layer-skip forward (identity oracle), the KV invariant after drafting, the lossless
-oracle (self-speculative greedy == Hugging Face greedy ``generate``) with good and bad skip sets through the engine,
-profiles (fingerprint, tiny search, resume), anchors and routing, CLI and bad input. Tiny random
-Llama here; the real model in tests/test_knn_ssd_real.py."""
+oracle (self-speculative greedy == Hugging Face greedy ``generate``) with good and bad skip
+sets through the engine, profiles (fingerprint, tiny search, resume), anchors and routing, CLI
+and bad input. Tiny random Llama here; the real model in tests/test_knn_ssd_real.py."""
 
 from __future__ import annotations
 
@@ -204,6 +204,37 @@ def test_engine_knn_ssd_equals_greedy_for_every_domain(tiny_lm, tmp_path, domain
                               drafter_options={"profile": path, "threshold": 0.0})
         assert res.token_ids == ref
         assert res.stats.drafted_tokens > 0
+
+
+def test_routing_and_draft_counters_land_in_the_generation_stats(tiny_lm, tmp_path):
+    """The route the drafter took and its layer-skip passes are in the generation's NestStats
+    (no drafter-side dict): a profile route, then an explicit set."""
+    from nest_integrations.config import NestConfig
+    from nest_integrations.drafters import get_method
+    from nest_integrations.drafters.base import DrafterContext
+    from nest_integrations.drafters.knn_ssd import KnnSsdDrafter
+    from nest_integrations.loop import decode_ids
+    from nest_integrations.types import NestStats
+
+    domain = DOMAINS[0]
+    ids = tiny_lm.tokenize(domain_prompts(domain, "eval", 1)[0].text)
+    vec = tiny_lm.domain_vector(ids).numpy()[None]
+    path = _profile(tiny_lm, tmp_path, {domain: SkipSet(_n(tiny_lm))}, {domain: vec})
+    explicit = SkipSet.from_lists(_n(tiny_lm), [1]).to_dict()
+    for options, skip_set in (({"profile": path, "threshold": 0.0}, domain),
+                              ({"skip": explicit, "threshold": 0.0}, "explicit")):
+        stats = NestStats()
+        ctx = DrafterContext(tiny_lm, NestConfig(), ids, [], options=options, stats=stats)
+        drafter = KnnSsdDrafter.from_context(ctx)
+        out, _ = decode_ids(tiny_lm, get_method("knn-ssd"), ids, 10, drafter=drafter,
+                            stats=stats, eos=frozenset())
+        assert len(out) == 10 and stats.route_skip_set == skip_set
+        assert stats.draft_forwards >= stats.drafted_tokens > 0 and stats.time_draft > 0
+        if skip_set == domain:  # routed: the nearest anchor is the prompt's own vector
+            assert stats.route_domain == domain and stats.route_similarity > 0.99
+            assert not stats.route_fallback
+        else:
+            assert stats.route_domain is None and stats.route_similarity is None
 
 
 def test_engine_sampling_runs_with_draft_distributions(tiny_lm):

@@ -16,7 +16,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Any, ClassVar, Mapping, Sequence, TypeVar
 
 from nest_integrations.drafters.base import DecodeState, Draft, DrafterContext, Source
 
@@ -54,7 +54,8 @@ def check_at_least(method: str, options: Any, names: Sequence[str], minimum: int
     """Raise ValueError when an integer option of ``options`` is below ``minimum``."""
     for name in names:
         if getattr(options, name) < minimum:
-            raise ValueError(f"{method} {name} must be >= {minimum}, got {getattr(options, name)!r}")
+            got = getattr(options, name)
+            raise ValueError(f"{method} {name} must be >= {minimum}, got {got!r}")
 
 
 def cut_at_eos(tokens: Sequence[int], eos: frozenset[int] | set[int]) -> list[int]:
@@ -91,6 +92,38 @@ def adapt_length(current: int, drafted: int, accepted: int, maximum: int) -> int
     if accepted >= drafted:
         return min(maximum, current + 2)
     return max(2, min(current, accepted + 1))
+
+
+@dataclass
+class NgramOptions:
+    """Options of the n-gram lookup drafters (prompt lookup, RAG-copy): the defaults are prompt
+    lookup's; each subclass sets ``method`` (and RAG-copy its own defaults).
+
+    Attributes:
+        max_ngram: longest context suffix looked up.
+        min_ngram: shortest one.
+        num_tokens: longest draft; the length adapts to acceptance below it (``adapt_length``).
+    """
+
+    method: ClassVar[str] = ""
+    max_ngram: int = 3
+    min_ngram: int = 1
+    num_tokens: int = 10
+
+    def __post_init__(self) -> None:
+        check_at_least(self.method, self, ("max_ngram", "min_ngram", "num_tokens"))
+
+
+class AdaptiveLength:
+    """``update`` of the n-gram drafters: ``num_tokens`` follows ``adapt_length`` up to
+    ``options.num_tokens``."""
+
+    options: NgramOptions
+    num_tokens: int
+
+    def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:
+        self.num_tokens = adapt_length(self.num_tokens, len(draft), n_accepted,
+                                       self.options.num_tokens)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- corpus drafts
@@ -212,7 +245,9 @@ def corpus_draft(
 
 
 __all__ = [
+    "AdaptiveLength",
     "CorpusOptions",
+    "NgramOptions",
     "SHAPES",
     "adapt_length",
     "corpus_draft",

@@ -27,10 +27,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import torch
+
+from nest_integrations.core.sampling import sample, warp
 from nest_integrations.drafters.base import LOSSLESS, DecodeState, Draft, DrafterContext, Method
 from nest_integrations.drafters.corpus import parse_options
+
+if TYPE_CHECKING:
+    from nest_integrations.lm.layer_skip import SkipSet
 
 LOG = logging.getLogger(__name__)
 
@@ -65,6 +71,67 @@ class KnnSsdOptions:
             raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
         if self.max_draft < 1:
             raise ValueError(f"max_draft must be >= 1, got {self.max_draft}")
+
+
+@dataclass
+class ChainDraft:
+    """A drafted chain: tokens, their draft distributions (sampling only) and its cost."""
+
+    tokens: list[int]
+    q: torch.Tensor | None
+    forwards: int
+    seconds: float
+
+
+def draft_chain(
+    lm: Any,
+    cache: Any,
+    pending: int,
+    skip: SkipSet,
+    *,
+    max_len: int,
+    threshold: float = DEFAULT_THRESHOLD,
+    eos: frozenset[int] | set[int] = frozenset(),
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> ChainDraft:
+    """Draft up to ``max_len`` tokens after ``pending`` (not yet in ``cache``) with ``skip``.
+
+    ``cache`` is restored to its committed length before returning (every layer cropped), so
+    the caller's next full forward sees exactly the KV it had. Greedy when ``temperature`` is 0;
+    otherwise each token is drawn (with ``generator``) from ``q = warp(p_draft)``, the same
+    temperature/top-p warp the loop applies to the target, and ``q`` is returned for the
+    speculative-sampling rule. The confidence stop reads the unwarped draft ``p``.
+    """
+    start = time.perf_counter()
+    committed = lm.cache_length(cache)
+    tokens: list[int] = []
+    qs: list[torch.Tensor] = []
+    forwards = 0
+    try:
+        feed = pending
+        while len(tokens) < max_len:
+            logits = lm.forward_skip([feed], cache, skip)[-1]  # (V,)
+            forwards += 1
+            p = torch.softmax(logits, dim=-1)
+            if temperature > 0.0:
+                q = warp(p, temperature, top_p)
+                tok = sample(q, generator)
+            else:
+                tok, q = int(p.argmax()), None
+            if tok in eos:  # drafts never carry EOS: the verify step's own token handles it
+                break
+            tokens.append(tok)
+            if q is not None:
+                qs.append(q)
+            if float(p.max()) < threshold:
+                break
+            feed = tok
+    finally:
+        lm.crop_cache(cache, committed)  # every layer back to the committed, full-model KV
+    q_all = torch.stack(qs) if qs else None
+    return ChainDraft(tokens, q_all, forwards, time.perf_counter() - start)
 
 
 class KnnSsdDrafter:
@@ -131,8 +198,6 @@ class KnnSsdDrafter:
         return self
 
     def propose(self, state: DecodeState) -> Draft | None:
-        from nest_integrations.knn_ssd.selfspec import draft_chain
-
         # The lossless schedule always has a pending token (the loop feeds it with the draft).
         if self.skip is None or state.pending is None:
             return None

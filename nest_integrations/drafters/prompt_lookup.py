@@ -10,36 +10,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nest_integrations.drafters import corpus
 from nest_integrations.drafters.base import DecodeState, Draft, DrafterContext, Source
-from nest_integrations.drafters.corpus import (
-    adapt_length,
-    check_at_least,
-    cut_at_eos,
-    find_ngram,
-    parse_options,
-)
 
 
 @dataclass
-class PromptLookupOptions:
-    """``drafter_options`` of ``decoding="prompt-lookup"``.
+class PromptLookupOptions(corpus.NgramOptions):
+    """``drafter_options`` of ``decoding="prompt-lookup"`` (see ``NgramOptions``); HF's
+    default n-gram is 2 (we use 3, then back off) and its ``prompt_lookup_num_tokens`` 10."""
 
-    Attributes:
-        max_ngram: longest suffix n-gram to match (HF default 2... we use 3, then back off).
-        min_ngram: shortest n-gram to match.
-        num_tokens: longest draft (HF's ``prompt_lookup_num_tokens`` default is 10); the
-            length adapts to acceptance below it (``adapt_length``).
-    """
-
-    max_ngram: int = 3
-    min_ngram: int = 1
-    num_tokens: int = 10
-
-    def __post_init__(self) -> None:
-        check_at_least("prompt-lookup", self, ("max_ngram", "min_ngram", "num_tokens"))
+    method = "prompt-lookup"  # the defaults are NgramOptions'
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(corpus.AdaptiveLength):
     """n-gram lookup over the context (one instance per generation)."""
 
     def __init__(self, options: PromptLookupOptions | None = None, **kwargs: int) -> None:
@@ -48,7 +31,7 @@ class PromptLookupDrafter:
 
     @classmethod
     def from_context(cls, ctx: DrafterContext) -> "PromptLookupDrafter":
-        return cls(parse_options(PromptLookupOptions, ctx.options, "prompt-lookup"))
+        return cls(corpus.parse_options(PromptLookupOptions, ctx.options, "prompt-lookup"))
 
     def propose(self, state: DecodeState) -> Draft | None:
         n_draft = min(self.num_tokens, state.budget)
@@ -57,17 +40,13 @@ class PromptLookupDrafter:
         ctx = state.context_ids
         opts = self.options
         for n in range(min(opts.max_ngram, len(ctx) - 1), opts.min_ngram - 1, -1):
-            start = find_ngram(ctx, ctx[-n:], last=True, end=len(ctx) - 1)
+            start = corpus.find_ngram(ctx, ctx[-n:], last=True, end=len(ctx) - 1)
             if start is None:
                 continue
-            cont = cut_at_eos(ctx[start + n : start + n + n_draft], state.eos)
+            cont = corpus.cut_at_eos(ctx[start + n : start + n + n_draft], state.eos)
             if cont:
                 return Draft(cont, [None] * len(cont))
         return None
-
-    def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:
-        self.num_tokens = adapt_length(self.num_tokens, len(draft), n_accepted,
-                                       self.options.num_tokens)  # fmt: skip
 
 
 __all__ = ["PromptLookupDrafter", "PromptLookupOptions", "Source"]

@@ -24,8 +24,8 @@ from nest_integrations.drafters.base import (
     Source,
 )
 from nest_integrations.drafters.corpus import (
-    adapt_length,
-    check_at_least,
+    AdaptiveLength,
+    NgramOptions,
     cut_at_eos,
     find_ngram,
     parse_options,
@@ -33,24 +33,16 @@ from nest_integrations.drafters.corpus import (
 
 
 @dataclass
-class RagCopyOptions:
-    """``drafter_options`` of ``decoding="rag-copy"``.
+class RagCopyOptions(NgramOptions):
+    """``drafter_options`` of ``decoding="rag-copy"`` (see ``NgramOptions``)."""
 
-    Attributes:
-        max_ngram: longest context suffix looked up in the passages.
-        min_ngram: shortest one.
-        num_tokens: longest draft (the length adapts to acceptance below it).
-    """
-
+    method = "rag-copy"
     max_ngram: int = 4
     min_ngram: int = 2
     num_tokens: int = 16
 
-    def __post_init__(self) -> None:
-        check_at_least("rag-copy", self, ("max_ngram", "min_ngram", "num_tokens"))
 
-
-class RagCopyDrafter:
+class RagCopyDrafter(AdaptiveLength):
     """n-gram lookup into the prompt passages' own token arrays (one per generation)."""
 
     def __init__(self, ctx: DrafterContext) -> None:
@@ -89,10 +81,6 @@ class RagCopyDrafter:
                     sources: list[Source] = [(self._index[k], start + i) for i in range(len(cont))]
                     return Draft(cont, sources)
         return None
-
-    def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:
-        self.num_tokens = adapt_length(self.num_tokens, len(draft), n_accepted,
-                                       self.options.num_tokens)  # fmt: skip
 
 
 def _set_offsets(state: DecodeState, passage, offsets) -> int:

@@ -21,15 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from nest_integrations.drafters import corpus
 from nest_integrations.drafters.base import LOSSLESS, DecodeState, Draft, DrafterContext, Method
-from nest_integrations.drafters.corpus import (
-    CorpusOptions,
-    check_at_least,
-    corpus_draft,
-    cut_at_eos,
-    datastore_of,
-    parse_options,
-)
 
 _SA: "weakref.WeakKeyDictionary[Any, SuffixArray]" = weakref.WeakKeyDictionary()
 _SA_LOCK = threading.Lock()
@@ -93,7 +86,7 @@ def suffix_array(ds: Any, width: int) -> SuffixArray:
 
 
 @dataclass
-class RestOptions(CorpusOptions):
+class RestOptions(corpus.CorpusOptions):
     """``drafter_options`` of ``decoding="rest"`` (and the ``CorpusOptions``).
 
     Attributes:
@@ -108,7 +101,7 @@ class RestOptions(CorpusOptions):
 
     def __post_init__(self) -> None:
         self.check("rest")
-        check_at_least("rest", self, ("max_suffix", "min_suffix", "max_matches"))
+        corpus.check_at_least("rest", self, ("max_suffix", "min_suffix", "max_matches"))
 
 
 class RestDrafter:
@@ -123,8 +116,8 @@ class RestDrafter:
 
     @classmethod
     def from_context(cls, ctx: DrafterContext) -> "RestDrafter":
-        opts = parse_options(RestOptions, ctx.options, "rest")
-        return cls(datastore_of(ctx, opts), opts)
+        opts = corpus.parse_options(RestOptions, ctx.options, "rest")
+        return cls(corpus.datastore_of(ctx, opts), opts)
 
     def propose(self, state: DecodeState) -> Draft | None:
         length = min(self.options.draft_len, state.budget)  # the loop left room for its token
@@ -132,7 +125,7 @@ class RestDrafter:
         if length < 1 or not ctx:
             return None
         cands = self.candidates(ctx, length, state.eos)
-        return corpus_draft(state, cands, self.datastore, self._registered, self.options)
+        return corpus.corpus_draft(state, cands, self.datastore, self._registered, self.options)
 
     def candidates(
         self, ctx: list[int], length: int, eos: frozenset[int]
@@ -148,7 +141,7 @@ class RestDrafter:
             first: dict[tuple[int, ...], int] = {}
             for s in hits[: opts.max_matches]:
                 g = int(s) + m - 1  # the row of the context's last token
-                seq = cut_at_eos(tokens[g + 1 : min(g + 1 + length, int(sa.end[s]))], eos)
+                seq = corpus.cut_at_eos(tokens[g + 1 : min(g + 1 + length, int(sa.end[s]))], eos)
                 if seq:
                     counts[tuple(seq)] += 1
                     first.setdefault(tuple(seq), g)

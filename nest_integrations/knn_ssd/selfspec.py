@@ -1,9 +1,9 @@
 """Self-speculative decoding with a layer-skip draft (Draft & Verify; KNN-SSD spec §3.5-3.6).
 
-``draft_chain`` is the drafting half, used by the engine's drafter
-(``nest_integrations.drafters.knn_ssd``). ``self_speculative_generate`` runs that drafter with
-a fixed skip set through the one decoding loop (``loop.decode_ids``) without an engine, for the
-skip-set search, which counts drafts and acceptances (``SpecStats``).
+``self_speculative_generate`` runs the KNN-SSD drafter (``nest_integrations.drafters.knn_ssd``,
+whose ``draft_chain`` is the drafting half, re-exported here) with a fixed skip set through the
+one decoding loop (``loop.decode_ids``) without an engine, for the skip-set search, which counts
+drafts and acceptances (``SpecStats``).
 
 Draft loop (one chain, adaptive length): feed the pending token through the skip model, take
 the argmax (or a sample, when sampling) as the next draft token, and stop when the draft's top
@@ -18,75 +18,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import torch
-
-from nest_integrations.core.sampling import sample, warp
 from nest_integrations.drafters import get_method
 from nest_integrations.drafters.base import DecodeState, Draft
-from nest_integrations.drafters.knn_ssd import DEFAULT_MAX_DRAFT, DEFAULT_THRESHOLD, KnnSsdDrafter
+from nest_integrations.drafters.knn_ssd import (
+    DEFAULT_MAX_DRAFT,
+    DEFAULT_THRESHOLD,
+    ChainDraft,
+    KnnSsdDrafter,
+    draft_chain,
+)
 from nest_integrations.lm.layer_skip import SkipSet
 from nest_integrations.loop import decode_ids
 
-
-@dataclass
-class ChainDraft:
-    """A drafted chain: tokens, their draft distributions (sampling only) and its cost."""
-
-    tokens: list[int]
-    q: torch.Tensor | None
-    forwards: int
-    seconds: float
-
-
-def draft_chain(
-    lm: Any,
-    cache: Any,
-    pending: int,
-    skip: SkipSet,
-    *,
-    max_len: int,
-    threshold: float = DEFAULT_THRESHOLD,
-    eos: frozenset[int] | set[int] = frozenset(),
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    generator: torch.Generator | None = None,
-) -> ChainDraft:
-    """Draft up to ``max_len`` tokens after ``pending`` (not yet in ``cache``) with ``skip``.
-
-    ``cache`` is restored to its committed length before returning (every layer cropped), so
-    the caller's next full forward sees exactly the KV it had. Greedy when ``temperature`` is 0;
-    otherwise each token is drawn (with ``generator``) from ``q = warp(p_draft)``, the same
-    temperature/top-p warp the loop applies to the target, and ``q`` is returned for the
-    speculative-sampling rule. The confidence stop reads the unwarped draft ``p``.
-    """
-    start = time.perf_counter()
-    committed = lm.cache_length(cache)
-    tokens: list[int] = []
-    qs: list[torch.Tensor] = []
-    forwards = 0
-    try:
-        feed = pending
-        while len(tokens) < max_len:
-            logits = lm.forward_skip([feed], cache, skip)[-1]  # (V,)
-            forwards += 1
-            p = torch.softmax(logits, dim=-1)
-            if temperature > 0.0:
-                q = warp(p, temperature, top_p)
-                tok = sample(q, generator)
-            else:
-                tok, q = int(p.argmax()), None
-            if tok in eos:  # drafts never carry EOS: the verify step's own token handles it
-                break
-            tokens.append(tok)
-            if q is not None:
-                qs.append(q)
-            if float(p.max()) < threshold:
-                break
-            feed = tok
-    finally:
-        lm.crop_cache(cache, committed)  # every layer back to the committed, full-model KV
-    q_all = torch.stack(qs) if qs else None
-    return ChainDraft(tokens, q_all, forwards, time.perf_counter() - start)
+__all__ = ["ChainDraft", "SpecStats", "draft_chain", "self_speculative_generate"]
 
 
 @dataclass
