@@ -255,7 +255,7 @@ class NestEngine:
         options = {**self.drafter_options, **(drafter_options or {})}
 
         def new_loop(ids: list[int], memory: Any, max_new: int) -> DecodeLoop:
-            ctx = DrafterContext(self.lm, cfg, ids, passages, memory, options, self)
+            ctx = DrafterContext(self.lm, cfg, ids, passages, memory, options, self, stats)
             drafter = method.make_drafter(ctx) if method.make_drafter is not None else None
             return DecodeLoop(
                 self.lm, method, drafter, config=cfg, prompt_ids=ids, memory=memory,

@@ -242,3 +242,102 @@ def test_a_wrong_residual_rule_fails_the_same_test(repeat_method, monkeypatch):
     lm = _fake_lm()
     probs = _exact_probs(lm, lm.tokenize(" x"), cfg, 3)
     assert _chi2_pvalue(counts, probs, n) < 1e-3
+
+
+# ----------------------------------------------------------------------------- the method API
+
+
+def test_methods_name_their_verifier_and_bad_ones_are_refused():
+    from nest_integrations.drafters import LOSSLESS, RELAXED
+
+    assert get_method("nest").verifier == RELAXED
+    assert {m.verifier for n, m in METHODS.items() if n != "nest"} <= {LOSSLESS}
+    with pytest.raises(ValueError, match="needs_target"):
+        Method("bad-relaxed", None, verifier=RELAXED)  # relaxed checks before feeding
+    lm = FakeLM()
+    odd = Method("odd-verifier", None, verifier="majority-vote")
+    with pytest.raises(ValueError, match="unknown verifier 'majority-vote'"):
+        loop_module.decode_ids(lm, odd, [3, 4, 5], 4)
+
+
+def test_drafter_options_become_typed_options_with_clear_errors():
+    from nest_integrations.drafters.base import DrafterContext
+    from nest_integrations.drafters.prompt_lookup import PromptLookupDrafter, PromptLookupOptions
+    from nest_integrations.drafters.rag_copy import RagCopyDrafter
+
+    def ctx(**options):
+        return DrafterContext(lm=FakeLM(), config=NestConfig(), prompt_ids=[], passages=[],
+                              options=options)
+
+    d = PromptLookupDrafter.from_context(ctx(max_ngram="2", num_tokens=6))
+    assert d.options == PromptLookupOptions(max_ngram=2, min_ngram=1, num_tokens=6)
+    assert PromptLookupDrafter.from_context(ctx()).options == PromptLookupOptions()
+    with pytest.raises(ValueError, match=r"unknown drafter option\(s\) \['num_token'\].*"
+                                         r"prompt-lookup.*num_tokens"):
+        PromptLookupDrafter.from_context(ctx(num_token=6))
+    with pytest.raises(ValueError, match="max_ngram=.*not a valid int"):
+        PromptLookupDrafter.from_context(ctx(max_ngram="three"))
+    with pytest.raises(ValueError, match="rag-copy min_ngram must be >= 1"):
+        RagCopyDrafter(ctx(min_ngram=0))
+    assert RagCopyDrafter(ctx()).options.num_tokens == 16  # its own defaults
+
+
+def test_loop_over_an_uncached_model_gives_the_same_tokens(tiny_lm):
+    """The KV-cache oracle: drafts that are two tokens right then one wrong (accepted, rejected,
+    cropped every step) through the loop over ``UncachedLM`` (every forward recomputed from the
+    committed ids, nothing to crop wrongly) and over the cached model give the same tokens,
+    and both equal greedy decoding."""
+    from nest_integrations.lm.uncached import UncachedLM
+
+    ids = tiny_lm.tokenize("The quick brown fox jumps over the lazy dog. The quick brown fox")
+    greedy, _ = loop_module.decode_ids(tiny_lm, get_method("greedy"), ids, 16)
+
+    class _TwoRightOneWrong:
+        def propose(self, state):
+            k = len(state.out_ids)  # the next token's index in the greedy output
+            right = greedy[k : k + 2]
+            return Draft(right + [(greedy[k] + 1) % tiny_lm.vocab_size]) if right else None
+
+        def update(self, state, draft, n_accepted):
+            return None
+
+    method = Method("test-two-right", None)
+    runs = [loop_module.decode_ids(lm, method, ids, 16, drafter=_TwoRightOneWrong())
+            for lm in (tiny_lm, UncachedLM(tiny_lm))]
+    (cached, stats), (uncached, _) = runs
+    assert cached == uncached == greedy
+    assert 0 < stats.accepted_tokens < stats.drafted_tokens and stats.time_draft > 0
+
+
+def test_token_tree_passes_go_through_the_timed_forward(tiny_lm, monkeypatch):
+    """A drafter that proposes token trees: the output equals greedy decoding, every target
+    pass (chains and trees) is counted in ``forward_passes`` and timed in ``time_lm``, and the
+    tree steps land in ``NestStats``."""
+
+    class _Fork:
+        def propose(self, state):
+            ctx = state.context_ids
+            a, b = ctx[-1], ctx[-2] if len(ctx) > 1 else ctx[-1]
+            return Draft([a, b, a], None, parents=[-1, -1, 0])
+
+        def update(self, state, draft, n_accepted):
+            return None
+
+    calls = {"forward": 0, "forward_tree": 0}
+    for name in calls:
+        real = getattr(tiny_lm, name)
+
+        def counted(*a, _real=real, _name=name, **kw):
+            calls[_name] += 1
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(tiny_lm, name, counted)
+    method = Method("test-fork", lambda ctx: _Fork())
+    ids = tiny_lm.tokenize("one two one two one two one two")
+    out, stats = loop_module.decode_ids(tiny_lm, method, ids, 12, drafter=_Fork())
+    monkeypatch.undo()
+    greedy, _ = loop_module.decode_ids(tiny_lm, get_method("greedy"), ids, 12)
+    assert out == greedy
+    assert calls["forward_tree"] == stats.tree_steps > 0
+    assert stats.forward_passes == calls["forward"] + calls["forward_tree"]
+    assert stats.tree_nodes == 3 * stats.tree_steps and stats.time_lm > 0

@@ -571,7 +571,7 @@ def test_sampling_accepts_on_the_warped_distribution(tiny_lm, monkeypatch):
     from nest_integrations.core.sampling import warp
 
     calls: list[tuple[torch.Tensor, list[int], int]] = []
-    accept = loop_module.Verifier.accept
+    accept = loop_module.RelaxedVerifier.accept
 
     def spy(self, dist, draft):
         n = accept(self, dist, draft)
@@ -579,7 +579,7 @@ def test_sampling_accepts_on_the_warped_distribution(tiny_lm, monkeypatch):
         calls.append((p.detach().clone(), draft.tolist(), n))
         return n
 
-    monkeypatch.setattr(loop_module.Verifier, "accept", spy)
+    monkeypatch.setattr(loop_module.RelaxedVerifier, "accept", spy)
     cfg = _copying_cfg(temperature=1.0, top_p=0.3, seed=0)
     NestEngine(tiny_lm, config=cfg).generate("The history of the Roman Empire",
                                              max_new_tokens=40, passages=_rome())

@@ -333,14 +333,14 @@ class _CountingLM(FakeLM):
         super().__init__()
         self.active = self.peak = 0
 
-    def forward(self, ids, cache):  # type: ignore[no-untyped-def]
+    def forward(self, ids, cache, *, last=None):  # type: ignore[no-untyped-def]
         import time
 
         self.active += 1
         self.peak = max(self.peak, self.active)
         time.sleep(0.002)
         try:
-            return super().forward(ids, cache)
+            return super().forward(ids, cache, last=last)
         finally:
             self.active -= 1
 
