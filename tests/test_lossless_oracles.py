@@ -33,7 +33,6 @@ How each method's drafts are made partly wrong on the tiny models:
 from __future__ import annotations
 
 import hashlib
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -400,7 +399,6 @@ RAG_PASSAGES = [
 def test_every_lossless_method_equals_hf_generate_on_smollm2(default_lm, tmp_path):
     """The real model: 6 prompts x 48 tokens, every lossless method, token for token."""
     lm = default_lm
-    t0 = time.perf_counter()
     n_layers = len(lm.model.model.layers)
     skip = SkipSet.from_lists(n_layers, range(6, n_layers - 4, 2), range(9, n_layers - 4, 4))
     cases = corpus_cases(lm, REAL_QUESTIONS, N_REAL, tmp_path / "ds", skip,
@@ -415,14 +413,13 @@ def test_every_lossless_method_equals_hf_generate_on_smollm2(default_lm, tmp_pat
     for label in DRAFTING:  # every method drafted and had drafts accepted
         assert out.accepted[label] > 0, (label, out.drafted[label])
     assert_partial(out, ("rest", "dresd", "knn-ssd"))
-    print(f"smollm2 oracle: {len(cases)} generations in {time.perf_counter() - t0:.0f} s; "
-          f"accepted/drafted {dict((k, (out.accepted[k], out.drafted[k])) for k in DRAFTING)}")
 
 
 # ------------------------------------------------------------------ KNN-SSD sampling (q not one-hot)
 
 V_SMALL = 6  # three tokens of a 6-token vocabulary: 216 cells, enumerated exactly
 TEMPERATURE = 1.3
+SKIP_SMALL = SkipSet.from_lists(2, [0], [])  # skip layer 0 attention: ~60% of drafts accepted
 
 
 class _IdsLM(HFLanguageModel):
@@ -457,11 +454,10 @@ def _exact_three_tokens(lm: Any, prompt: list[int]) -> dict:
     return probs
 
 
-def _knn_ssd_samples(lm: Any, n: int) -> tuple[Counter, int, int]:
+def _knn_ssd_samples(lm: Any, n: int, skip: SkipSet = SKIP_SMALL) -> tuple[Counter, int, int]:
     """``n`` seeded 3-token KNN-SSD samples: the first token from the prefill, the next two
     drafted by the layer-skip model (sampled, with their q) and verified."""
     cfg = NestConfig(temperature=TEMPERATURE)
-    skip = SkipSet.from_lists(2, [1], [1])
     engine = NestEngine(lm, None, None, cfg, decoding="knn-ssd",
                         drafter_options={"skip": skip.to_dict(), "threshold": 0.0,
                                          "max_draft": 2})
@@ -475,7 +471,7 @@ def _knn_ssd_samples(lm: Any, n: int) -> tuple[Counter, int, int]:
     return counts, accepted, drafted
 
 
-N_DRAWS = 1500
+N_DRAWS = 1200
 
 
 def test_knn_ssd_sampling_matches_exact_enumeration(small_vocab_lm, monkeypatch):
