@@ -10,7 +10,6 @@ keeps the sampling distribution, and the port takes a new drafter in one file + 
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 import pytest
@@ -23,7 +22,7 @@ from nest_integrations.drafters import METHODS, Draft, Method, get_method, regis
 from nest_integrations.engine import NestEngine
 from nest_integrations.types import Passage
 from tests.fakes import FakeLM
-from tests.invariants import hf_greedy
+from tests.invariants import chi2_pvalue, hf_greedy
 
 GROUNDED = (
     "The assert statement is a convenient way to insert debugging assertions into a program. "
@@ -162,19 +161,7 @@ def _exact_probs(lm: FakeLM, prompt_ids: list[int], cfg: NestConfig, n_tokens: i
     return probs
 
 
-def _chi2_pvalue(counts: Counter, probs: dict, n: int) -> float:
-    """Pearson chi-square goodness of fit, p-value by Wilson-Hilferty (cells pooled to E >= 5)."""
-    stat, df, pool_o, pool_e = 0.0, -1, 0.0, 0.0
-    for cell, p in sorted(probs.items(), key=lambda kv: kv[1]):
-        pool_o += counts.get(cell, 0)
-        pool_e += p * n
-        if pool_e >= 5:
-            stat += (pool_o - pool_e) ** 2 / pool_e
-            df += 1
-            pool_o = pool_e = 0.0
-    k = max(df, 1)
-    z = ((stat / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
-    return 0.5 * math.erfc(z / math.sqrt(2))
+_chi2_pvalue = chi2_pvalue
 
 
 class _Repeat:
