@@ -13,6 +13,7 @@ import pytest
 from nest_integrations import assembly, cli
 from nest_integrations.ask import ask_spec
 from nest_integrations.engine import NestEngine
+from tests.engines import make_engine
 from nest_integrations.ingest.pipeline import IngestPipeline
 from nest_integrations.integrations.langchain import ChatNest
 from nest_integrations.integrations.langchain import NestLLM as LangChainLLM
@@ -255,7 +256,7 @@ def test_model_calls_are_serialised_per_model() -> None:
 
 def test_adapters_serialise_given_engines_too() -> None:
     """``engine=`` is shared with its model wrapped; the user's engine is left as it is."""
-    engine = NestEngine(FakeLM())
+    engine = make_engine(FakeLM())
     for adapter_engine in (ChatNest(engine=engine).get_engine(),
                            assembly.share_engine(engine)):
         assert isinstance(adapter_engine.lm, assembly.SerializedLM)

@@ -272,7 +272,7 @@ def test_oracle_greedy_dresd_equals_greedy(tiny_lm, tmp_path):
     """Lossless: the same tokens as plain greedy decoding, with an in-domain datastore (the
     model's own responses: many acceptances) and an unrelated one (few)."""
     from nest_integrations.config import NestConfig
-    from nest_integrations.engine import NestEngine
+    from tests.engines import make_engine
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
@@ -284,7 +284,7 @@ def test_oracle_greedy_dresd_equals_greedy(tiny_lm, tmp_path):
                                                             max_new_tokens=n)), tmp_path / "fork")
     from nest_integrations.drafters.dresd import STATS
 
-    engine = NestEngine(tiny_lm, None, config=NestConfig(temperature=0.0))
+    engine = make_engine(tiny_lm, None, config=NestConfig(temperature=0.0))
     STATS.reset()
     acc, n_citations = {}, 0
     for name, ds in (("in", ind), ("ood", ood), ("fork", fork)):
