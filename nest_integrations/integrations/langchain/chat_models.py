@@ -14,6 +14,7 @@ from langchain_core.messages.content import create_citation, create_text_block
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from pydantic import ConfigDict, Field, SecretStr
 
+from nest_integrations import output
 from nest_integrations.integrations._common import (
     CitationTracker,
     citation_payload,
@@ -222,10 +223,17 @@ def citation_annotation(c: Citation) -> Any:
     )
 
 
+#: ``output.usage`` key -> LangChain ``UsageMetadata`` key.
+USAGE_KEYS = {
+    "prompt_tokens": "input_tokens",
+    "completion_tokens": "output_tokens",
+    "total_tokens": "total_tokens",
+}
+
+
 def usage_metadata(result: NestResult) -> UsageMetadata:
-    """Prompt and generated token counts of one generation."""
-    n_in, n_out = result.stats.prompt_tokens, result.stats.new_tokens
-    return UsageMetadata(input_tokens=n_in, output_tokens=n_out, total_tokens=n_in + n_out)
+    """Prompt and generated token counts of one generation (``output.usage``, renamed)."""
+    return UsageMetadata(**output.renamed(output.usage(result), USAGE_KEYS))
 
 
 def to_chat_messages(messages: list[BaseMessage]) -> list[dict[str, str]]:

@@ -11,6 +11,7 @@ from langchain_core.language_models.llms import LLM
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from pydantic import ConfigDict
 
+from nest_integrations import output
 from nest_integrations.integrations._common import CitationTracker, citation_payload, stats_payload
 from nest_integrations.integrations.langchain._engine import NestModelParams
 from nest_integrations.types import NestResult
@@ -103,13 +104,12 @@ class NestLLM(NestModelParams, LLM):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> LLMResult:
-        generations, n_in, n_out = [], 0, 0
+        generations, usages = [], []
         for prompt in prompts:
             result = self._nest_generate(prompt, stop, kwargs)
             generations.append([Generation(text=result.text, generation_info=_info(result))])
-            n_in += result.stats.prompt_tokens
-            n_out += result.stats.new_tokens
-        usage = {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
+            usages.append(output.usage(result))
+        usage = output.add_usage(*usages)
         return LLMResult(
             generations=generations,
             llm_output={"model_name": self.resolved_model_name, "token_usage": usage},
@@ -138,11 +138,9 @@ class NestLLM(NestModelParams, LLM):
 
 
 def _info(result: NestResult) -> dict[str, Any]:
-    n_in, n_out = result.stats.prompt_tokens, result.stats.new_tokens
     return {
         "citations": [citation_payload(c) for c in result.citations],
         "finish_reason": result.stats.finish_reason,
         "nest": stats_payload(result),
-        "token_usage": {"prompt_tokens": n_in, "completion_tokens": n_out,
-                        "total_tokens": n_in + n_out},
+        "token_usage": output.usage(result),
     }
