@@ -275,10 +275,10 @@ def unwrap(lm: Any) -> Any:
 
 
 def persist_root(persist_dir: str | os.PathLike[str] | None) -> Path:
-    """The store folder: ``persist_dir``, else ``$NEST_HOME/store``."""
+    """The store folder: ``persist_dir``, else ``$NEST_HOME/store`` (``paths.persist_root``)."""
     from nest_integrations import paths
 
-    return Path(persist_dir) if persist_dir is not None else paths.default_persist_dir()
+    return paths.persist_root(persist_dir)
 
 
 def open_store(
