@@ -89,6 +89,18 @@ def citation_payload(c: Citation) -> dict[str, Any]:
 stats_payload = output.stats
 
 
+def engine_kwargs(
+    kwargs: Mapping[str, Any], *, max_new_tokens: int, stop: Any, config: Any, passages: Any
+) -> dict[str, Any]:
+    """``NestEngine.generate`` arguments of one adapter call: what the adapter resolved (token
+    budget, stop strings, config, passages), the call's retrieval ``query``, and its
+    ``decoding``/``drafter_options`` when given (else the engine's)."""
+    out = {"max_new_tokens": max_new_tokens, "stop": stop, "config": config,
+           "passages": passages, "query": kwargs.get("query")}
+    out.update((k, kwargs[k]) for k in ("decoding", "drafter_options") if kwargs.get(k) is not None)
+    return out
+
+
 def messages_to_dicts(messages: Any) -> list[dict[str, str]]:
     """Normalise ``(role, content)`` pairs / dicts to ``{"role", "content"}`` dicts with the
     roles chat templates expect (system, user, assistant)."""

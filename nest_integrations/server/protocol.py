@@ -110,13 +110,7 @@ class Limits:
 
 def parse_chat(body: Any, limits: Limits) -> GenerationRequest:
     """Validate a ``/v1/chat/completions`` body."""
-    body = _object(body)
-    if "messages" not in body:
-        raise ApiError(
-            400, "missing required parameter: 'messages'", param="messages",
-            code="missing_required_parameter",
-        )
-    raw = body["messages"]
+    raw = _required(_object(body), "messages")
     if not isinstance(raw, list) or not raw:
         raise invalid("messages", "'messages' must be a non-empty array of {role, content} objects")
     messages = [_message(m, i) for i, m in enumerate(raw)]
@@ -136,13 +130,7 @@ def parse_chat(body: Any, limits: Limits) -> GenerationRequest:
 
 def parse_completion(body: Any, limits: Limits) -> GenerationRequest:
     """Validate a ``/v1/completions`` body (one prompt string)."""
-    body = _object(body)
-    if "prompt" not in body:
-        raise ApiError(
-            400, "missing required parameter: 'prompt'", param="prompt",
-            code="missing_required_parameter",
-        )
-    prompt = body["prompt"]
+    prompt = _required(_object(body), "prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str):
@@ -168,6 +156,15 @@ def _unsupported(body: dict[str, Any]) -> None:
             "response_format", f"response_format type {fmt.get('type')!r} is not supported "
             "(only 'text')"
         )
+
+
+def _required(body: dict[str, Any], key: str) -> Any:
+    if key not in body:
+        raise ApiError(
+            400, f"missing required parameter: '{key}'", param=key,
+            code="missing_required_parameter",
+        )
+    return body[key]
 
 
 def _object(body: Any) -> dict[str, Any]:

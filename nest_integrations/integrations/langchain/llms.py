@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
-from langchain_core.language_models import LangSmithParams
 from langchain_core.language_models.llms import LLM
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from pydantic import ConfigDict
@@ -70,23 +69,7 @@ class NestLLM(NestModelParams, LLM):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {
-            "model_name": self.resolved_model_name,
-            "collection": self.collection,
-            "config": self.nest_config.to_dict(),
-            "decoding": self.decoding,
-            "max_tokens": self.max_tokens,
-        }
-
-    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
-        params = super()._get_ls_params(stop=stop, **kwargs)
-        params["ls_provider"] = "nest"
-        model = kwargs.get("model")
-        params["ls_model_name"] = model if isinstance(model, str) else self.resolved_model_name
-        params.setdefault("ls_temperature", self._call_config(kwargs).temperature)
-        if "ls_stop" not in params and self.stop:
-            params["ls_stop"] = self.stop
-        return params
+        return self._nest_params()
 
     def _call(
         self,

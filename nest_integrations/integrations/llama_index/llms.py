@@ -32,6 +32,7 @@ from llama_index.core.llms.custom import CustomLLM
 from nest_integrations import assembly, output
 from nest_integrations.integrations._common import (
     citation_payload,
+    engine_kwargs,
     messages_to_dicts,
     stats_payload,
 )
@@ -202,19 +203,15 @@ class NestLLM(CustomLLM):
             LOG.debug("NestLLM ignores keyword arguments %s", ignored)
         config = kwargs.get("config", self.config)
         passages = kwargs.get("passages")
-        out = {
-            "max_new_tokens": assembly.resolve_max_new_tokens(
+        return engine_kwargs(
+            kwargs,
+            max_new_tokens=assembly.resolve_max_new_tokens(
                 kwargs.get("max_new_tokens"), kwargs.get("max_tokens"), self.max_new_tokens
             ),
-            "stop": kwargs.get("stop", self.stop),
-            "config": assembly.resolve_config(config) if config is not None else None,
-            "passages": to_passages(passages) if passages is not None else None,
-            "query": kwargs.get("query"),
-        }
-        for key in ("decoding", "drafter_options"):
-            if kwargs.get(key) is not None:
-                out[key] = kwargs[key]
-        return out
+            stop=kwargs.get("stop", self.stop),
+            config=assembly.resolve_config(config) if config is not None else None,
+            passages=to_passages(passages) if passages is not None else None,
+        )
 
     def _completion_prompt(self, prompt: str, formatted: bool) -> Any:
         if formatted:
