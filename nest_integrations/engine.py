@@ -20,8 +20,8 @@ import torch
 from nest_integrations.config import NestConfig
 from nest_integrations.core.citations import build_citations, last_citation
 from nest_integrations.core.token_memory import TokenMemory
-from nest_integrations.drafters import DrafterContext, get_method
 from nest_integrations.defaults import DEFAULT_DECODING, DEFAULT_MAX_NEW_TOKENS
+from nest_integrations.drafters import DrafterContext, get_method
 from nest_integrations.loop import DecodeLoop
 from nest_integrations.prompts import (
     Prompt,
