@@ -1,6 +1,6 @@
 """Where `nest calibrate` keeps its results: one JSON file per collection under the persist dir,
 one entry per model (fingerprint + key source). Read by the engine assembly, written by
-``calibrate.py``; no model or framework imports, so the assembly can read it cheaply."""
+``nest_integrations.calibrate``; no model or framework imports, so the assembly can read it cheaply."""
 
 from __future__ import annotations
 
@@ -99,5 +99,3 @@ def load_calibration(
         return None
     return out
 
-
-# ----------------------------------------------------------------------------- end to end

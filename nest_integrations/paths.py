@@ -28,7 +28,7 @@ def default_persist_dir() -> Path:
 
 
 def persist_root(persist_dir: str | os.PathLike[str] | None) -> Path:
-    """The store folder: ``persist_dir``, else ``$NEST_HOME/store`` (``default_persist_dir``)."""
+    """The store folder: ``persist_dir``, else ``$NEST_HOME/store``."""
     return Path(persist_dir) if persist_dir is not None else default_persist_dir()
 
 

@@ -210,6 +210,26 @@ def test_propose_drafts_corpus_continuation_with_exact_sources(tiny_lm, built):
         assert all(-1 <= q < i for i, q in enumerate(draft.parents))
 
 
+def test_draft_into_a_retrieved_passage_without_offsets_fills_them_in(tiny_lm, built):
+    """A lossless method's retrieved passages come without token offsets; when DReSD drafts
+    from one of them, its offsets must be registered (a crash when citing it, before)."""
+    from nest_integrations.drafters.dresd import DresdDrafter
+
+    _, ds = built
+    p = 2
+    toks = tiny_lm.tokenize(TEXTS[p])
+    j = 4
+    raw = tiny_lm.encode_passages([toks])[0]
+    state = _state(tiny_lm, ds, toks[: j + 1], torch.from_numpy(raw[j]))
+    state.passages.append(ds.passage(p))
+    state.offsets.append(None)
+    draft = DresdDrafter(ds, num_drafts=1, draft_len=5, shape="chain").propose(state)
+    assert draft is not None and draft.tokens[:5] == toks[j + 1 : j + 6]
+    assert draft.sources[0][0] == 0 and len(state.passages) == 1
+    s, e = state.offsets[0][draft.sources[0][1]]
+    assert state.passages[0].text[s:e] == tiny_lm.detokenize([draft.tokens[0]])
+
+
 def test_first_token_filter_and_budget(tiny_lm, built):
     from nest_integrations.drafters.dresd import DresdDrafter, _trie
 

@@ -116,9 +116,13 @@ class DecodeState:
 
     def add_passage(self, passage: Passage, offsets: Any) -> int:
         """Register a passage (with its ``(m, 2)`` token char offsets) so that sources can
-        point into it; returns its index. The same passage id is registered once."""
+        point into it; returns its index. The same passage id is registered once; a passage
+        the generation already holds without offsets (a lossless method's retrieved passages
+        carry none) gets these offsets, so citations into it can be built."""
         for i, p in enumerate(self.passages):
             if p.id == passage.id:
+                if self.offsets[i] is None:
+                    self.offsets[i] = offsets
                 return i
         self.passages.append(passage)
         self.offsets.append(offsets)
