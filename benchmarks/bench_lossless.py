@@ -45,6 +45,7 @@ from nest_integrations.dresd import (  # noqa: E402
     read_prompts,
 )
 from nest_integrations.engine import NestEngine  # noqa: E402
+from nest_integrations.index.in_memory_store import InMemoryKeyStore  # noqa: E402
 from nest_integrations.lm.hf import HFLanguageModel  # noqa: E402
 
 LOG = logging.getLogger("bench_lossless")
@@ -124,7 +125,7 @@ def main() -> int:
     ind = id_datastore(lm, train, 128)
     small = id_datastore(lm, train[: args.n_train_small], 128) if args.n_train_small else None
     stores = {"ood": DresdDatastore.open(ood, lm), "id": DresdDatastore.open(ind, lm)}
-    engine = NestEngine(lm, None, config=NestConfig(temperature=0.0))
+    engine = NestEngine(lm, None, InMemoryKeyStore(), NestConfig(temperature=0.0))
     eos = lm.eos_token_ids
     n = args.max_new_tokens
 

@@ -184,12 +184,16 @@ class NestResult:
             sum(c.n_tokens for c in self.citations) / len(self.citations) if self.citations else 0.0
         )
 
+    def stats_dict(self) -> dict[str, Any]:
+        """``stats.to_dict()`` with ``mean_span_length`` (what every output format reports)."""
+        return {**self.stats.to_dict(), "mean_span_length": self.mean_span_length}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "text": self.text,
             "token_ids": list(self.token_ids),
             "citations": [c.to_dict() for c in self.citations],
-            "stats": {**self.stats.to_dict(), "mean_span_length": self.mean_span_length},
+            "stats": self.stats_dict(),
             "passages": [dataclasses.asdict(p) for p in self.passages],
         }
 

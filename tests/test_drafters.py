@@ -19,7 +19,7 @@ from nest_integrations import loop as loop_module
 from nest_integrations.config import NestConfig
 from nest_integrations.core.sampling import warp
 from nest_integrations.drafters import METHODS, Draft, Method, get_method, register
-from nest_integrations.engine import NestEngine
+from tests.engines import make_engine
 from nest_integrations.types import Passage
 from tests.fakes import FakeLM
 from tests.invariants import chi2_pvalue, hf_greedy
@@ -51,7 +51,7 @@ _hf_greedy = hf_greedy
 def test_lossless_modes_equal_hf_greedy(default_lm):
     """greedy and prompt-lookup equal HF greedy generate token for token on 10 prompts, and
     prompt-lookup's drafts were really verified (some accepted, some rejected)."""
-    engine = NestEngine(default_lm)
+    engine = make_engine(default_lm)
     drafted = accepted = 0
     for prompt in PROMPTS:
         ref = _hf_greedy(default_lm, engine.prompt_ids(prompt), 24)
@@ -69,7 +69,7 @@ def test_lossless_modes_equal_hf_greedy(default_lm):
 @pytest.mark.slow
 def test_prompt_lookup_stops_at_max_new_tokens_mid_draft(default_lm):
     """A draft longer than the budget is cut: the output ends at max_new_tokens exactly."""
-    engine = NestEngine(default_lm)
+    engine = make_engine(default_lm)
     prompt = PROMPTS[1]
     ref = _hf_greedy(default_lm, engine.prompt_ids(prompt), 7)
     res = engine.generate(prompt, max_new_tokens=7, decoding="prompt-lookup")
@@ -79,7 +79,7 @@ def test_prompt_lookup_stops_at_max_new_tokens_mid_draft(default_lm):
 
 def test_lossless_modes_equal_greedy_on_tiny_model(tiny_lm):
     """The same oracle on the tiny random Llama (fast): repetitive output, many drafts."""
-    engine = NestEngine(tiny_lm)
+    engine = make_engine(tiny_lm)
     for prompt in ["The Roman Empire was", "a b a b a b a b", "def f(x): return x"]:
         ref = engine.generate(prompt, max_new_tokens=40, decoding="greedy")
         res = engine.generate(prompt, max_new_tokens=40, decoding="prompt-lookup")
@@ -90,7 +90,7 @@ def test_lossless_modes_equal_greedy_on_tiny_model(tiny_lm):
 
 def test_lossless_modes_keep_passages_and_give_no_citations(tiny_lm):
     """Lossless modes still return the passages they were given, without copy citations."""
-    engine = NestEngine(tiny_lm)
+    engine = make_engine(tiny_lm)
     p = Passage("p1", GROUNDED, doc_id="d", char_start=0, char_end=len(GROUNDED))
     res = engine.generate("The assert statement", max_new_tokens=8, decoding="prompt-lookup",
                           passages=[p])
@@ -101,9 +101,9 @@ def test_lossless_modes_keep_passages_and_give_no_citations(tiny_lm):
 
 def test_unknown_decoding_is_a_clear_error(tiny_lm):
     with pytest.raises(ValueError, match="unknown decoding 'nope'.*prompt-lookup"):
-        NestEngine(tiny_lm, decoding="nope")
+        make_engine(tiny_lm, decoding="nope")
     with pytest.raises(ValueError, match="unknown decoding"):
-        NestEngine(tiny_lm).generate("x", decoding="nope")
+        make_engine(tiny_lm).generate("x", decoding="nope")
 
 
 def test_new_drafter_is_one_class_and_one_registry_line(tiny_lm):
@@ -120,7 +120,7 @@ def test_new_drafter_is_one_class_and_one_registry_line(tiny_lm):
 
     register(Method("always-567", lambda ctx: Always()))
     try:
-        engine = NestEngine(tiny_lm)
+        engine = make_engine(tiny_lm)
         ref = engine.generate("The Roman Empire was", max_new_tokens=12, decoding="greedy")
         res = engine.generate("The Roman Empire was", max_new_tokens=12, decoding="always-567")
         assert res.token_ids == ref.token_ids
@@ -178,7 +178,7 @@ class _Repeat:
 
 
 def _sample_pairs(method: str, n: int, cfg: NestConfig) -> tuple[Counter, list[int]]:
-    engine = NestEngine(_fake_lm())
+    engine = make_engine(_fake_lm())
     counts: Counter = Counter()
     acc = [0, 0]
     for i in range(n):

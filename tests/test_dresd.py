@@ -321,7 +321,7 @@ def test_oracle_greedy_dresd_equals_greedy(tiny_lm, tmp_path):
     """Lossless: the same tokens as plain greedy decoding, with an in-domain datastore (the
     model's own responses: many acceptances) and an unrelated one (few)."""
     from nest_integrations.config import NestConfig
-    from nest_integrations.engine import NestEngine
+    from tests.engines import make_engine
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
@@ -331,7 +331,7 @@ def test_oracle_greedy_dresd_equals_greedy(tiny_lm, tmp_path):
     ood = build_datastore(tiny_lm, PassageSource(_passages(), tiny_lm), tmp_path / "ood")
     fork = build_datastore(tiny_lm, ForkSource(PromptSource(read_prompts(prompts), tiny_lm,
                                                             max_new_tokens=n)), tmp_path / "fork")
-    engine = NestEngine(tiny_lm, None, config=NestConfig(temperature=0.0))
+    engine = make_engine(tiny_lm, None, config=NestConfig(temperature=0.0))
     acc, n_citations, tree_steps = {}, 0, 0
     for name, ds in (("in", ind), ("ood", ood), ("fork", fork)):
         acc[name] = 0

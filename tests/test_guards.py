@@ -18,7 +18,7 @@ from nest_integrations.core.verification import (
     guarded_token,
     relaxed_accept_count,
 )
-from nest_integrations.engine import NestEngine
+from tests.engines import make_engine
 from nest_integrations.types import Passage
 from tests.fakes import FakeLM
 
@@ -80,7 +80,7 @@ def test_eos_guard_ends_where_the_lm_ends_and_min_citation_filters():
     (the copy never overrules the end), while the paper setting copies the passage."""
     lm = _EndingLM(key_dim=8, vocab_size=64, seed=1)
     text = "alpha beta gamma delta epsilon zeta eta theta"
-    engine = NestEngine(lm)
+    engine = make_engine(lm)
     passages = [_passage(text, "a")]
     paper = engine.generate(" alpha", max_new_tokens=8, passages=passages,
                             config=NestConfig(rrc_offset=10.0))  # lambda ~ 0: p_M ~ p_kNN

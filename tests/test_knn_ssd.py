@@ -191,12 +191,12 @@ def _profile(lm, tmp_path, skips: dict[str, SkipSet], anchors: dict[str, np.ndar
 @pytest.mark.parametrize("domain", DOMAINS)
 def test_engine_knn_ssd_equals_greedy_for_every_domain(tiny_lm, tmp_path, domain):
     """decoding="knn-ssd" (routed by a profile; good and bad sets) == decoding="greedy"."""
-    from nest_integrations import NestEngine
+    from tests.engines import make_engine
 
     n = _n(tiny_lm)
     prompt = domain_prompts(domain, "eval", 1)[0].text
     vec = tiny_lm.domain_vector(tiny_lm.tokenize(prompt)).numpy()[None]
-    engine = NestEngine(tiny_lm, decoding="greedy")
+    engine = make_engine(tiny_lm, decoding="greedy")
     ref = engine.generate(prompt, max_new_tokens=16).token_ids
     for skip in (SkipSet(n), _all(tiny_lm)):
         path = _profile(tiny_lm, tmp_path, {domain: skip}, {domain: vec})
@@ -238,10 +238,11 @@ def test_routing_and_draft_counters_land_in_the_generation_stats(tiny_lm, tmp_pa
 
 
 def test_engine_sampling_runs_with_draft_distributions(tiny_lm):
-    from nest_integrations import NestConfig, NestEngine
+    from nest_integrations import NestConfig
+    from tests.engines import make_engine
 
     cfg = NestConfig(temperature=0.8, top_p=0.95, seed=3)
-    engine = NestEngine(tiny_lm, config=cfg, decoding="knn-ssd",
+    engine = make_engine(tiny_lm, config=cfg, decoding="knn-ssd",
                         drafter_options={"skip": SkipSet.from_lists(_n(tiny_lm), [1]).to_dict(),
                                          "threshold": 0.0})
     res = engine.generate(PROSE, max_new_tokens=12)
@@ -267,16 +268,16 @@ def test_profile_of_another_model_is_refused_and_left_intact(tiny_lm, tmp_path):
 
 
 def test_missing_profile_names_the_commands(tiny_lm, tmp_path, monkeypatch):
-    from nest_integrations import NestEngine
+    from tests.engines import make_engine
 
     monkeypatch.setenv("NEST_HOME", str(tmp_path))
     with pytest.raises(ProfileError, match="nest knn-ssd search"):
-        NestEngine(tiny_lm, decoding="knn-ssd").generate(PROSE, max_new_tokens=4)
+        make_engine(tiny_lm, decoding="knn-ssd").generate(PROSE, max_new_tokens=4)
 
 
 def test_default_profile_is_found_automatically(tiny_lm, tmp_path, monkeypatch):
     """With no options the drafter loads $NEST_HOME/knn_ssd/<fingerprint>/default.json."""
-    from nest_integrations import NestEngine
+    from tests.engines import make_engine
 
     monkeypatch.setenv("NEST_HOME", str(tmp_path))
     path = profile_path(tiny_lm)
@@ -284,8 +285,8 @@ def test_default_profile_is_found_automatically(tiny_lm, tmp_path, monkeypatch):
     vec = tiny_lm.domain_vector(tiny_lm.tokenize(PROSE)).numpy()[None]
     update_profile(tiny_lm, None, lambda p: (p.skips.update({"prose": SkipSet(_n(tiny_lm))}),
                                              p.anchors.update({"prose": vec})))
-    res = NestEngine(tiny_lm, decoding="knn-ssd").generate(PROSE, max_new_tokens=8)
-    assert res.token_ids == NestEngine(tiny_lm).generate(PROSE, max_new_tokens=8,
+    res = make_engine(tiny_lm, decoding="knn-ssd").generate(PROSE, max_new_tokens=8)
+    assert res.token_ids == make_engine(tiny_lm).generate(PROSE, max_new_tokens=8,
                                                          decoding="greedy").token_ids
 
 

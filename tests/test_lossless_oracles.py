@@ -43,8 +43,9 @@ import torch
 
 from nest_integrations.config import NestConfig
 from nest_integrations.dresd import SourceBatch, build_datastore
-from nest_integrations.dresd.prompts import keys_in_context
+from nest_integrations.dresd.responses import keys_in_context
 from nest_integrations.engine import NestEngine
+from nest_integrations.index.in_memory_store import InMemoryKeyStore
 from nest_integrations.lm.hf import HFLanguageModel
 from nest_integrations.lm.layer_skip import SkipSet
 from nest_integrations.prompts import RA_CHAT_TEMPLATE, RA_TEXT_TEMPLATE
@@ -302,8 +303,8 @@ def tiny_cases(tiny_lm, markov_lm, tmp_path_factory):
     on_tiny += copy_cases(tiny_lm, QUESTIONS[:2], N_TINY, chat=True)
     on_markov = copy_cases(markov_lm, COMPLETIONS, N_TINY, chat=False)
     return [
-        (NestEngine(tiny_lm, None, None, NestConfig()), on_tiny, {}),
-        (NestEngine(markov_lm, None, None, NestConfig()), on_markov, {}),
+        (NestEngine(tiny_lm, None, InMemoryKeyStore(), NestConfig()), on_tiny, {}),
+        (NestEngine(markov_lm, None, InMemoryKeyStore(), NestConfig()), on_markov, {}),
     ]
 
 
@@ -407,7 +408,7 @@ def test_every_lossless_method_equals_hf_generate_on_smollm2(default_lm, tmp_pat
         msgs = [{"role": "user", "content": q}]
         cases += [Case("prompt-lookup", msgs, chat_ids(lm, q)),
                   Case("rag-copy", msgs, chat_ids(lm, q, passages), passages=passages)]
-    out = run_oracle(NestEngine(lm, None, None, NestConfig()), cases, N_REAL, {})
+    out = run_oracle(NestEngine(lm, None, InMemoryKeyStore(), NestConfig()), cases, N_REAL, {})
     assert set(out.mismatches) == set(LOSSLESS)
     assert {k: v for k, v in out.mismatches.items() if v} == {}
     for label in DRAFTING:  # every method drafted and had drafts accepted
@@ -458,7 +459,7 @@ def _knn_ssd_samples(lm: Any, n: int, skip: SkipSet = SKIP_SMALL) -> tuple[Count
     """``n`` seeded 3-token KNN-SSD samples: the first token from the prefill, the next two
     drafted by the layer-skip model (sampled, with their q) and verified."""
     cfg = NestConfig(temperature=TEMPERATURE)
-    engine = NestEngine(lm, None, None, cfg, decoding="knn-ssd",
+    engine = NestEngine(lm, None, InMemoryKeyStore(), cfg, decoding="knn-ssd",
                         drafter_options={"skip": skip.to_dict(), "threshold": 0.0,
                                          "max_draft": 2})
     counts: Counter = Counter()
@@ -512,8 +513,8 @@ class _ConfidentLM(FakeLM):
 
     token = 0
 
-    def forward(self, ids, cache):
-        logits, keys = super().forward(ids, cache)
+    def forward(self, ids, cache, *, last=None):
+        logits, keys = super().forward(ids, cache, last=last)
         logits[:, self.token] = logits.max() + 20.0
         return logits, keys
 
@@ -526,7 +527,7 @@ def test_confidence_guard_lets_a_confident_lm_overrule_the_mixture():
     lm.token = sure
     text = "alpha beta gamma delta epsilon zeta eta theta"
     passages = [Passage("a", text, doc_id="a", char_start=0, char_end=len(text))]
-    engine = NestEngine(lm, None, None, NestConfig())
+    engine = NestEngine(lm, None, InMemoryKeyStore(), NestConfig())
     base = NestConfig(rrc_offset=10.0)  # lambda ~ 0: the mixture follows the passage
     paper = engine.generate(" alpha", max_new_tokens=6, passages=passages, config=base)
     guarded = engine.generate(" alpha", max_new_tokens=6, passages=passages,
