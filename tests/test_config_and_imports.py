@@ -67,7 +67,7 @@ def test_core_imports_no_framework():
         "    sys.modules[m] = None\n"
         "import nest_integrations.core.mixture, nest_integrations.core.verification\n"
         "import nest_integrations.core.proposers, nest_integrations.core.citations\n"
-        "import nest_integrations.engine\n"
+        "import nest_integrations.decoding.engine\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -398,7 +398,7 @@ def test_tiny_run_of_a_jsonl_task_over_a_corpus_folder(tiny_lm, tmp_path):
 
 def test_cli_settings_and_errors():
     """Overrides apply; unknown systems and a lone --corpus are errors."""
-    from nest_integrations.evaluation import cli
+    from nest_integrations.cli import eval as cli
 
     parser = argparse.ArgumentParser()
     cli.add_eval_arguments(parser)
@@ -544,7 +544,7 @@ def test_paired_statistics_hand_cases():
 
 
 def test_medium_configuration():
-    from nest_integrations.evaluation import cli
+    from nest_integrations.cli import eval as cli
 
     m = SETTINGS["medium"]
     assert m.n_completion >= 50 and m.n_qa >= 50 and m.n_entity_qa >= 50

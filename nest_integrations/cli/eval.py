@@ -215,7 +215,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Standalone entry point (``python -m nest_integrations.evaluation.cli``)."""
+    """Standalone entry point (``python -m nest_integrations.cli.eval``)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parser = argparse.ArgumentParser(prog="nest eval", description=EVAL_HELP)
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more")
