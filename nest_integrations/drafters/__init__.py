@@ -1,4 +1,4 @@
-"""Decoding methods: one drafter per method, all consumed by the one loop in ``loop.py``.
+"""Decoding methods: one drafter per method, all consumed by the one loop in ``decoding/loop.py``.
 
 A new method is one drafter file plus one ``register(Method(...))`` line below.
 
