@@ -2,10 +2,10 @@
 
 Each subcommand module (``ingest``, ``info``, ``ask``, ``eval``, ``dresd``, ``calibrate``,
 ``knn_ssd``, ``serve``) has ``add_<name>_args(parser)``, which adds its options, and
-``cmd_<name>(args) -> int``, which runs it (``eval``: ``add_eval_arguments`` / ``run_eval``);
-``common`` holds the shared store options and ``formatting`` the terminal rendering of answers.
-``main`` parses, configures logging, runs the command and turns expected errors into one line on
-stderr and exit status 1 (``--debug`` shows the traceback instead).
+``cmd_<name>(args) -> int``, which runs it (``knn_ssd`` for ``nest knn-ssd``); ``common`` holds
+the shared store options and ``formatting`` the terminal rendering of answers. ``main`` parses,
+configures logging, runs the command and turns expected errors into one line on stderr and exit
+status 1 (``--debug`` shows the traceback instead).
 
 Usage::
 
@@ -33,7 +33,7 @@ from nest_integrations.cli.ask import ASK_HELP, add_ask_args, cmd_ask
 from nest_integrations.cli.calibrate import CALIBRATE_HELP, add_calibrate_args, cmd_calibrate
 from nest_integrations.cli.common import UsageError
 from nest_integrations.cli.dresd import DRESD_HELP, add_dresd_args, cmd_dresd
-from nest_integrations.cli.eval import EVAL_HELP, add_eval_arguments, run_eval
+from nest_integrations.cli.eval import EVAL_HELP, add_eval_args, cmd_eval
 from nest_integrations.cli.info import INFO_HELP, add_info_args, cmd_info
 from nest_integrations.cli.ingest import INGEST_HELP, add_ingest_args, cmd_ingest
 from nest_integrations.cli.knn_ssd import KNN_SSD_HELP, add_knn_ssd_args, cmd_knn_ssd
@@ -53,7 +53,7 @@ COMMANDS: dict[str, Command] = {
     "ingest": (add_ingest_args, cmd_ingest, INGEST_HELP),
     "info": (add_info_args, cmd_info, INFO_HELP),
     "ask": (add_ask_args, cmd_ask, ASK_HELP),
-    "eval": (add_eval_arguments, run_eval, EVAL_HELP),
+    "eval": (add_eval_args, cmd_eval, EVAL_HELP),
     "dresd": (add_dresd_args, cmd_dresd, DRESD_HELP),
     "calibrate": (add_calibrate_args, cmd_calibrate, CALIBRATE_HELP),
     "knn-ssd": (add_knn_ssd_args, cmd_knn_ssd, KNN_SSD_HELP),
