@@ -14,7 +14,7 @@ tests outside the slow set get the tighter ``QUICK_TIMEOUT`` unless they carry t
 Randomness. Before each test the global RNGs (``random``, NumPy's legacy one, torch) are seeded
 with a constant, so a test that draws from them gets the same values in any order. Hypothesis
 never writes its example database into the tree, and in CI it is derandomized (the same
-examples on every run).
+examples on every run); its caches live in the temp dir, not in the tree.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import fnmatch
 import os
 import random
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,9 +42,12 @@ def in_ci() -> bool:
 
 try:
     from hypothesis import settings as _hyp_settings
+    from hypothesis.configuration import set_hypothesis_home_dir
 except ImportError:  # pragma: no cover - hypothesis is in the test extra
     _hyp_settings = None
 else:
+    # Its caches (./.hypothesis by default) go to the temp dir, never into the tree.
+    set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "nest-tests-hypothesis")
     _hyp_settings.register_profile("nest", database=None)
     _hyp_settings.register_profile("nest-ci", database=None, derandomize=True, print_blob=True)
     _hyp_settings.load_profile("nest-ci" if in_ci() else "nest")
