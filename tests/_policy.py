@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
+from hypothesis.configuration import set_hypothesis_home_dir
 
 ALLOWED_SKIPS = Path(__file__).with_name("allowed_skips.txt")
 QUICK_TIMEOUT = 180  # s; the slowest quick test takes about 20 s on 2 loaded cores
@@ -40,17 +42,11 @@ def in_ci() -> bool:
 
 # ----------------------------------------------------------------------------- Hypothesis
 
-try:
-    from hypothesis import settings as _hyp_settings
-    from hypothesis.configuration import set_hypothesis_home_dir
-except ImportError:  # pragma: no cover - hypothesis is in the test extra
-    _hyp_settings = None
-else:
-    # Its caches (./.hypothesis by default) go to the temp dir, never into the tree.
-    set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "nest-tests-hypothesis")
-    _hyp_settings.register_profile("nest", database=None)
-    _hyp_settings.register_profile("nest-ci", database=None, derandomize=True, print_blob=True)
-    _hyp_settings.load_profile("nest-ci" if in_ci() else "nest")
+# Its caches (./.hypothesis by default) go to the temp dir, never into the tree.
+set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "nest-tests-hypothesis")
+hypothesis_settings.register_profile("nest", database=None)
+hypothesis_settings.register_profile("nest-ci", database=None, derandomize=True, print_blob=True)
+hypothesis_settings.load_profile("nest-ci" if in_ci() else "nest")
 
 
 # ----------------------------------------------------------------------------- skip rules
