@@ -44,19 +44,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from nest_integrations.calibrate import (  # noqa: E402
-    ALPHAS,
-    MU_MULTIPLES,
-    TAUS,
-    _lam,
-    _Pool,
-    _Scored,
-    split_corpus,
-)
+from nest_integrations.calibrate import split_corpus  # noqa: E402
+from nest_integrations.calibrate.fitting import ALPHAS, MU_MULTIPLES, TAUS  # noqa: E402
+from nest_integrations.calibrate.scoring import ScoredText as _Scored  # noqa: E402
+from nest_integrations.calibrate.scoring import ScorePool as _Pool  # noqa: E402
 from nest_integrations.config import NestConfig  # noqa: E402
 from nest_integrations.core.token_memory import TokenMemory  # noqa: E402
 from nest_integrations.index import codecs  # noqa: E402
-from nest_integrations.index.store import DiskKeyStore, _encode  # noqa: E402
+from nest_integrations.index.keys import encode_keys  # noqa: E402
+from nest_integrations.index.store import DiskKeyStore  # noqa: E402
 
 CODECS = [("fp16", {}), ("int8", {}), ("pq", {}), ("pq", {"m": 144})]
 
@@ -113,7 +109,7 @@ def main() -> int:
     t0 = time.perf_counter()
     keys = []
     for i in range(0, len(passages), 16):
-        keys += _encode(lm, passages[i : i + 16], np.dtype(np.float32))
+        keys += encode_keys(lm, passages[i : i + 16], np.dtype(np.float32))
     n_tok = sum(len(k.token_ids) for k in keys)
     t_enc = time.perf_counter() - t0
     print(f"encoded {n_tok} tokens in {t_enc:.0f} s", flush=True)
@@ -185,8 +181,7 @@ def main() -> int:
         row.update(_calibrated(scored[label], lm.key_dim))
         for part, flag in (("in", True), ("out", False)):
             pool = _Pool([x for x in scored[label] if x.in_corpus == flag])
-            lam = torch.where(pool.has_hits, _lam(pool.ratio, cfg.rrc_offset, cfg.rrc_scale),
-                              torch.ones_like(pool.ratio))
+            lam = pool.lam(cfg.rrc_offset, cfg.rrc_scale)
             row[f"ppl_{part}"] = math.exp(pool.nll(pool.p_knn_true(mu), cfg.rrc_offset,
                                                    cfg.rrc_scale))
             row[f"ppl_base_{part}"] = math.exp(pool.base_nll())

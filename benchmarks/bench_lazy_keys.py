@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     from nest_integrations import assembly
     from nest_integrations.evaluation.entities import SAMPLE_QUESTIONS
     from nest_integrations.index.lazy_cache import LazyKeyCache
-    from nest_integrations.index.store import DiskKeyStore, ensure_keys
+    from nest_integrations.index.keys import ensure_keys
+    from nest_integrations.index.store import DiskKeyStore
     from nest_integrations.ingest import sample_corpus_inputs
     from nest_integrations.ingest.pipeline import IngestPipeline
 

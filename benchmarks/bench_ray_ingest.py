@@ -35,7 +35,8 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from nest_integrations.index.store import DiskKeyStore, ensure_keys  # noqa: E402
+from nest_integrations.index.keys import ensure_keys  # noqa: E402
+from nest_integrations.index.store import DiskKeyStore  # noqa: E402
 from nest_integrations.ingest import (  # noqa: E402
     load_documents,
     sample_corpus_inputs,

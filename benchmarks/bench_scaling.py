@@ -80,7 +80,8 @@ def main() -> None:
     from nest_integrations import assembly
     from nest_integrations.index.codecs import make_codec
     from nest_integrations.index.lazy_cache import LazyKeyCache
-    from nest_integrations.index.store import DiskKeyStore, _encode
+    from nest_integrations.index.keys import encode_keys
+    from nest_integrations.index.store import DiskKeyStore
     from nest_integrations.ingest import (
         load_documents,
         sample_corpus_inputs,
@@ -102,7 +103,7 @@ def main() -> None:
     encoded = {}
     for i in range(0, len(ordered), 16):
         batch = ordered[i : i + 16]
-        for p, k in zip(batch, _encode(lm, batch, np.dtype(np.float32))):
+        for p, k in zip(batch, encode_keys(lm, batch, np.dtype(np.float32))):
             encoded[p.id] = k
     encode_s = time.perf_counter() - t0
     keys = [encoded[p.id] for p in passages]
@@ -221,13 +222,15 @@ def main() -> None:
 def _lazy_with(tmp: str, lm, codec):
     """A lazy cache whose trained codec tables are ``codec``'s (as `nest ingest --keys lazy
     --key-codec X` leaves them)."""
-    from nest_integrations.index import lazy_cache as L
+    from nest_integrations.index.lazy_cache import LazyKeyCache
+    from nest_integrations.index.lazy_mode import LAZY_DIR, write_manifest
+    from nest_integrations.index.namespaces import lazy_namespace_name
 
-    ns = Path(tmp) / L.LAZY_DIR / L._namespace_name(lm.fingerprint, lm.key_source, codec.name)
+    ns = Path(tmp) / LAZY_DIR / lazy_namespace_name(lm.fingerprint, lm.key_source, codec.name)
     ns.mkdir(parents=True, exist_ok=True)
     codec.save(ns)
-    L._write_manifest(ns, lm.fingerprint, lm.key_source, lm.key_dim, codec)
-    return L.LazyKeyCache(
+    write_manifest(ns, lm.fingerprint, lm.key_source, lm.key_dim, codec)
+    return LazyKeyCache(
         tmp, fingerprint=lm.fingerprint, key_source=lm.key_source, key_dim=lm.key_dim,
         max_bytes=1 << 40, codec=codec.name,
     )  # fmt: skip

@@ -387,7 +387,8 @@ def main() -> int:
     from nest_integrations.engine import NestEngine
     from nest_integrations.evaluation.metrics import rouge, rouge_scorer
     from nest_integrations.evaluation.retrieval import BM25Retriever
-    from nest_integrations.index.store import DiskKeyStore, ensure_keys
+    from nest_integrations.index.keys import ensure_keys
+    from nest_integrations.index.store import DiskKeyStore
     from nest_integrations.ingest import (
         default_token_counter,
         load_documents,

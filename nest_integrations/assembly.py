@@ -48,10 +48,10 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Mapping
 
 from nest_integrations.config import NestConfig
+from nest_integrations.paths import persist_root
 
 LOG = logging.getLogger(__name__)
 
@@ -265,13 +265,6 @@ def unwrap(lm: Any) -> Any:
 # --------------------------------------------------------------------------------- stores
 
 
-def persist_root(persist_dir: str | os.PathLike[str] | None) -> Path:
-    """The store folder: ``persist_dir``, else ``$NEST_HOME/store``."""
-    from nest_integrations import paths
-
-    return Path(persist_dir) if persist_dir is not None else paths.default_persist_dir()
-
-
 def open_store(
     collection: str | None = None,
     persist_dir: str | os.PathLike[str] | None = None,
@@ -294,7 +287,8 @@ def open_key_store(persist_dir: str | os.PathLike[str] | None, lm: Any) -> Any:
     lazy LRU key cache when the dir is in lazy mode (``nest ingest --keys lazy``), else the
     eager ``DiskKeyStore``."""
     from nest_integrations import paths
-    from nest_integrations.index.lazy_cache import LazyKeyCache, read_mode
+    from nest_integrations.index.lazy_cache import LazyKeyCache
+    from nest_integrations.index.lazy_mode import read_mode
     from nest_integrations.index.store import DiskKeyStore
 
     keys = paths.keys_dir(persist_root(persist_dir))

@@ -1,6 +1,6 @@
 """Where `nest calibrate` keeps its results: one JSON file per collection under the persist dir,
 one entry per model (fingerprint + key source). Read by the engine assembly, written by
-``calibrate.py``; no model or framework imports, so the assembly can read it cheaply."""
+``nest_integrations.calibrate``; no model or framework imports, so the assembly can read it cheaply."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def calibration_path(persist_dir: str | os.PathLike[str] | None, collection: str
     """``<persist_dir>/calibration/<collection>.json`` (persist dir default: $NEST_HOME/store)."""
     from nest_integrations import paths
 
-    root = Path(persist_dir) if persist_dir is not None else paths.default_persist_dir()
+    root = paths.persist_root(persist_dir)
     if not collection or "/" in collection or "\\" in collection or collection.startswith("."):
         raise ValueError(f"collection={collection!r} is not a valid collection name")
     return root / "calibration" / f"{collection}.json"
@@ -99,5 +99,3 @@ def load_calibration(
         return None
     return out
 
-
-# ----------------------------------------------------------------------------- end to end

@@ -147,7 +147,7 @@ def _ingest_args(p: argparse.ArgumentParser) -> None:
 def _lazy_keys(args: argparse.Namespace, store: Any) -> bool:
     """Whether this ingest leaves the persist dir in lazy key mode (``--keys lazy``, or a lazy
     dir without ``--keys``); checks ``--key-cache-size``."""
-    from nest_integrations.index.lazy_cache import parse_size, read_mode
+    from nest_integrations.index.lazy_mode import parse_size, read_mode
 
     lazy = args.keys == "lazy" or (args.keys is None and read_mode(store.keys_dir) is not None)
     if args.key_cache_size is not None:
@@ -275,7 +275,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
 def key_store_stats(keys_dir: Path) -> list[dict[str, Any]]:
     """``stats()`` of every namespace of the key store at ``keys_dir``, without loading a model."""
     from nest_integrations.index.codecs import load_codec
-    from nest_integrations.index.store import DiskKeyStore, list_namespaces
+    from nest_integrations.index.namespaces import list_namespaces
+    from nest_integrations.index.store import DiskKeyStore
 
     out = []
     for ns in list_namespaces(keys_dir):
@@ -425,7 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _describe(exc: BaseException) -> str:
     """Expected errors carry actionable messages; anything else also names its type."""
-    from nest_integrations.index.store import KeyStoreCorruptError
+    from nest_integrations.index.base import KeyStoreCorruptError
     from nest_integrations.ingest import IngestError
     from nest_integrations.ingest.ray_keys import RayKeysError
     from nest_integrations.retrieval.chroma import ChromaConnectionError, CollectionNotFoundError

@@ -155,7 +155,7 @@ class NestEngine:
 
     def build_memory(self, passages: Sequence[Passage]) -> TokenMemory:
         """Stage 2: the token memory of ``passages`` from the key store (encoding new ones)."""
-        from nest_integrations.index.store import ensure_keys
+        from nest_integrations.index.keys import ensure_keys
 
         keys = ensure_keys(self.key_store, self.lm, list(passages))
         return TokenMemory(keys, device=self.lm.device)

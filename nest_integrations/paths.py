@@ -27,6 +27,11 @@ def default_persist_dir() -> Path:
     return nest_home() / "store"
 
 
+def persist_root(persist_dir: str | os.PathLike[str] | None) -> Path:
+    """The store folder: ``persist_dir``, else ``$NEST_HOME/store``."""
+    return Path(persist_dir) if persist_dir is not None else default_persist_dir()
+
+
 def chroma_dir(persist_dir: str | os.PathLike[str]) -> Path:
     """Chroma's PersistentClient folder inside a persist dir."""
     return Path(persist_dir) / "chroma"

@@ -12,7 +12,6 @@ import torch
 
 from nest_integrations.calibrate import (
     CalibrationText,
-    _Pool,
     calibrate_passages,
     calibration_path,
     load_calibration,
@@ -21,6 +20,7 @@ from nest_integrations.calibrate import (
     score_text,
     split_corpus,
 )
+from nest_integrations.calibrate.scoring import ScorePool
 from nest_integrations.evaluation.entities import generate_corpus
 from nest_integrations.types import Passage
 
@@ -43,14 +43,14 @@ def test_pool_objective_equals_the_engine_mixture(tiny_lm):
     from nest_integrations.core.mixture import nest_distribution
     from nest_integrations.core.token_memory import TokenMemory
     from nest_integrations.index.in_memory_store import InMemoryKeyStore
-    from nest_integrations.index.store import ensure_keys
+    from nest_integrations.index.keys import ensure_keys
 
     passages = _corpus()
     store = InMemoryKeyStore()
     text = CalibrationText("x", "The founding year of", " Qux Labs is 1901. It grew.", True)
     mem_passages = passages[:5]
     scored = score_text(tiny_lm, store, mem_passages, text, n_neighbors=16)
-    pool = _Pool([scored])
+    pool = ScorePool([scored])
     for mu, alpha, tau in [(0.05, 0.3, 0.1), (2.0, 0.7, 0.02), (0.5, 0.0, 1.0)]:
         got = pool.nll(pool.p_knn_true(mu), alpha, tau)
         p_ids, r_ids = tiny_lm.tokenize(text.prefix), tiny_lm.tokenize(text.rest)
@@ -133,7 +133,7 @@ def test_calibrate_fits_saves_and_loads_per_model(tiny_lm, tmp_path, caplog):
 
 def test_held_out_documents_never_reach_the_memory(tiny_lm):
     from nest_integrations.index.in_memory_store import InMemoryKeyStore
-    import nest_integrations.calibrate as cal
+    import nest_integrations.calibrate.scoring as cal
 
     passages = _corpus()
     calls: list[list[str]] = []
@@ -160,7 +160,7 @@ def test_held_out_documents_never_reach_the_memory(tiny_lm):
 def test_nest_calibrate_cli_on_a_chroma_collection(tiny_lm, tmp_path, monkeypatch, capsys):
     """`nest calibrate` end to end on a real embedded Chroma collection; the stored entry is
     what `load_calibration` returns; a missing collection is a clear error."""
-    import nest_integrations.calibrate as cal
+    from nest_integrations import assembly
     from nest_integrations.cli import main
     from nest_integrations.ingest import IngestPipeline
     from nest_integrations.retrieval.chroma import ChromaPassageStore
@@ -171,7 +171,7 @@ def test_nest_calibrate_cli_on_a_chroma_collection(tiny_lm, tmp_path, monkeypatc
     store = ChromaPassageStore.from_persist_dir(root, "ents")
     report = IngestPipeline(store, tiny_lm).ingest([path])
     assert report.documents == 8
-    monkeypatch.setattr(cal, "_load_lm", lambda: tiny_lm)
+    monkeypatch.setattr(assembly, "shared_model", lambda *a, **k: tiny_lm)
     rc = main(["calibrate", "--collection", "ents", "--persist-dir", str(root),
                "--n-texts", "2", "--passages", "3"])
     out = capsys.readouterr().out
@@ -182,3 +182,24 @@ def test_nest_calibrate_cli_on_a_chroma_collection(tiny_lm, tmp_path, monkeypatc
     rc = main(["calibrate", "--collection", "nope", "--persist-dir", str(root)])
     assert rc != 0
     assert not calibration_path(root, "nope").exists()
+
+
+def test_log_mixture_equals_the_log_of_the_mixture():
+    """``core.mixture.log_mixture`` (used by the grid and by evaluation perplexity) is the log
+    of Eq. 3; lambda 1 gives log p_LM exactly; ``min_weight`` keeps an underflowed lambda with a
+    kNN miss finite."""
+    from nest_integrations.core.mixture import log_mixture, mixture
+
+    g = torch.Generator().manual_seed(0)
+    p_lm = torch.rand(50, generator=g, dtype=torch.float64) * 0.9 + 0.05
+    p_knn = torch.rand(50, generator=g, dtype=torch.float64)
+    lam = torch.rand(50, generator=g, dtype=torch.float64)
+    lam[:3] = 1.0
+    want = torch.log(mixture(p_lm[:, None], p_knn[:, None], lam)[:, 0])
+    got = log_mixture(torch.log(p_lm), p_knn, lam)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert torch.equal(got[:3], torch.log(p_lm[:3]))
+    zero = torch.zeros(1, dtype=torch.float64)
+    assert log_mixture(torch.log(p_lm[:1]), zero, zero) == -math.inf
+    floored = log_mixture(torch.log(p_lm[:1]), zero, zero, min_weight=1e-12)
+    assert float(floored) == pytest.approx(math.log(1e-12) + math.log(float(p_lm[0])))

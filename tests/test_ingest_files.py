@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from nest_integrations.ingest import IngestError, load_documents, split_document
-from nest_integrations.ingest.documents import decode_text
+from nest_integrations.ingest.charsets import decode_text
 from nest_integrations.ingest.pdf import PAGE_SEPARATOR, pages_of_span
 
 

@@ -20,12 +20,9 @@ from nest_integrations.index import codecs
 from nest_integrations.index.base import KeyStoreMismatchError
 from nest_integrations.index.codecs import CodecNotTrainedError, load_codec, make_codec
 from nest_integrations.index.in_memory_store import InMemoryKeyStore
-from nest_integrations.index.store import (
-    DiskKeyStore,
-    ensure_keys,
-    list_namespaces,
-    read_store_manifest,
-)
+from nest_integrations.index.keys import ensure_keys
+from nest_integrations.index.namespaces import list_namespaces, read_store_manifest
+from nest_integrations.index.store import DiskKeyStore
 from nest_integrations.types import Passage
 from tests.fakes import FakeLM
 from tests.invariants import cited_text_matches_source, citations_cover_copied_tokens
@@ -200,7 +197,8 @@ def test_two_processes_training_at_once_agree(tmp_path: Path) -> None:
         sys.path.insert(0, {str(REPO)!r})
         from tests.fakes import FakeLM
         from tests.test_key_codecs import _passages
-        from nest_integrations.index.store import DiskKeyStore, ensure_keys
+        from nest_integrations.index.keys import ensure_keys
+        from nest_integrations.index.store import DiskKeyStore
         lm = FakeLM(key_dim=32)
         s = DiskKeyStore.open({str(tmp_path)!r}, lm, codec="pq")
         keys = ensure_keys(s, lm, _passages(70, prefix=sys.argv[1], seed=len(sys.argv[1])))

@@ -13,14 +13,10 @@ import numpy as np
 import pytest
 
 from nest_integrations.index.base import KeyStore, KeyStoreMismatchError
-from nest_integrations.index.store import (
-    DiskKeyStore,
-    KeyStoreCorruptError,
-    content_hash,
-    ensure_keys,
-    list_namespaces,
-    read_store_manifest,
-)
+from nest_integrations.index.base import KeyStoreCorruptError
+from nest_integrations.index.keys import content_hash, ensure_keys
+from nest_integrations.index.namespaces import list_namespaces, read_store_manifest
+from nest_integrations.index.store import DiskKeyStore
 from nest_integrations.types import Passage, PassageKeys
 from tests.fakes import FakeLM
 
@@ -251,7 +247,8 @@ def _run(code: str, *args: str) -> str:
 
 WRITER = """
     import sys
-    from nest_integrations.index.store import DiskKeyStore, ensure_keys
+    from nest_integrations.index.keys import ensure_keys
+    from nest_integrations.index.store import DiskKeyStore
     from nest_integrations.types import Passage
     from tests.fakes import FakeLM
     lm = FakeLM(key_dim=16)
@@ -275,7 +272,8 @@ def test_keys_persist_across_process_restarts(tmp_path: Path) -> None:
     reader = """
         import json, sys
         import numpy as np
-        from nest_integrations.index.store import DiskKeyStore, ensure_keys
+        from nest_integrations.index.keys import ensure_keys
+        from nest_integrations.index.store import DiskKeyStore
         from tests.fakes import FakeLM
         from tests.test_key_store import _numbered
         lm = FakeLM(key_dim=16)
@@ -319,7 +317,8 @@ def test_crash_between_append_and_commit_leaves_a_consistent_store(tmp_path: Pat
     assert _run(WRITER, str(tmp_path), "0", "10").strip() == "10"
     crasher = """
         import os, sys
-        from nest_integrations.index.store import DiskKeyStore, ensure_keys
+        from nest_integrations.index.keys import ensure_keys
+        from nest_integrations.index.store import DiskKeyStore
         from tests.fakes import FakeLM
         from tests.test_key_store import _numbered
         lm = FakeLM(key_dim=16)
@@ -398,27 +397,6 @@ def test_shards_rotate_and_passages_stay_contiguous(tmp_path: Path, lm: FakeLM) 
         for a, b in zip(out, s.get_keys(passages)):
             np.testing.assert_array_equal(a.keys, b.keys)
             np.testing.assert_array_equal(a.token_ids, b.token_ids)
-
-
-def test_iter_all_yields_every_row_in_whole_passages(tmp_path: Path, lm: FakeLM) -> None:
-    """iter_all covers each stored key once, as fp32, with its content hash and position."""
-    passages = _numbered(0, 40) + [Passage(id="empty", text="")]
-    with DiskKeyStore.open(tmp_path, lm, shard_bytes=16 * 2 * 200) as s:
-        ensure_keys(s, lm, passages)
-        by_hash = {content_hash(p.text): k for p, k in zip(passages, s.get_keys(passages))}
-        chunks = list(s.iter_all(batch_rows=64))
-        n_tokens = s.stats()["n_tokens"]
-    assert sum(len(c.keys) for c in chunks) == n_tokens
-    seen = set()
-    for c in chunks:
-        assert c.keys.dtype == np.float32 and len(c.content_hashes) == len(c.positions)
-        assert c.positions[0] == 0 and (len(c.keys) <= 64 or set(c.content_hashes) == {c[0][0]})
-        for h, pos, key, tok in zip(c.content_hashes, c.positions, c.keys, c.token_ids):
-            assert (h, pos) not in seen
-            seen.add((h, int(pos)))
-            np.testing.assert_array_equal(key, by_hash[h].keys[pos].astype(np.float32))
-            assert tok == by_hash[h].token_ids[pos]
-    assert len(seen) == n_tokens
 
 
 def test_stats_describe_the_namespace(store: DiskKeyStore, lm: FakeLM) -> None:

@@ -18,15 +18,10 @@ from nest_integrations import assembly, cli
 from nest_integrations.config import NestConfig
 from nest_integrations.engine import NestEngine
 from nest_integrations.index.base import KeyStore
-from nest_integrations.index.lazy_cache import (
-    LazyKeyCache,
-    configure_lazy,
-    lazy_cache_stats,
-    parse_size,
-    read_mode,
-    set_eager_mode,
-)
-from nest_integrations.index.store import DiskKeyStore, ensure_keys
+from nest_integrations.index.keys import ensure_keys
+from nest_integrations.index.lazy_cache import LazyKeyCache, lazy_cache_stats
+from nest_integrations.index.lazy_mode import configure_lazy, parse_size, read_mode, set_eager_mode
+from nest_integrations.index.store import DiskKeyStore
 from nest_integrations.types import Passage
 from tests.fakes import FakeLM
 
@@ -43,7 +38,7 @@ def four_token(i: int) -> Passage:
 
 def cached_ids(cache: LazyKeyCache, passages: list[Passage]) -> set[str]:
     """Ids of ``passages`` in the cache, read straight from the index (recency untouched)."""
-    from nest_integrations.index.store import content_hash
+    from nest_integrations.index.keys import content_hash
 
     rows = cache._lookup([content_hash(p.text) for p in passages])
     return {p.id for p in passages if content_hash(p.text) in rows}
@@ -218,7 +213,7 @@ FILLER = """
     import sys
     import numpy as np
     from nest_integrations.index.lazy_cache import LazyKeyCache
-    from nest_integrations.index.store import ensure_keys
+    from nest_integrations.index.keys import ensure_keys
     from nest_integrations.types import Passage
     from tests.fakes import FakeLM
     lm = FakeLM(key_dim=16)
@@ -298,7 +293,7 @@ def test_trained_codec_comes_from_ingest_and_cold_equals_warm(
 ) -> None:
     """A lazy int8/pq cache needs tables trained on a sample first; then a cold read (freshly
     encoded) equals a warm one (decoded from disk), at the codec's bytes per key."""
-    from nest_integrations.index.lazy_cache import train_lazy_codec
+    from nest_integrations.index.lazy_mode import train_lazy_codec
 
     keys = tmp_path / "keys"
     configure_lazy(keys, max_bytes="1MB", codec=name)

@@ -24,7 +24,8 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from nest_integrations.index.store import DiskKeyStore, content_hash, ensure_keys
+from nest_integrations.index.keys import content_hash, ensure_keys
+from nest_integrations.index.store import DiskKeyStore
 from nest_integrations.ingest import (
     default_token_counter,
     load_documents,
@@ -272,11 +273,30 @@ def test_cli_ingest_on_ray_equals_single_process_store(
     assert again["keys_added"] == 0 and again["key_workers"] == 0
 
 
+def _holding_encoder(hold: Path) -> type:
+    """A ``KeyEncoder`` whose actors, before each batch, write ``<hold>/<pid>.pid`` and wait for
+    ``<hold>/go``, so the test can kill an actor while it holds a batch. Defined in a function,
+    so Ray pickles the class by value (the actors need not import this test module)."""
+
+    class HoldingEncoder(ray_keys.KeyEncoder):
+        def __call__(self, batch):
+            hold.mkdir(parents=True, exist_ok=True)
+            (hold / f"{os.getpid()}.pid").write_text(str(os.getpid()))
+            while not (hold / "go").exists():
+                time.sleep(0.05)
+            return super().__call__(batch)
+
+    return HoldingEncoder
+
+
 @pytest.mark.slow
-def test_killed_worker_loses_nothing(ray_cluster, tmp_path, default_lm, passages, reference):
+def test_killed_worker_loses_nothing(
+    ray_cluster, tmp_path, default_lm, passages, reference, monkeypatch
+):
     hold = tmp_path / "hold"
     hold.mkdir()
     killed: list[int] = []
+    monkeypatch.setattr(ray_keys, "KeyEncoder", _holding_encoder(hold))
 
     def kill_one_holding_worker() -> None:
         start = time.monotonic()
@@ -295,9 +315,7 @@ def test_killed_worker_loses_nothing(ray_cluster, tmp_path, default_lm, passages
     killer = threading.Thread(target=kill_one_holding_worker, daemon=True)
     killer.start()
     store = DiskKeyStore.open(tmp_path / "keys", default_lm)
-    result = encode_keys_on_ray(
-        store, default_lm, passages, address=ray_cluster, batch_size=3, hold_dir=hold
-    )
+    result = encode_keys_on_ray(store, default_lm, passages, address=ray_cluster, batch_size=3)
     killer.join(timeout=5)
     assert killed, "no two encoding actors held a batch"
     assert not _alive(killed[0])  # (the pid is not reused by the restarted actor's process)

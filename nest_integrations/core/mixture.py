@@ -26,8 +26,13 @@ def knn_distribution(hits: Hits, values: torch.Tensor, vocab_size: int, mu: floa
     p = torch.zeros((t, vocab_size), dtype=torch.float32, device=hits.dist.device)
     if hits.empty:
         return p
-    w = torch.softmax(-mu * hits.dist, dim=-1)  # (T, r): stable softmax over -mu*d
-    return p.scatter_add_(1, values[hits.rows], w)
+    return p.scatter_add_(1, values[hits.rows], knn_weights(hits.dist, mu))
+
+
+def knn_weights(dist: torch.Tensor, mu: float) -> torch.Tensor:
+    """The weight of each neighbour in Eq. 2: a stable softmax of ``-mu * d`` over each row of
+    ``(T, r)`` squared distances (in their dtype)."""
+    return torch.softmax(-mu * dist, dim=-1)
 
 
 def rrc_lambda(hits: Hits, alpha: float, tau: float) -> torch.Tensor:
@@ -42,9 +47,18 @@ def rrc_lambda(hits: Hits, alpha: float, tau: float) -> torch.Tensor:
     t = hits.dist.shape[0]
     if hits.empty:
         return torch.ones(t, dtype=torch.float32, device=hits.dist.device)
-    d_min = hits.dist[:, 0]
-    d_max = hits.dist[:, -1]
-    ratio = torch.where(d_max > 0, d_min / d_max.clamp_min(1e-30), torch.ones_like(d_max))
+    return rrc_weight(rrc_ratio(hits.dist), alpha, tau)
+
+
+def rrc_ratio(dist: torch.Tensor) -> torch.Tensor:
+    """``d_min / d_max`` of each row of ``(T, r)`` squared distances sorted nearest first
+    (1 where ``d_max = 0``): the retrieval confidence RRC turns into lambda."""
+    d_min, d_max = dist[:, 0], dist[:, -1]
+    return torch.where(d_max > 0, d_min / d_max.clamp_min(1e-30), torch.ones_like(d_max))
+
+
+def rrc_weight(ratio: torch.Tensor, alpha: float, tau: float) -> torch.Tensor:
+    """Eq. 4 on precomputed ratios: ``sigmoid((ratio - alpha) / tau)``."""
     return torch.sigmoid((ratio - alpha) / tau)
 
 
@@ -52,6 +66,24 @@ def mixture(p_lm: torch.Tensor, p_knn: torch.Tensor, lam: torch.Tensor) -> torch
     """Eq. 3: p_M = lambda * p_LM + (1 - lambda) * p_kNN, row-wise."""
     lam = lam[:, None]
     return lam * p_lm + (1.0 - lam) * p_knn
+
+
+def log_mixture(
+    log_p_lm: torch.Tensor, p_knn: torch.Tensor, lam: torch.Tensor, *, min_weight: float = 0.0
+) -> torch.Tensor:
+    """Eq. 3 in log space, elementwise: ``log(lam * p_LM + (1 - lam) * p_kNN)`` from
+    ``log p_LM``, ``p_kNN`` and ``lam`` of the same shape (e.g. at the true tokens).
+
+    Computed as ``logaddexp(log lam + log p_LM, log(1 - lam) + log p_kNN)``, so tiny
+    probabilities keep their precision; ``lam >= 1`` gives ``log p_LM`` exactly.
+    ``min_weight > 0`` keeps both weights at least that (lam in ``[min_weight, 1 -
+    min_weight]``) in the sum, so a position where lambda underflows and kNN misses the token
+    stays finite (a grid search over lambdas needs that); 0 uses lam as it is.
+    """
+    lo = lam.clamp(min=min_weight) if min_weight else lam
+    hi = lo.clamp(max=1 - min_weight) if min_weight else lo
+    mixed = torch.logaddexp(torch.log(lo) + log_p_lm, torch.log1p(-hi) + torch.log(p_knn))
+    return torch.where(lam >= 1.0, log_p_lm, mixed)
 
 
 @dataclass

@@ -120,7 +120,7 @@ class PassageSource:
     def batch(self, i: int) -> SourceBatch:
         chunk = self.passages[i * self.batch_size : (i + 1) * self.batch_size]
         if self.key_store is not None:
-            from nest_integrations.index.store import ensure_keys
+            from nest_integrations.index.keys import ensure_keys
 
             pk = ensure_keys(self.key_store, self.lm, chunk, batch_size=16)
             return SourceBatch(

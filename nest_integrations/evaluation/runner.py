@@ -296,7 +296,7 @@ def run_eval(
     ``engine`` is a ``NestEngine`` whose key store caches passage keys; stage 1 uses
     ``retriever`` once per example. ``calibration``: the NestConfig overrides of ``nest-cal``.
     """
-    from nest_integrations.index.store import ensure_keys
+    from nest_integrations.index.keys import ensure_keys
 
     cfg = settings.nest_config()
     systems = make_systems(cfg, settings.systems, calibration=calibration)

@@ -145,7 +145,7 @@ def reference_logprobs(
     logits and query vector. Memory systems mix p_LM with p_kNN over the unmasked memory of
     ``passages`` (lambda from RRC or fixed), in log space.
     """
-    from nest_integrations.core.mixture import knn_distribution, rrc_lambda
+    from nest_integrations.core.mixture import knn_distribution, log_mixture, rrc_lambda
 
     lm, cfg = engine.lm, system.config
     p_ids = prompt_ids(engine, example, system, passages)
@@ -168,8 +168,7 @@ def reference_logprobs(
         lam = torch.full_like(log_lm, float(cfg.fixed_lm_weight))
     else:
         lam = rrc_lambda(hits, cfg.rrc_offset, cfg.rrc_scale).double()
-    # log(lam p_LM + (1 - lam) p_kNN) = logsumexp(log lam + log p_LM, log(1 - lam) + log p_kNN)
-    return torch.logaddexp(torch.log(lam) + log_lm, torch.log1p(-lam) + torch.log(p_knn))
+    return log_mixture(log_lm, p_knn, lam)
 
 
 # ----------------------------------------------------------------------------- one example

@@ -11,6 +11,10 @@ class KeyStoreMismatchError(ValueError):
     """The key store was built by another model, key layer or tokenizer."""
 
 
+class KeyStoreCorruptError(RuntimeError):
+    """A key-store manifest or shard is missing, unreadable or inconsistent with the index."""
+
+
 @runtime_checkable
 class KeyStore(Protocol):
     def get_keys(self, passages: Sequence[Passage]) -> list[PassageKeys | None]:

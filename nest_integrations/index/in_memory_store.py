@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Sequence
 
+from nest_integrations.index.keys import content_hash
 from nest_integrations.types import Passage, PassageKeys
 
 
@@ -14,14 +14,10 @@ class InMemoryKeyStore:
     def __init__(self) -> None:
         self._keys: dict[str, PassageKeys] = {}
 
-    @staticmethod
-    def _hash(text: str) -> str:
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
     def get_keys(self, passages: Sequence[Passage]) -> list[PassageKeys | None]:
         out = []
         for p in passages:
-            pk = self._keys.get(self._hash(p.text))
+            pk = self._keys.get(content_hash(p.text))
             out.append(
                 None if pk is None else PassageKeys(p.id, pk.keys, pk.token_ids, pk.offsets)
             )
@@ -29,7 +25,7 @@ class InMemoryKeyStore:
 
     def put_keys(self, passages: Sequence[Passage], keys: Sequence[PassageKeys]) -> None:
         for p, pk in zip(passages, keys):
-            self._keys.setdefault(self._hash(p.text), pk)
+            self._keys.setdefault(content_hash(p.text), pk)
 
     def __len__(self) -> int:
         return len(self._keys)

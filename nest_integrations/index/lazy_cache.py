@@ -4,11 +4,8 @@ kept in an on-disk LRU cache with a size cap (``nest ingest --keys lazy --key-ca
 This is the NEST paper's own approach for corpora too large to encode up front: only passages
 that stage 1 actually retrieves are ever encoded, and a bounded cache keeps the hot ones.
 
-Mode is recorded per persist dir in ``<persist_dir>/keys/lazy.json``
-(``{"keys": "lazy", "max_bytes": ..., "codec": ...}``); without that file the dir is eager (the
-append-only ``DiskKeyStore``). ``assembly.open_key_store`` returns a ``LazyKeyCache`` for a lazy
-dir, so ``nest ask``, ``NestEngine.from_defaults``, the LangChain/LlamaIndex adapters and
-``nest serve`` use it unchanged.
+The persist dir's mode (``lazy.json``), switching modes and the cache's codec tables are in
+``index.lazy_mode``.
 
 Layout under ``<persist_dir>/keys``::
 
@@ -37,16 +34,6 @@ put in one call are evicted after every older one. An entry larger than the whol
 to the caller (``ensure_keys`` hands back what it encoded) but not kept. The cap counts the
 ``.key`` files only (not the sqlite index, about 100 bytes per entry).
 
-Switching modes (``nest ingest --keys ...``):
-
-- eager -> lazy: the eager ``DiskKeyStore`` of the same model stays as a **read-through source**:
-  passages it holds are read from it (never evicted, not counted in the cap); new ones are encoded
-  into the cache only.
-- lazy -> eager (explicit ``--keys eager``): allowed; ``lazy.json`` is removed, the ingested
-  passages are encoded into the eager store, and the cache folder is left in place (unused; its
-  path and size are logged; delete it to reclaim the space).
-- no ``--keys``: the recorded mode is kept (``--key-cache-size`` alone changes a lazy dir's cap).
-
 Example::
 
     configure_lazy(keys_dir(persist_dir), max_bytes=parse_size("2GB"))
@@ -57,11 +44,9 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import re
 import sqlite3
 import struct
 import threading
@@ -74,19 +59,23 @@ import numpy as np
 
 from nest_integrations.index import _disk
 from nest_integrations.index.base import KeyStoreMismatchError
-from nest_integrations.index.codecs import CODECS, DEFAULT_CODEC, KeyCodec, load_codec, make_codec
-from nest_integrations.index.store import content_hash
+from nest_integrations.index.codecs import DEFAULT_CODEC
+from nest_integrations.index.keys import content_hash
+from nest_integrations.index.lazy_mode import (
+    DEFAULT_MAX_BYTES,
+    FORMAT_VERSION,
+    LAZY_DIR,
+    MODE_FILE,
+    open_codec,
+    parse_size,
+    read_mode,
+)
+from nest_integrations.index.namespaces import lazy_namespace_name, list_namespaces
+from nest_integrations.index.store import DiskKeyStore
 from nest_integrations.types import Passage, PassageKeys
 
 LOG = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-MODE_FILE = "lazy.json"
-LAZY_DIR = "lazy"
-#: Cap of ``--keys lazy`` without ``--key-cache-size``: about 1.7M tokens of fp16 d=576 keys.
-DEFAULT_MAX_BYTES = 2 * 10**9
-#: Passages encoded at ingest to train an int8/pq codec for the lazy cache.
-CODEC_SAMPLE_PASSAGES = 300
 _MAGIC = b"NLKC"
 _HEADER = struct.Struct("<4sHHIII")  # magic, version, reserved, n_rows, code_size, crc32
 _SCHEMA = """
@@ -97,107 +86,11 @@ CREATE INDEX IF NOT EXISTS entries_lru ON entries (last_used, content_hash);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO meta VALUES ('clock', 0), ('total_bytes', 0);
 """
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 
-__all__ = [
-    "DEFAULT_MAX_BYTES",
-    "LazyKeyCache",
-    "configure_lazy",
-    "lazy_cache_stats",
-    "parse_size",
-    "prune_all",
-    "read_mode",
-    "set_eager_mode",
-    "train_lazy_codec",
-]
+__all__ = ["LazyKeyCache", "lazy_cache_stats", "prune_all"]
 
 
-# --------------------------------------------------------------------------------- the mode
-
-
-def parse_size(text: str | int) -> int:
-    """Bytes of a size like ``2GB``, ``500MB``, ``1.5G``, ``64KiB`` or ``100000`` (decimal
-    units; ``KiB``/``MiB``/``GiB``/``TiB`` are binary). Raises ValueError naming the rule."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        n = text
-    else:
-        m = _SIZE_RE.match(str(text))
-        if not m:
-            raise ValueError(
-                f"size {text!r} is invalid: allowed a number with an optional unit "
-                "B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), "
-                "e.g. 2GB or 500MB"
-            )
-        unit = (m.group(2) or "").lower().removesuffix("b")
-        if unit == "i":
-            raise ValueError(f"size {text!r} is invalid: unit {m.group(2)!r} is unknown")
-        base = 1024 ** ("kmgt".index(unit[0]) + 1) if unit.endswith("i") else _UNITS[unit]
-        n = int(float(m.group(1)) * base)
-    if n < 1:
-        raise ValueError(f"size {text!r} is invalid: the key cache needs at least 1 byte")
-    return n
-
-
-def read_mode(keys_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The lazy-mode record of a key-store folder, or None when the folder is eager."""
-    f = Path(keys_dir) / MODE_FILE
-    if not f.exists():
-        return None
-    try:
-        data = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"lazy key mode file {f} is unreadable ({exc}); delete it and re-run "
-                         "`nest ingest --keys lazy`") from exc
-    if not isinstance(data, dict) or data.get("keys") != "lazy" or "max_bytes" not in data:
-        raise ValueError(f"lazy key mode file {f} is not a lazy-mode record: {data!r}")
-    data.setdefault("codec", DEFAULT_CODEC)
-    return data
-
-
-def configure_lazy(
-    keys_dir: str | os.PathLike[str],
-    *,
-    max_bytes: int | None = None,
-    codec: str | None = None,
-) -> dict[str, Any]:
-    """Record lazy mode for ``keys_dir`` (``None`` keeps the recorded cap / codec, else the
-    defaults). Returns the record. Changing the codec starts a new cache namespace; the old one's
-    folder is left (logged)."""
-    old = read_mode(keys_dir) or {}
-    codec = codec or old.get("codec") or DEFAULT_CODEC
-    if codec not in CODECS:
-        raise ValueError(f"key codec {codec!r} is unknown: allowed one of {CODECS}")
-    max_bytes = parse_size(max_bytes) if max_bytes is not None else int(
-        old.get("max_bytes", DEFAULT_MAX_BYTES)
-    )
-    if old and old.get("codec") != codec:
-        LOG.warning("lazy key cache codec changes %s -> %s: a new cache starts; the old one under "
-                    "%s can be deleted", old.get("codec"), codec, Path(keys_dir) / LAZY_DIR)
-    record = {"format_version": FORMAT_VERSION, "keys": "lazy", "max_bytes": max_bytes,
-              "codec": codec}
-    _disk.write_json_atomic(Path(keys_dir) / MODE_FILE, record)
-    return record
-
-
-def set_eager_mode(keys_dir: str | os.PathLike[str]) -> bool:
-    """Switch ``keys_dir`` back to eager keys (removes ``lazy.json``). Returns whether it was
-    lazy. The cache folder is left in place: unused from now on."""
-    f = Path(keys_dir) / MODE_FILE
-    if not f.exists():
-        return False
-    f.unlink()
-    lazy = Path(keys_dir) / LAZY_DIR
-    size = sum(p.stat().st_size for p in lazy.rglob("*") if p.is_file()) if lazy.is_dir() else 0
-    LOG.warning("keys of %s are eager again; the lazy key cache %s (%.1f MB) is no longer used "
-                "and can be deleted", keys_dir, lazy, size / 1e6)
-    return True
-
-
-# --------------------------------------------------------------------------------- the cache
-
-
-class LazyKeyCache:
+class LazyKeyCache(_disk.IndexedFolder):
     """Token keys encoded at query time, kept on disk in an LRU cache of at most ``max_bytes``.
 
     Implements the ``KeyStore`` port (``ensure_keys`` fills it). Safe to share between threads
@@ -240,8 +133,8 @@ class LazyKeyCache:
         self.key_dim = key_dim
         self.max_bytes = parse_size(max_bytes)
         self.source = source
-        self.namespace_dir = self.path / LAZY_DIR / _namespace_name(fingerprint, key_source, codec)
-        self.codec = _open_codec(self.namespace_dir, fingerprint, key_source, key_dim, codec)
+        self.namespace_dir = self.path / LAZY_DIR / lazy_namespace_name(fingerprint, key_source, codec)
+        self.codec = open_codec(self.namespace_dir, fingerprint, key_source, key_dim, codec)
         # What get_keys returns and ensure_keys casts fresh keys to: raw codecs keep their dtype,
         # trained ones decode to float32.
         self.dtype = np.dtype(np.float16 if codec == "fp16" else np.float32)
@@ -337,8 +230,7 @@ class LazyKeyCache:
         """Remove orphan files (a crashed writer's) and rows whose file is gone, recount the byte
         total and evict down to the cap. Returns what was removed."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
+            with _disk.write_transaction(self._db):
                 known = dict(self._db.execute("SELECT file, content_hash FROM entries"))
                 on_disk = {str(f.relative_to(self._data)): f for f in self._data.rglob("*")
                            if f.is_file()}  # fmt: skip
@@ -349,10 +241,6 @@ class LazyKeyCache:
                     "SELECT COALESCE(SUM(bytes), 0) FROM entries").fetchone()
                 self._db.execute("UPDATE meta SET value = ? WHERE key = 'total_bytes'", (total,))
                 evicted = self._evict()
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
             for f in orphans:
                 f.unlink(missing_ok=True)
             for f in evicted:
@@ -381,21 +269,11 @@ class LazyKeyCache:
             "source_hits": self.source_hits,
         }
 
-    def __len__(self) -> int:
-        with self._lock:
-            return int(self._db.execute("SELECT COUNT(*) FROM entries").fetchone()[0])
-
     def close(self) -> None:
         with self._lock:
             self._db.close()
         if self.source is not None and hasattr(self.source, "close"):
             self.source.close()
-
-    def __enter__(self) -> LazyKeyCache:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"LazyKeyCache({str(self.path)!r}, fingerprint={self.fingerprint!r}, "
@@ -406,22 +284,10 @@ class LazyKeyCache:
 
     def _blob(self, p: Passage, k: PassageKeys) -> tuple[bytes, int]:
         """The file bytes of one passage's keys, and its row count; ValueError on bad keys."""
-        keys = np.asarray(k.keys)
-        if keys.ndim != 2 or keys.shape[1] != self.key_dim:
-            raise KeyStoreMismatchError(
-                f"keys of passage {p.id!r} have shape {keys.shape}; this cache holds "
-                f"key_dim={self.key_dim} ({self.fingerprint}, key source {self.key_source!r})"
-            )
-        ids = np.asarray(k.token_ids).reshape(-1)
-        offs = np.asarray(k.offsets).reshape(-1, 2)
-        m = ids.shape[0]
-        if keys.shape[0] != m or offs.shape[0] != m:
-            raise ValueError(f"passage {p.id!r}: keys {keys.shape}, token_ids {ids.shape} and "
-                             f"offsets {offs.shape} must all have m={m} rows")
-        if m and (ids.min() < 0 or ids.max() > np.iinfo(np.int32).max):
-            raise ValueError(f"passage {p.id!r}: token ids out of int32 range")
-        if m and (offs.min() < 0 or offs.max() > len(p.text)):
-            raise ValueError(f"passage {p.id!r}: offsets fall outside its {len(p.text)} chars")
+        keys, ids, offs = _disk.checked_rows(
+            p, k, self.key_dim, f"cache ({self.fingerprint}, key source {self.key_source!r})"
+        )
+        m = len(ids)
         codes = self.codec.encode(keys) if m else np.zeros((0, self.codec.code_size), np.uint8)
         payload = b"".join((
             np.ascontiguousarray(codes, np.uint8).tobytes(),
@@ -474,8 +340,7 @@ class LazyKeyCache:
 
     def _touch(self, good: list[str], bad: list[tuple[str, str]]) -> None:
         """Refresh the recency of hits; drop the rows of unreadable files (if still theirs)."""
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with _disk.write_transaction(self._db):
             if good:
                 tick = self._tick()
                 self._db.executemany("UPDATE entries SET last_used = ? WHERE content_hash = ?",
@@ -486,17 +351,12 @@ class LazyKeyCache:
                 if row:
                     self._db.execute("DELETE FROM entries WHERE content_hash = ?", (h,))
                     self._add_total(-row[0])
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         for _, file in bad:  # a corrupt file is no use to anyone; a missing one is a no-op
             (self._data / file).unlink(missing_ok=True)
 
     def _insert(self, blobs: dict[str, tuple[bytes, int]]) -> list[str]:
         """Write and index the new blobs, evict beyond the cap; returns files to unlink."""
-        self._db.execute("BEGIN IMMEDIATE")  # the write lock, across processes too
-        try:
+        with _disk.write_transaction(self._db):  # the write lock, across processes too
             tick = self._tick()
             present = self._lookup(list(blobs))
             if present:
@@ -514,10 +374,6 @@ class LazyKeyCache:
             self._db.executemany("INSERT INTO entries VALUES (?, ?, ?, ?, ?)", rows)
             self._add_total(sum(r[3] for r in rows))
             evicted = self._evict()
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         LOG.debug("lazy key cache: %d new entries, %d evicted", len(rows), len(evicted))
         return evicted
 
@@ -576,88 +432,8 @@ class LazyKeyCache:
                              (int(delta),))
 
 
-# --------------------------------------------------------------------------------- codec wiring
-
-
-def train_lazy_codec(
-    keys_dir: str | os.PathLike[str],
-    lm: Any,
-    codec: str,
-    sample: Sequence[Passage],
-    *,
-    seed: int = 0,
-) -> KeyCodec:
-    """Train the lazy cache's ``int8``/``pq`` codec for ``lm`` (a model, or a function that
-    loads it, called only for a trained codec) on up to
-    ``CODEC_SAMPLE_PASSAGES`` passages of ``sample`` (encoded now) and save its tables in the
-    cache namespace. Tables already saved there are kept (codes in the cache depend on them).
-    Raw codecs (fp16, fp32) need nothing and are returned as they are."""
-    from nest_integrations.index.store import _encode
-
-    if make_codec(codec, 1).needs_training is False:
-        return make_codec(codec, getattr(lm, "key_dim", 1) or 1)
-    if callable(lm) and not hasattr(lm, "fingerprint"):
-        lm = lm()  # a loader: the model is loaded only for a trained codec
-    ns = Path(keys_dir) / LAZY_DIR / _namespace_name(lm.fingerprint, lm.key_source, codec)
-    made = make_codec(codec, lm.key_dim)
-    if (ns / "manifest.json").exists():
-        return _open_codec(ns, lm.fingerprint, lm.key_source, lm.key_dim, codec)
-    if not sample:
-        raise ValueError(f"the {codec} key codec must be trained on passages: ingest some")
-    rng = np.random.default_rng(seed)
-    idx = rng.choice(len(sample), size=min(len(sample), CODEC_SAMPLE_PASSAGES), replace=False)
-    chosen = [sample[i] for i in sorted(idx)]
-    LOG.info("training the %s key codec on the keys of %d passages", codec, len(chosen))
-    keys = [k.keys for i in range(0, len(chosen), 16)
-            for k in _encode(lm, chosen[i : i + 16], np.dtype(np.float32)) if len(k)]
-    made.train(np.concatenate(keys).astype(np.float32))
-    ns.mkdir(parents=True, exist_ok=True)
-    made.save(ns)
-    _write_manifest(ns, lm.fingerprint, lm.key_source, lm.key_dim, made)
-    return made
-
-
-def _open_codec(ns: Path, fingerprint: str, key_source: Any, key_dim: int, codec: str) -> KeyCodec:
-    """The namespace's codec: created for raw codecs, loaded (and checked) for trained ones."""
-    f = ns / "manifest.json"
-    if not f.exists():
-        made = make_codec(codec, key_dim)
-        if made.needs_training:
-            raise ValueError(
-                f"the lazy key cache's {codec} codec has no trained tables for model "
-                f"{fingerprint}; run `nest ingest --keys lazy --key-codec {codec}` with this "
-                "model first (it trains the codec on a sample of passages)"
-            )
-        ns.mkdir(parents=True, exist_ok=True)
-        _write_manifest(ns, fingerprint, key_source, key_dim, made)
-    try:
-        m = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"lazy key cache manifest {f} is unreadable: {exc}") from exc
-    if m.get("key_dim") != key_dim or m.get("codec", {}).get("codec") != codec:
-        raise KeyStoreMismatchError(
-            f"lazy key cache {ns} holds key_dim={m.get('key_dim')} {m.get('codec')} keys, but was "
-            f"opened with key_dim={key_dim} codec {codec!r}"
-        )
-    loaded = load_codec(m["codec"], ns)
-    if loaded.fingerprint() != m.get("codec_fingerprint"):
-        raise ValueError(f"lazy key cache {ns}: codec tables do not match its manifest "
-                         "(codec.npz changed); delete the folder to start the cache again")
-    return loaded
-
-
-def _write_manifest(ns: Path, fingerprint: str, key_source: Any, key_dim: int,
-                    codec: KeyCodec) -> None:
-    _disk.write_json_atomic(ns / "manifest.json", {
-        "format_version": FORMAT_VERSION, "fingerprint": fingerprint, "key_source": key_source,
-        "key_dim": key_dim, "codec": codec.params(), "codec_fingerprint": codec.fingerprint(),
-    }, exclusive=True)  # fmt: skip
-
-
 def _eager_source(keys_dir: str | os.PathLike[str], lm: Any) -> Any:
     """The eager ``DiskKeyStore`` of ``lm`` in ``keys_dir`` when one exists (else None)."""
-    from nest_integrations.index.store import DiskKeyStore, list_namespaces
-
     try:
         spaces = list_namespaces(keys_dir)
     except Exception as exc:  # a damaged eager store must not stop lazy queries
@@ -728,13 +504,3 @@ def _db_stats(db: sqlite3.Connection) -> dict[str, Any]:
     ).fetchone()
     return {"n_entries": int(n), "n_tokens": int(tokens), "bytes_used": int(used),
             "bytes_per_token": used / tokens if tokens else 0.0}  # fmt: skip
-
-
-# --------------------------------------------------------------------------------- helpers
-
-
-def _namespace_name(fingerprint: str, key_source: Any, codec: str) -> str:
-    """A readable, filesystem-safe and collision-free folder name."""
-    digest = hashlib.sha256(json.dumps([fingerprint, key_source, codec]).encode()).hexdigest()[:16]
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{fingerprint}--{key_source}--{codec}").strip("-.")
-    return f"{slug[:64]}--{digest}"

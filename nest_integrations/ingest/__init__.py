@@ -2,6 +2,7 @@
 them (with their token keys) into a Chroma store.
 
 - ``documents``: loading files, JSONL, raw texts and framework document objects;
+- ``charsets``: which encoding a text file is in (BOM, UTF-8, detected), binary refused;
 - ``splitter``: passages of <= 200 LM tokens with exact source offsets;
 - ``pipeline``: ``IngestPipeline`` (add, fill keys, remove stale passages, ``IngestReport``).
   The read side, ``retrieval.chroma.ChromaPassageStore``, holds no model.

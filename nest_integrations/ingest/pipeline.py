@@ -113,7 +113,7 @@ class IngestPipeline:
             ``key_cache_size``, with ``key_codec``'s name, fp16 by default); ``"eager"`` switches
             a lazy dir back; ``None`` (default) keeps the recorded mode.
         key_cache_size: the lazy cache's byte cap (an int or ``"2GB"``); None keeps the
-            recorded cap (``lazy_cache.DEFAULT_MAX_BYTES`` for a new one).
+            recorded cap (``lazy_mode.DEFAULT_MAX_BYTES`` for a new one).
     """
 
     def __init__(
@@ -246,7 +246,7 @@ class IngestPipeline:
 
     def key_mode(self) -> str:
         """``"lazy"`` or ``"eager"``: the requested mode, else the persist dir's recorded one."""
-        from nest_integrations.index.lazy_cache import read_mode
+        from nest_integrations.index.lazy_mode import read_mode
 
         if self.keys is not None:
             return self.keys
@@ -255,18 +255,19 @@ class IngestPipeline:
     def _apply_key_mode(self, lazy: bool, passages: Sequence[Passage]) -> str:
         """Record the key mode in the persist dir (lazy: cap, codec; a trained codec is trained
         on a sample of ``passages``); an explicit ``keys="eager"`` switches a lazy dir back."""
-        from nest_integrations.index import lazy_cache
+        from nest_integrations.index import lazy_mode
+        from nest_integrations.index.lazy_cache import prune_all
 
         if not lazy:
             if self.keys == "eager":
-                lazy_cache.set_eager_mode(self.store.keys_dir)
+                lazy_mode.set_eager_mode(self.store.keys_dir)
             return "eager"
         codec = getattr(self.key_codec, "name", self.key_codec)
-        record = lazy_cache.configure_lazy(
+        record = lazy_mode.configure_lazy(
             self.store.keys_dir, max_bytes=self.key_cache_size, codec=codec
         )
-        lazy_cache.train_lazy_codec(self.store.keys_dir, self._lm, record["codec"], passages)
-        lazy_cache.prune_all(self.store.keys_dir)  # a lowered cap applies now
+        lazy_mode.train_lazy_codec(self.store.keys_dir, self._lm, record["codec"], passages)
+        prune_all(self.store.keys_dir)  # a lowered cap applies now
         return "lazy"
 
     def key_store(self) -> Any:
@@ -340,7 +341,7 @@ class IngestPipeline:
         """Encode and store token keys of passages that have none. Returns how many were new."""
         from tqdm.auto import tqdm
 
-        from nest_integrations.index.store import ensure_keys
+        from nest_integrations.index.keys import ensure_keys
 
         lm = self._lm()
         if self.ray_address is not None:
@@ -372,7 +373,7 @@ class IngestPipeline:
         ``passages`` (their keys are stored too), so its tables see the whole corpus."""
         import random
 
-        from nest_integrations.index.store import train_codec
+        from nest_integrations.index.keys import train_codec
 
         if not passages or not getattr(store.codec, "needs_training", False):
             return

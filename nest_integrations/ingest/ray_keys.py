@@ -41,11 +41,12 @@ import socket
 import time
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from nest_integrations.index.base import KeyStoreMismatchError
+from nest_integrations.index.keys import check_lm, content_hash, encode_keys, train_codec
 from nest_integrations.types import Passage, PassageKeys
 
 LOG = logging.getLogger(__name__)
@@ -100,9 +101,6 @@ class ModelSpec:
             encode.
         device: ``"cpu"`` or ``"cuda"``.
         threads: torch intra-op threads of an actor.
-        hold_dir: test hook, None in normal use: before each batch an actor writes
-            ``<hold_dir>/<pid>.pid`` and waits until ``<hold_dir>/go`` exists, so a test can kill
-            an actor while it holds a batch.
     """
 
     path: str
@@ -112,7 +110,6 @@ class ModelSpec:
     fingerprint: str
     device: str = "cpu"
     threads: int = 1
-    hold_dir: str | None = None
 
     @classmethod
     def of(cls, lm: Any, **overrides: Any) -> "ModelSpec":
@@ -173,19 +170,14 @@ class KeyEncoder:
         self.fingerprint = self.lm.fingerprint
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from nest_integrations.index.base import KeyStoreMismatchError
-        from nest_integrations.index.store import _encode
-
         if self.fingerprint != self.spec.fingerprint:
             raise KeyStoreMismatchError(
                 f"the model loaded from {self.spec.path} on this Ray node has fingerprint "
                 f"{self.fingerprint}, but the driver's model is {self.spec.fingerprint}: "
                 "install the same model on every node"
             )
-        if self.spec.hold_dir:
-            _hold(Path(self.spec.hold_dir))
         passages = [Passage(id=str(i), text=str(t)) for i, t in zip(batch["id"], batch["text"])]
-        keys = _encode(self.lm, passages, self.dtype)
+        keys = encode_keys(self.lm, passages, self.dtype)
         return {
             "hash": np.asarray([str(h) for h in batch["hash"]], dtype=object),
             "n_tokens": np.asarray([len(k.token_ids) for k in keys], dtype=np.int64),
@@ -223,7 +215,6 @@ def encode_keys_on_ray(
     workers: int | None = None,
     batch_size: int = RAY_BATCH,
     progress: bool = False,
-    hold_dir: str | os.PathLike[str] | None = None,
 ) -> RayKeysResult:
     """Encode the keys of ``passages`` missing from ``store`` on Ray; merge them into ``store``.
 
@@ -238,7 +229,6 @@ def encode_keys_on_ray(
             per CPU).
         batch_size: passages per batch.
         progress: show a tqdm bar of passages merged.
-        hold_dir: test hook (see ``ModelSpec.hold_dir``).
 
     Raises:
         ImportError: ray is not installed.
@@ -251,16 +241,16 @@ def encode_keys_on_ray(
     if workers is not None and workers < 1:
         raise ValueError(f"workers={workers!r} is invalid: allowed an integer >= 1")
     _require_ray()
-    _check_same_model(store, lm)
+    check_lm(store, lm)
     start = time.perf_counter()
     todo = _missing(store, passages)
     result = RayKeysResult(passages=len(todo), address=address or "local")
     if not todo:
         LOG.info("ray keys: every passage already has keys; Ray not started")
         return result
-    spec = ModelSpec.of(lm, hold_dir=str(hold_dir) if hold_dir else None)
+    spec = ModelSpec.of(lm)
     before = len(store)
-    if _train_codec(store, lm, list(todo.values())):  # int8/pq: trained here, on a sample
+    if train_codec(store, lm, list(todo.values())):  # int8/pq: trained in the driver, on a sample
         todo = _missing(store, passages)
         if not todo:
             result.encoded = len(store) - before
@@ -392,8 +382,6 @@ def _merge(
 
 def _missing(store: Any, passages: Sequence[Passage]) -> dict[str, Passage]:
     """content hash -> passage, for the passages without stored keys (first of each text)."""
-    from nest_integrations.index.store import content_hash
-
     unique: dict[str, Passage] = {}
     for p in passages:
         unique.setdefault(content_hash(p.text), p)
@@ -410,15 +398,6 @@ def _missing(store: Any, passages: Sequence[Passage]) -> dict[str, Passage]:
     return todo
 
 
-def _train_codec(store: Any, lm: Any, todo: list[Passage]) -> bool:
-    """Train the store's codec (int8, pq) in the driver when it needs it (those sample passages
-    are then stored); True when it did. Stores without codecs need nothing."""
-    from nest_integrations.index import store as store_module
-
-    train = getattr(store_module, "train_codec", None)
-    return bool(train(store, lm, todo)) if train is not None else False
-
-
 def _verify(store: Any, passages: Sequence[Passage]) -> None:
     missing = _missing(store, passages)
     if missing:
@@ -427,18 +406,6 @@ def _verify(store: Any, passages: Sequence[Passage]) -> None:
             f"after the Ray run {len(missing)} of {total} passages still have no token keys in "
             f"{store.path} (e.g. passage {next(iter(missing.values())).id!r}); re-run the same "
             "`nest ingest` command (stored keys are kept) or run it without --ray"
-        )
-
-
-def _check_same_model(store: Any, lm: Any) -> None:
-    from nest_integrations.index.base import KeyStoreMismatchError
-
-    theirs = (store.fingerprint, store.key_source, store.key_dim)
-    ours = (lm.fingerprint, lm.key_source, lm.key_dim)
-    if theirs != ours:
-        raise KeyStoreMismatchError(
-            f"key store {store!r} holds keys of {theirs} but the LM is {ours} "
-            "(fingerprint, key source, key dim)"
         )
 
 
@@ -522,13 +489,6 @@ def _check_reachable(address: str, timeout: float = 3.0) -> None:
             f"{port}` (then pass --ray {address}), or use --ray without an address for a "
             "local instance"
         ) from exc
-
-
-def _hold(folder: Path) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{os.getpid()}.pid").write_text(str(os.getpid()))
-    while not (folder / "go").exists():
-        time.sleep(0.05)
 
 
 def _column(arrays: list[np.ndarray]) -> np.ndarray:
