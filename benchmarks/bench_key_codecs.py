@@ -196,7 +196,7 @@ def main() -> int:
     # -- generation -----------------------------------------------------------------------------
     gen_texts = in_texts[: args.gen_texts] + out_texts[: args.gen_texts]
     for label, s in stores.items():
-        engine = NestEngine(lm, key_store=s, config=cfg)
+        engine = NestEngine(lm, None, s, cfg)
         for part, flag in (("in", True), ("out", False)):
             acc = ver = 0
             lams, tokens = [], []

@@ -83,7 +83,8 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from nest_integrations import NestEngine
+    from nest_integrations import NestConfig, NestEngine
+    from nest_integrations.index.in_memory_store import InMemoryKeyStore
     from nest_integrations.knn_ssd.domains import DOMAINS, domain_prompts, provenance
     from nest_integrations.knn_ssd.profile import MIXED, load_profile, profile_path
     from nest_integrations.knn_ssd.router import Router
@@ -95,7 +96,7 @@ def main() -> None:
     if missing:
         raise SystemExit(f"the profile lacks skip sets for {missing}: run `nest knn-ssd search`")
     router = Router(prof)
-    engine = NestEngine(lm, decoding="greedy")
+    engine = NestEngine(lm, None, InMemoryKeyStore(), NestConfig(), decoding="greedy")
     methods: dict[str, tuple[str, dict[str, Any]]] = {"greedy": ("greedy", {})}
     for d in DOMAINS:
         methods[f"fix:{d}"] = ("knn-ssd", {"profile": prof, "domain": d})

@@ -36,8 +36,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from nest_integrations.config import NestConfig  # noqa: E402
-from nest_integrations.drafters import dresd as dresd_mod  # noqa: E402
-from nest_integrations.drafters import rest as rest_mod  # noqa: E402
 from nest_integrations.dresd import (  # noqa: E402
     DresdDatastore,
     PassageSource,
@@ -47,6 +45,7 @@ from nest_integrations.dresd import (  # noqa: E402
     read_prompts,
 )
 from nest_integrations.engine import NestEngine  # noqa: E402
+from nest_integrations.index.in_memory_store import InMemoryKeyStore  # noqa: E402
 from nest_integrations.lm.hf import HFLanguageModel  # noqa: E402
 
 LOG = logging.getLogger("bench_lossless")
@@ -126,7 +125,7 @@ def main() -> int:
     ind = id_datastore(lm, train, 128)
     small = id_datastore(lm, train[: args.n_train_small], 128) if args.n_train_small else None
     stores = {"ood": DresdDatastore.open(ood, lm), "id": DresdDatastore.open(ind, lm)}
-    engine = NestEngine(lm, None, config=NestConfig(temperature=0.0))
+    engine = NestEngine(lm, None, InMemoryKeyStore(), NestConfig(temperature=0.0))
     eos = lm.eos_token_ids
     n = args.max_new_tokens
 
@@ -144,9 +143,8 @@ def main() -> int:
 
         return run
 
-    def ours(decoding: str, stats: Any = None, **opts: Any) -> Callable[[list[int]], dict]:
+    def ours(decoding: str, **opts: Any) -> Callable[[list[int]], dict]:
         def run(ids: list[int]) -> dict:
-            s0 = stats.search_seconds if stats is not None else 0.0
             t0 = time.perf_counter()
             res = engine.generate(msgs[tuple(ids)], max_new_tokens=n, decoding=decoding,
                                   drafter_options=opts)  # fmt: skip
@@ -155,36 +153,35 @@ def main() -> int:
             return {"ids": list(res.token_ids), "seconds": dt, "verify": st.verify_steps,
                     "drafted": st.drafted_tokens, "accepted": st.accepted_tokens,
                     "forwards": st.forward_passes,
-                    "search": (stats.search_seconds - s0) if stats is not None else 0.0,
+                    "search": st.time_draft, "tree_steps": st.tree_steps,
                     "verbatim": sum(c.n_tokens for c in res.citations)}  # fmt: skip
 
         return run
 
     ds_id, ds_ood = str(ind), str(ood)
-    R, D = rest_mod.REST_STATS, dresd_mod.STATS
     methods: dict[str, tuple[Callable[[list[int]], dict], str]] = {
         "HF greedy": (hf(False), ""),
         "HF prompt lookup (10)": (hf(True), ""),
         "our greedy loop": (ours("greedy"), ""),
         "our prompt-lookup": (ours("prompt-lookup"), ""),
-        "REST-style, ID array (chain 1x8)": (ours("rest", R, datastore=ds_id), "id"),
-        "REST-style, ID array (tree 4x8)": (ours("rest", R, datastore=ds_id, shape="tree"), "id"),
-        "DReSD OOD (default)": (ours("dresd", D, datastore=ds_ood), "ood"),
-        "DReSD ID (default: chain 1x8, cos >= 0.8)": (ours("dresd", D, datastore=ds_id), "id"),
-        "DReSD ID (tree 4x8, cos >= 0.8)": (ours("dresd", D, datastore=ds_id, shape="tree"), "id"),
+        "REST-style, ID array (chain 1x8)": (ours("rest", datastore=ds_id), "id"),
+        "REST-style, ID array (tree 4x8)": (ours("rest", datastore=ds_id, shape="tree"), "id"),
+        "DReSD OOD (default)": (ours("dresd", datastore=ds_ood), "ood"),
+        "DReSD ID (default: chain 1x8, cos >= 0.8)": (ours("dresd", datastore=ds_id), "id"),
+        "DReSD ID (tree 4x8, cos >= 0.8)": (ours("dresd", datastore=ds_id, shape="tree"), "id"),
         "DReSD ID (chain 1x8, no threshold)": (
-            ours("dresd", D, datastore=ds_id, min_score=-1.0), "id"),
+            ours("dresd", datastore=ds_id, min_score=-1.0), "id"),
     }
     if small is not None:
         stores["id-small"] = DresdDatastore.open(small, lm)
         methods[f"DReSD ID-{args.n_train_small} (default)"] = (
-            ours("dresd", D, datastore=str(small)), "id-small")
+            ours("dresd", datastore=str(small)), "id-small")
     if not args.no_sweep:
         methods["DReSD ID (tree 10x10, no threshold: paper shape)"] = (
-            ours("dresd", D, datastore=ds_id, shape="tree", num_drafts=10, draft_len=10,
+            ours("dresd", datastore=ds_id, shape="tree", num_drafts=10, draft_len=10,
                  max_nodes=100, min_score=-1.0), "id")  # fmt: skip
         methods["DReSD ID (chain 1x4, cos >= 0.8)"] = (
-            ours("dresd", D, datastore=ds_id, draft_len=4), "id")
+            ours("dresd", datastore=ds_id, draft_len=4), "id")
     msgs: dict[tuple[int, ...], list[dict]] = {}
     prompt_ids = []
     for p in evals:

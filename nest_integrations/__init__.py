@@ -27,8 +27,13 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    # through the assembly, which attaches ``NestEngine.from_defaults``
     if name == "NestEngine":
-        from nest_integrations.engine import NestEngine
+        from nest_integrations.assembly import NestEngine
 
         return NestEngine
+    if name == "from_defaults":  # the assembly's defaults (not in __all__: it is pinned)
+        from nest_integrations.assembly import from_defaults
+
+        return from_defaults
     raise AttributeError(f"module 'nest_integrations' has no attribute {name!r}")

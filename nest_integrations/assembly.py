@@ -2,12 +2,17 @@
 -> a ready ``NestEngine``.
 
 Every entry point builds its engine here: ``nest ask`` and ``nest ingest/info`` (``open_store``),
-``NestEngine.from_defaults``, LangChain's ``ChatNest``/``NestLLM``, LlamaIndex's
+``from_defaults`` (also ``NestEngine.from_defaults`` and ``nest_integrations.from_defaults``),
+LangChain's ``ChatNest``/``NestLLM``, LlamaIndex's
 ``NestLLM``/``NestQueryEngine`` and the evaluation harness. So each default is decided once:
 
 - ``DEFAULT_COLLECTION`` (``"nest"``), ``DEFAULT_MAX_NEW_TOKENS`` (256), ``DEFAULT_DECODING``
   (``"nest"``) and ``DEFAULT_PRESET`` (``"grounded"``: RA-NEST with passage-restricted spans
-  and the LM guards; the paper's algorithm is the ``"paper"`` preset).
+  and the LM guards; the paper's algorithm is the ``"paper"`` preset). They are written once,
+  in ``nest_integrations.defaults`` (imported by every layer), and re-exported here.
+- ``NestEngine`` itself defaults nothing but the decoding method: its config and key store are
+  required, and this module supplies them (the ``DEFAULT_PRESET``; an ``InMemoryKeyStore`` when
+  no persist dir is used).
 - **Where passages come from.** A corpus is opened only when asked for: a ready ``retriever``,
   or any of ``collection`` / ``persist_dir`` / ``chroma_url`` (the Chroma store filled by
   ``nest ingest``; the collection then defaults to ``DEFAULT_COLLECTION``). A bare
@@ -51,19 +56,16 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from nest_integrations.config import NestConfig
+from nest_integrations.defaults import (
+    DEFAULT_COLLECTION,
+    DEFAULT_DECODING,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_PRESET,
+)
+from nest_integrations.engine import NestEngine
 from nest_integrations.paths import persist_root
 
 LOG = logging.getLogger(__name__)
-
-#: Chroma collection of ``nest ingest`` / ``nest ask`` / ``from_defaults`` (and of the framework
-#: adapters when they are given a persist dir or Chroma URL without a collection).
-DEFAULT_COLLECTION = "nest"
-#: New tokens per generation when no budget is given (CLI, both adapters, the engine's callers).
-DEFAULT_MAX_NEW_TOKENS = 256
-#: The decoding method (``nest_integrations.drafters.METHODS``) when none is given.
-DEFAULT_DECODING = "nest"
-#: The ``NestConfig`` preset when no config is given (a bare ``NestConfig()`` is still ``paper``).
-DEFAULT_PRESET = "grounded"
 
 
 # --------------------------------------------------------------------------------- resolution
@@ -200,6 +202,13 @@ def shared_model(model: str | None = None, device: str | None = None, key_source
         return _MODELS[key]
 
 
+def spec_model(spec: EngineSpec) -> Any:
+    """The shared model of ``spec`` (its model, device and config's key source): what
+    ``build_engine`` decodes with and what the DReSD and KNN-SSD CLIs build their datastores
+    and profiles with."""
+    return shared_model(spec.model, spec.device, spec.config.key_source)
+
+
 def model_name(model: str | None = None) -> str:
     """The name of ``model`` for metadata (no load): the embedded default's name for None."""
     if model:
@@ -297,6 +306,14 @@ def open_key_store(persist_dir: str | os.PathLike[str] | None, lm: Any) -> Any:
     return DiskKeyStore.open(keys, unwrap(lm))
 
 
+def memory_key_store() -> Any:
+    """A fresh ``InMemoryKeyStore``: the key store of an engine without a persist dir (keys are
+    encoded once per engine and kept for its lifetime)."""
+    from nest_integrations.index.in_memory_store import InMemoryKeyStore
+
+    return InMemoryKeyStore()
+
+
 def hybrid_retriever(dense: Any) -> Any:
     """``dense`` fused with BM25 over every passage it holds (needs ``iter_passages``)."""
     from nest_integrations.retrieval.hybrid import HybridRetriever
@@ -337,8 +354,6 @@ def build_engine(
         key_store: a ready ``KeyStore`` (e.g. the evaluation's cache) instead of the persist
             dir's.
     """
-    from nest_integrations.engine import NestEngine
-
     spec = spec or EngineSpec()
     cfg = spec.config
     check_sources(retriever, spec.collection, spec.chroma_url)
@@ -349,11 +364,12 @@ def build_engine(
         if retriever is None:
             raise ValueError("hybrid retrieval needs a corpus: give a collection or retriever")
         retriever = hybrid_retriever(retriever)
-    model = serialized(lm if lm is not None else shared_model(spec.model, spec.device, cfg.key_source))
+    model = serialized(lm if lm is not None else spec_model(spec))
     if spec.opens_store and spec.calibrated is not False:
         cfg = calibrated_config(cfg, spec, model)
-    if key_store is None and (spec.persist_dir is not None or spec.opens_store):
-        key_store = open_key_store(spec.persist_dir, model)
+    if key_store is None:
+        key_store = (open_key_store(spec.persist_dir, model)
+                     if spec.persist_dir is not None or spec.opens_store else memory_key_store())
     LOG.debug("building NestEngine(%s, retriever=%r)", spec, retriever)
     return NestEngine(
         model,
@@ -363,6 +379,43 @@ def build_engine(
         decoding=spec.decoding,
         drafter_options=spec.options,
     )
+
+
+def from_defaults(
+    collection: str | None = None,
+    persist_dir: str | None = None,
+    chroma_url: str | None = None,
+    config: NestConfig | str | None = None,
+    model: str | None = None,
+    device: str | None = None,
+    *,
+    decoding: str | None = None,
+    drafter_options: dict[str, Any] | None = None,
+    hybrid: bool | None = None,
+) -> NestEngine:
+    """The embedded default engine: SmolLM2-135M-Instruct + the Chroma store + its key store.
+
+    ``collection`` defaults to ``DEFAULT_COLLECTION`` in ``persist_dir`` (default
+    ``$NEST_HOME/store``, filled by ``nest ingest``); with ``chroma_url`` passages come from a
+    Chroma server and keys stay in ``persist_dir``. ``config`` is a ``NestConfig`` or a preset
+    name (default ``DEFAULT_PRESET``). Also reachable as ``nest_integrations.from_defaults``
+    and ``NestEngine.from_defaults``.
+    """
+    spec = EngineSpec.for_store(
+        collection, persist_dir=persist_dir, chroma_url=chroma_url, config=config,
+        model=model, device=device, decoding=decoding, drafter_options=drafter_options,
+        hybrid=hybrid,
+    )
+    return build_engine(spec)
+
+
+def _engine_from_defaults(cls: type, *args: Any, **kwargs: Any) -> NestEngine:
+    return from_defaults(*args, **kwargs)
+
+
+_engine_from_defaults.__doc__ = from_defaults.__doc__
+#: ``NestEngine.from_defaults``: attached here, so that the engine module never imports upward.
+NestEngine.from_defaults = classmethod(_engine_from_defaults)  # type: ignore[attr-defined]
 
 
 _CALIBRATED_FIELDS = ("knn_temperature", "rrc_offset", "rrc_scale")
@@ -395,24 +448,22 @@ def share_engine(engine: Any) -> Any:
     return shared
 
 
-def spec_fields() -> tuple[str, ...]:
-    """Names of the ``EngineSpec`` fields (what adapters forward)."""
-    return tuple(f.name for f in dataclasses.fields(EngineSpec))
-
-
 __all__ = [
     "DEFAULT_COLLECTION",
     "DEFAULT_DECODING",
     "DEFAULT_MAX_NEW_TOKENS",
     "DEFAULT_PRESET",
     "EngineSpec",
+    "NestEngine",
     "SerializedLM",
     "build_engine",
     "calibrated_config",
     "check_sources",
     "clear_model_cache",
+    "from_defaults",
     "hybrid_retriever",
     "load_model",
+    "memory_key_store",
     "model_name",
     "open_key_store",
     "open_store",
@@ -422,5 +473,6 @@ __all__ = [
     "serialized",
     "share_engine",
     "shared_model",
+    "spec_model",
     "unwrap",
 ]

@@ -20,11 +20,10 @@ import torch
 from nest_integrations.config import NestConfig
 from nest_integrations.core.citations import build_citations, last_citation
 from nest_integrations.core.token_memory import TokenMemory
+from nest_integrations.defaults import DEFAULT_DECODING, DEFAULT_MAX_NEW_TOKENS
 from nest_integrations.drafters import DrafterContext, get_method
 from nest_integrations.loop import DecodeLoop
-from nest_integrations.prompts import (  # noqa: F401  (re-exported for older imports)
-    RA_CHAT_TEMPLATE,
-    RA_TEXT_TEMPLATE,
+from nest_integrations.prompts import (
     Prompt,
     chat_retry,
     check_string_prompts,
@@ -47,10 +46,16 @@ class NestEngine:
     Instantiate:
         .. code-block:: python
 
-            from nest_integrations import NestEngine, NestConfig
-            engine = NestEngine.from_defaults(collection="nest")
-            # or, with ready parts:
-            engine = NestEngine(lm, retriever, key_store, NestConfig.from_preset("paper"))
+            import nest_integrations
+            engine = nest_integrations.from_defaults(collection="nest")   # the assembly's defaults
+            # or, with ready parts (nothing is defaulted but the decoding method):
+            from nest_integrations import NestConfig, NestEngine
+            from nest_integrations.index.in_memory_store import InMemoryKeyStore
+            engine = NestEngine(lm, retriever, InMemoryKeyStore(), NestConfig.from_preset("paper"))
+
+        ``NestEngine.from_defaults(...)`` is the same as ``nest_integrations.from_defaults``
+        (``assembly.from_defaults``); the assembly attaches it when it is imported, which
+        ``nest_integrations.NestEngine`` and every entry point do.
 
     Generate:
         .. code-block:: python
@@ -67,9 +72,12 @@ class NestEngine:
     Args:
         lm: a ``LanguageModel`` (e.g. ``HFLanguageModel``).
         retriever: a ``PassageRetriever`` or None (no corpus: plain decoding of p_LM).
-        key_store: a ``KeyStore``; passages without stored keys are encoded once and
-            persisted. None keeps keys in memory for the engine's lifetime.
-        config: ``NestConfig`` (default: the ``paper`` preset).
+        key_store: a ``KeyStore`` (required); passages without stored keys are encoded once
+            and stored there. ``InMemoryKeyStore()`` keeps them for the engine's lifetime
+            (what ``assembly.build_engine`` supplies when no persist dir is given).
+        config: the ``NestConfig`` (required: the engine has no preset of its own; the
+            assembly's default is ``defaults.DEFAULT_PRESET``).
+        decoding: a ``drafters.METHODS`` name (``defaults.DEFAULT_DECODING``: NEST).
 
     String prompts are completed as raw text (after the tokenizer's default BOS); a list of
     ``{"role", "content"}`` messages gets the model's chat template. ``string_prompts``
@@ -82,62 +90,44 @@ class NestEngine:
     def __init__(
         self,
         lm: Any,
-        retriever: Any = None,
-        key_store: Any = None,
-        config: NestConfig | None = None,
+        retriever: Any,
+        key_store: Any,
+        config: NestConfig,
         *,
-        decoding: str = "nest",
+        decoding: str = DEFAULT_DECODING,
         drafter_options: dict[str, Any] | None = None,
         string_prompts: str = "auto",
     ):
-        self.config = config if config is not None else NestConfig()
+        if not isinstance(config, NestConfig):
+            raise TypeError(
+                f"config must be a NestConfig, not {type(config).__name__}: resolve a preset "
+                "name with NestConfig.from_preset, or build with nest_integrations.from_defaults"
+            )
+        if key_store is None:
+            raise ValueError(
+                "key_store is required: pass InMemoryKeyStore() "
+                "(nest_integrations.index.in_memory_store) to keep keys in memory"
+            )
+        self.lm = lm
+        self.config = self.check_config(config)
         #: what a string prompt means for a chat model (``prompts.STRING_PROMPT_MODES``)
         self.string_prompts = check_string_prompts(string_prompts)
-        if str(self.config.key_source) != str(lm.key_source):
-            raise ValueError(
-                f"NestConfig.key_source={self.config.key_source!r} but the language model "
-                f"computes keys from {lm.key_source!r}: build the model with the same key_source"
-            )
         get_method(decoding)  # fail early on an unknown method
-        if key_store is None:
-            from nest_integrations.index.in_memory_store import InMemoryKeyStore
-
-            key_store = InMemoryKeyStore()
-        self.lm = lm
         self.retriever = retriever
         self.key_store = key_store
         self.decoding = decoding
         self.drafter_options = dict(drafter_options or {})
 
-    @classmethod
-    def from_defaults(
-        cls,
-        collection: str | None = None,
-        persist_dir: str | None = None,
-        chroma_url: str | None = None,
-        config: NestConfig | str | None = None,
-        model: str | None = None,
-        device: str | None = None,
-        *,
-        decoding: str | None = None,
-        drafter_options: dict[str, Any] | None = None,
-        hybrid: bool | None = None,
-    ) -> "NestEngine":
-        """The embedded default: SmolLM2-135M-Instruct + the Chroma store + its key store.
-
-        ``collection`` defaults to ``assembly.DEFAULT_COLLECTION`` in ``persist_dir`` (default
-        ``$NEST_HOME/store``, filled by ``nest ingest``); with ``chroma_url`` passages come from
-        a Chroma server and keys stay in ``persist_dir``. ``config`` is a ``NestConfig`` or a
-        preset name. Built by ``nest_integrations.assembly`` (every default lives there).
-        """
-        from nest_integrations import assembly
-
-        spec = assembly.EngineSpec.for_store(
-            collection, persist_dir=persist_dir, chroma_url=chroma_url, config=config,
-            model=model, device=device, decoding=decoding, drafter_options=drafter_options,
-            hybrid=hybrid,
-        )
-        return assembly.build_engine(spec)
+    def check_config(self, config: NestConfig) -> NestConfig:
+        """``config`` if this engine can decode with it, else a ``ValueError`` (its key source
+        must be the model's). Edges that validate early (the server) call this."""
+        if str(config.key_source) != str(self.lm.key_source):
+            raise ValueError(
+                f"NestConfig.key_source={config.key_source!r} but the language model computes "
+                f"keys from {self.lm.key_source!r}: build the model with the same key_source "
+                "(or pick a config with the model's)"
+            )
+        return config
 
     # ----------------------------------------------------------------- stage 1 and 2
     def retrieve(self, query: str, k: int | None = None) -> list[Passage]:
@@ -165,7 +155,7 @@ class NestEngine:
         self,
         prompt: Prompt,
         *,
-        max_new_tokens: int = 256,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         stop: Sequence[str] | None = None,
         config: NestConfig | None = None,
         passages: Sequence[Passage] | None = None,
@@ -199,7 +189,7 @@ class NestEngine:
         self,
         prompt: Prompt,
         *,
-        max_new_tokens: int = 256,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         stop: Sequence[str] | None = None,
         config: NestConfig | None = None,
         passages: Sequence[Passage] | None = None,
@@ -209,12 +199,7 @@ class NestEngine:
     ) -> Iterator[StreamChunk]:
         """Like ``generate`` but yields text deltas with their citation; the last chunk has
         empty text and carries the ``NestResult``."""
-        cfg = config if config is not None else self.config
-        if str(cfg.key_source) != str(self.lm.key_source):
-            raise ValueError(
-                f"config.key_source={cfg.key_source!r} differs from the model's "
-                f"{self.lm.key_source!r}"
-            )
+        cfg = self.check_config(config) if config is not None else self.config
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or (
             max_new_tokens < 1
         ):
@@ -255,7 +240,7 @@ class NestEngine:
         options = {**self.drafter_options, **(drafter_options or {})}
 
         def new_loop(ids: list[int], memory: Any, max_new: int) -> DecodeLoop:
-            ctx = DrafterContext(self.lm, cfg, ids, passages, memory, options, self)
+            ctx = DrafterContext(self.lm, cfg, ids, passages, memory, options, self, stats)
             drafter = method.make_drafter(ctx) if method.make_drafter is not None else None
             return DecodeLoop(
                 self.lm, method, drafter, config=cfg, prompt_ids=ids, memory=memory,

@@ -11,6 +11,7 @@ way and labelled "verbatim match" in the source list.
 
 from __future__ import annotations
 
+from nest_integrations import output
 from nest_integrations.types import Citation, NestResult
 
 
@@ -47,10 +48,10 @@ def source_lines(result: NestResult, width: int = 100, min_tokens: int = 2) -> l
     lines: list[str] = []
     for pid, n in numbers.items():
         spans = [c for c in cites if c.passage_id == pid]
-        meta = spans[0].metadata
-        title = meta.get("title") or meta.get("source") or spans[0].doc_id
-        where = meta.get("url") or meta.get("source") or ""
-        lines.append(f"[{n}] {title}  (doc {spans[0].doc_id}, passage {pid}) {where}".rstrip())
+        first = output.citation_fields(spans[0])
+        title = output.citation_label(first)
+        where = first["url"] or first["source"] or ""
+        lines.append(f"[{n}] {title}  (doc {first['doc_id']}, passage {pid}) {where}".rstrip())
         for c in spans:
             loc = (
                 f"chars {c.source_start}-{c.source_end} of the source"

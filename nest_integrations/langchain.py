@@ -5,20 +5,5 @@ Usage::
     from nest_integrations.langchain import ChatNest, NestEmbeddings, citations_to_documents
 """
 
-from nest_integrations.integrations.langchain import (
-    ChatNest,
-    LangChainPassageRetriever,
-    NestCitationRetriever,
-    NestEmbeddings,
-    NestLLM,
-    citations_to_documents,
-)
-
-__all__ = [
-    "ChatNest",
-    "LangChainPassageRetriever",
-    "NestCitationRetriever",
-    "NestEmbeddings",
-    "NestLLM",
-    "citations_to_documents",
-]
+from nest_integrations.integrations.langchain import *  # noqa: F403  (the same public names)
+from nest_integrations.integrations.langchain import __all__  # noqa: F401

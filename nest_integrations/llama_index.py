@@ -7,24 +7,5 @@ Usage::
 
 from __future__ import annotations
 
-from nest_integrations.integrations.llama_index import (
-    LlamaIndexPassageRetriever,
-    NestCitationRetriever,
-    NestEmbedding,
-    NestLLM,
-    NestQueryEngine,
-    citation_block,
-    citation_nodes,
-    node_to_passage,
-)
-
-__all__ = [
-    "LlamaIndexPassageRetriever",
-    "NestCitationRetriever",
-    "NestEmbedding",
-    "NestLLM",
-    "NestQueryEngine",
-    "citation_block",
-    "citation_nodes",
-    "node_to_passage",
-]
+from nest_integrations.integrations.llama_index import *  # noqa: F403  (the same public names)
+from nest_integrations.integrations.llama_index import __all__  # noqa: F401

@@ -15,13 +15,17 @@ Two schedules, chosen by ``Method.needs_target``:
   and row i of the output scores draft token i. A step with no draft is an ordinary decoding
   step. The first output token comes from the prefill.
 
-Verification (``Verifier``): NEST's relaxed rule (Eq. 7), exact greedy (lossless), or
-speculative sampling (lossless in distribution for a chain) when ``temperature > 0``.
+Verification is a plug-in chosen by the method (``Method.verifier``, a name in ``VERIFIERS``):
+``RelaxedVerifier`` (NEST, Eq. 7 with its LM guards from ``core.verification``) or
+``LosslessVerifier`` (exact greedy, or speculative sampling, lossless in distribution for a
+chain, when ``temperature > 0``).
+
+``decode_ids`` runs the loop without an engine (no retrieval, no streaming): the KNN-SSD
+skip-set search and the DReSD response-cache builder decode with it.
 """
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -29,17 +33,19 @@ from typing import Any, Iterator
 import torch
 
 from nest_integrations.config import NestConfig
-from nest_integrations.core.mixture import nest_distribution
-from nest_integrations.core.sampling import choose_token, sample, warp
+from nest_integrations.core.mixture import StepDistribution, nest_distribution
+from nest_integrations.core.sampling import choose_token, warp
 from nest_integrations.core.verification import (
-    confident_lm_veto,
-    eos_veto,
+    guard_veto,
+    guarded_token,
     relaxed_accept_count,
     sampled_accept_count,
     speculative_sampling,
     strict_accept_count,
 )
 from nest_integrations.drafters.base import (
+    LOSSLESS,
+    RELAXED,
     DecodeState,
     Draft,
     Drafter,
@@ -53,24 +59,35 @@ from nest_integrations.types import NestStats, StreamChunk
 
 @dataclass
 class LMDistribution:
-    """The target of lossless methods: p_LM rows (``p``: ``(T, V)``)."""
+    """The target of methods without NEST's memory: p_LM rows (``p``: ``(T, V)``)."""
 
     p: torch.Tensor
 
+    @property
+    def p_lm(self) -> torch.Tensor:
+        """p_LM itself (the target is p_LM)."""
+        return self.p
+
+
+#: A target distribution: ``.p`` (the target rows) and ``.p_lm`` (the LM's own rows).
+Distribution = LMDistribution | StepDistribution
+
 
 class Verifier:
-    """How many draft tokens to accept, and the token to commit after them."""
+    """How many draft tokens to accept, and the token to commit after them (the base: token
+    choice with the generation's temperature, top-p and RNG; no guards)."""
+
+    #: the ``Method.verifier`` name
+    name = ""
 
     def __init__(
         self,
         config: NestConfig,
-        lossless: bool,
         generator: torch.Generator | None,
         eos_ids: frozenset[int] = frozenset(),
     ):
         self.config = config
         self.eos_ids = sorted(eos_ids)
-        self.lossless = lossless
         self.generator = generator
         self.sampling = config.temperature > 0
 
@@ -83,54 +100,83 @@ class Verifier:
         cfg = self.config
         return choose_token(p_row, cfg.temperature, cfg.top_p, self.generator)
 
-    def pick(self, dist: Any, row: int = 0) -> int:
-        """The token at ``row`` of a target distribution, after NEST's LM guards: a confident
-        LM (``confidence_guard``) overrules the mixture, and where the LM alone would end the
-        text (``eos_guard``) the answer ends. Without guards: ``choose(dist.p[row])``."""
-        cfg = self.config
-        w = self.choose(dist.p[row])
-        p_lm = getattr(dist, "p_lm", None)
-        if p_lm is None:
-            return w
-        if cfg.confidence_guard is not None:
-            top = p_lm[row].max(dim=-1)
-            if float(top.values) > cfg.confidence_guard and int(top.indices) != w:
-                w = int(top.indices)
-        if cfg.eos_guard is not None and self.eos_ids:
-            end = eos_veto(p_lm[row : row + 1], self.eos_ids, cfg.eos_guard)
-            if bool(end[0]):
-                w = self.eos_ids[int(p_lm[row, self.eos_ids].argmax())]
-        return w
+    def pick(self, dist: Distribution, row: int = 0) -> int:
+        """The token to commit at ``row`` of a target distribution."""
+        return self.choose(dist.p[row])
 
-    def accept(self, dist: Any, draft: torch.Tensor) -> int:
+    def accept(self, dist: Distribution, draft: torch.Tensor) -> int:
         """Accepted prefix length of ``draft`` scored by the rows of ``dist`` (row i scores
-        draft[i]); the rule of the target-first schedule (NEST, or any method checking token 0)."""
-        cfg = self.config
-        p = dist.p
-        if self.lossless and self.sampling:
-            raise AssertionError("lossless sampling goes through verify_and_correct")
-        if self.lossless or cfg.strict_acceptance:
-            return strict_accept_count(p, draft)
-        if self.sampling:  # Eq. 7 as a random test, on the distribution tokens are drawn from
-            return sampled_accept_count(self.target(p), draft, cfg.relaxation, self.generator)
-        veto = None
-        p_lm = getattr(dist, "p_lm", None)
-        if cfg.confidence_guard is not None and p_lm is not None:
-            veto = confident_lm_veto(p_lm, draft, cfg.confidence_guard)
-        if cfg.eos_guard is not None and p_lm is not None and self.eos_ids:
-            end = eos_veto(p_lm, self.eos_ids, cfg.eos_guard)
-            veto = end if veto is None else veto | end
-        return relaxed_accept_count(p, draft, cfg.relaxation, veto)
+        draft[i]); the rule of the target-first schedule."""
+        raise NotImplementedError
 
     def verify_and_correct(
         self, p: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | None
     ) -> tuple[int, int]:
-        """Lossless rule on ``(L + 1, V)`` target rows: ``(n_accepted, next_token)``."""
+        """On ``(L + 1, V)`` target rows (row i scores draft[i], row L follows the draft):
+        ``(n_accepted, next_token)``; the rule of the draft-first schedule."""
+        raise NotImplementedError(f"the {self.name} verifier has no draft-first rule")
+
+
+class LosslessVerifier(Verifier):
+    """Exact greedy acceptance, or speculative sampling when ``temperature > 0``: the output
+    follows p_LM exactly (token for token when greedy)."""
+
+    name = LOSSLESS
+
+    def accept(self, dist: Distribution, draft: torch.Tensor) -> int:
+        if self.sampling:
+            raise ValueError("lossless sampling verifies drafts with the pending token: "
+                             "the method must not set needs_target")
+        return strict_accept_count(dist.p, draft)
+
+    def verify_and_correct(
+        self, p: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | None
+    ) -> tuple[int, int]:
         n = int(draft.numel())
         if self.sampling:
             return speculative_sampling(self.target(p), draft, q, self.generator)
         m = strict_accept_count(p[:n], draft) if n else 0
         return m, int(p[m].argmax())
+
+
+class RelaxedVerifier(Verifier):
+    """NEST's relaxed acceptance (Eq. 7) of p_M, with its LM guards (``confidence_guard``,
+    ``eos_guard``: ``core.verification.guard_veto`` / ``guarded_token``); exact acceptance
+    with ``strict_acceptance``, a random Eq. 7 test when sampling."""
+
+    name = RELAXED
+
+    def pick(self, dist: Distribution, row: int = 0) -> int:
+        cfg = self.config
+        return guarded_token(self.choose(dist.p[row]), dist.p_lm[row], self.eos_ids,
+                             cfg.confidence_guard, cfg.eos_guard)  # fmt: skip
+
+    def accept(self, dist: Distribution, draft: torch.Tensor) -> int:
+        cfg = self.config
+        if cfg.strict_acceptance:
+            return strict_accept_count(dist.p, draft)
+        if self.sampling:  # Eq. 7 as a random test, on the distribution tokens are drawn from
+            return sampled_accept_count(self.target(dist.p), draft, cfg.relaxation,
+                                        self.generator)  # fmt: skip
+        veto = guard_veto(dist.p_lm, draft, self.eos_ids, cfg.confidence_guard, cfg.eos_guard)
+        return relaxed_accept_count(dist.p, draft, cfg.relaxation, veto)
+
+
+#: Verifiers by ``Method.verifier`` name (register a new rule here).
+VERIFIERS: dict[str, type[Verifier]] = {RELAXED: RelaxedVerifier, LOSSLESS: LosslessVerifier}
+
+
+def make_verifier(
+    method: Method, config: NestConfig, generator: torch.Generator | None,
+    eos_ids: frozenset[int] = frozenset(),
+) -> Verifier:
+    """The verifier ``method`` names; a ValueError lists the known ones."""
+    try:
+        cls = VERIFIERS[method.verifier]
+    except KeyError:
+        raise ValueError(f"method {method.name!r} names an unknown verifier "
+                         f"{method.verifier!r}: choose one of {sorted(VERIFIERS)}") from None
+    return cls(config, generator, eos_ids)
 
 
 class DecodeLoop:
@@ -152,18 +198,16 @@ class DecodeLoop:
         stats: NestStats,
         generator: torch.Generator | None,
         on_delta: Any,
+        eos: frozenset[int] | None = None,
     ) -> None:
         self.lm, self.method, self.drafter, self.config = lm, method, drafter, config
         self.memory = memory if method.uses_memory else None
         self.stats = stats
         self.max_new_tokens = max_new_tokens
-        self.eos = lm.eos_token_ids
+        self.eos = lm.eos_token_ids if eos is None else frozenset(eos)
         self.out = OutputText(lm.detokenize, stop)
-        self.verifier = Verifier(
-            config, lossless=not method.uses_memory, generator=generator, eos_ids=self.eos
-        )
+        self.verifier = make_verifier(method, config, generator, self.eos)
         self.cache = lm.new_cache()
-        self._forward_has_last = "last" in inspect.signature(lm.forward).parameters
         self.done = False
         self.lam_sum = 0.0
         self.lam_n = 0
@@ -182,6 +226,7 @@ class DecodeLoop:
             pick=self.verifier.pick,
             memory=self.memory,
             generator=generator,
+            stats=stats,
         )
 
     # ----------------------------------------------------------------- shared steps
@@ -189,21 +234,25 @@ class DecodeLoop:
     def budget(self) -> int:
         return self.max_new_tokens - len(self.out)
 
-    def forward(self, ids: list[int], last: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, ids: list[int], last: int | None = None, parents: list[int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One target pass after the cache: a chain (only the ``last`` rows' logits when set:
+        saves the LM head), or a token tree (``parents``, see ``lm.tree``). Timed and counted."""
         t0 = time.perf_counter()
-        if last and self._forward_has_last:  # only the last rows' logits (saves the LM head)
-            out = self.lm.forward(ids, self.cache, last=last)
+        if parents is not None:
+            out = self.lm.forward_tree(ids, parents, self.cache)
         else:
-            out = self.lm.forward(ids, self.cache)
+            out = self.lm.forward(ids, self.cache, last=last)
         self.stats.time_lm += time.perf_counter() - t0
         self.stats.forward_passes += 1
         return out
 
-    def distribution(self, logits: torch.Tensor, keys: torch.Tensor) -> Any:
+    def distribution(self, logits: torch.Tensor, keys: torch.Tensor) -> Distribution:
         """The target at each row: p_M for NEST-family methods, else p_LM."""
         t0 = time.perf_counter()
         if not self.method.uses_memory:
-            dist: Any = LMDistribution(torch.softmax(logits.float(), dim=-1))
+            dist: Distribution = LMDistribution(torch.softmax(logits.float(), dim=-1))
         else:
             cfg = self.config
             dist = nest_distribution(
@@ -249,7 +298,9 @@ class DecodeLoop:
         if self.drafter is None or budget < 1:
             return None
         self.state.budget = budget
+        t0 = time.perf_counter()
         draft = self.drafter.propose(self.state)
+        self.stats.time_draft += time.perf_counter() - t0
         if draft is None or not draft.tokens:
             return None
         validate_draft(draft, self.lm.vocab_size)
@@ -258,12 +309,38 @@ class DecodeLoop:
                           None if draft.q is None else draft.q[:budget], None, draft.chosen_first)
         return draft
 
+    def count_draft(self, draft: Draft) -> None:
+        """Count a draft the target is about to verify."""
+        self.stats.verify_steps += 1
+        self.stats.drafted_tokens += len(draft)
+        if draft.parents is not None:
+            self.stats.tree_steps += 1
+            self.stats.tree_nodes += len(draft)
+
     # ----------------------------------------------------------------- schedules
     def run(self) -> Iterator[StreamChunk]:
         if self.method.needs_target:
             yield from self._target_first()
         else:
             yield from self._draft_first()
+
+    def _ordinary_token(
+        self, dist: Distribution, draft: Draft | None
+    ) -> tuple[int, Any, int] | None:
+        """Target-first: ``(token, source, n_accepted)`` when this step commits one token
+        without a verify pass (no draft; a drafter's own ordinary step, i.e. a one-token
+        ``chosen_first`` draft; or a draft whose first token the target rejects), else None."""
+        if draft is None:
+            return self.verifier.pick(dist), None, 0
+        if draft.chosen_first and len(draft) == 1:
+            return draft.tokens[0], as_sources(draft.sources, 1)[0], 1
+        if draft.parents is not None:
+            raise ValueError(f"{self.method.name}: token trees need a draft-first method")
+        self.count_draft(draft)
+        first = torch.as_tensor(draft.tokens[:1], device=dist.p.device)
+        if not draft.chosen_first and self.verifier.accept(dist, first) == 0:
+            return self.verifier.pick(dist), None, 0
+        return None
 
     def _target_first(self) -> Iterator[StreamChunk]:
         """NEST's schedule (see the module docstring)."""
@@ -277,28 +354,17 @@ class DecodeLoop:
             dist = self.distribution(*cur)
             self.state.dist, self.state.hidden, self.state.pending = dist, cur[1][-1], None
             draft = self.propose(self.budget)
-            if draft is None:  # an ordinary step
-                w = v.pick(dist)
-                yield from self.commit([w], [None])
+            step = self._ordinary_token(dist, draft)
+            if step is not None:  # an ordinary step: one token, no verify pass
+                w, src, n = step
+                if draft is not None:
+                    self.drafter.update(self.state, draft, n)  # type: ignore[union-attr]
+                yield from self.commit([w], [src])
                 pending, cur = w, None
                 continue
+            assert draft is not None
             tokens, sources = draft.tokens, as_sources(draft.sources, len(draft))
-            if draft.chosen_first and len(draft) == 1:  # the drafter made an ordinary step
-                yield from self.commit(tokens, sources)
-                self.drafter.update(self.state, draft, 1)  # type: ignore[union-attr]
-                pending, cur = tokens[0], None
-                continue
-            if draft.parents is not None:
-                raise ValueError(f"{self.method.name}: token trees need a draft-first method")
-            stats.verify_steps += 1
-            stats.drafted_tokens += len(tokens)
             d = torch.as_tensor(tokens, device=dist.p.device)
-            if not draft.chosen_first and v.accept(dist, d[:1]) == 0:
-                self.drafter.update(self.state, draft, 0)  # type: ignore[union-attr]
-                c = v.pick(dist)
-                yield from self.commit([c], [None])
-                pending, cur = c, None
-                continue
             before = lm.cache_length(self.cache)
             logits, keys = self.forward(tokens)  # ONE pass: (L, V), (L, d)
             vdist = self.distribution(logits[:-1], keys[:-1]) if len(tokens) > 1 else None
@@ -314,16 +380,17 @@ class DecodeLoop:
             cur = None
             if self.done or self.budget <= 0:
                 break
-            c = v.pick(vdist, m - 1)
+            c = v.pick(vdist, m - 1)  # type: ignore[arg-type]
             yield from self.commit([c], [None])
             pending = c
 
     def _draft_first(self) -> Iterator[StreamChunk]:
         """Lossless schedule: feed ``[pending] + draft`` in one pass (see the module docstring)."""
         lm, v, stats = self.lm, self.verifier, self.stats
+        no_draft = torch.zeros(0, dtype=torch.long)
         logits, keys = self.forward(self.state.prompt_ids, last=1)  # prefill
         p = self.distribution(logits[-1:], keys[-1:]).p
-        _, first = v.verify_and_correct(p, p.new_zeros(0, dtype=torch.long), None)
+        _, first = v.verify_and_correct(p, no_draft.to(p.device), None)
         self.state.hidden = keys[-1]
         yield from self.commit([first], [None])
         pending = first
@@ -334,13 +401,12 @@ class DecodeLoop:
             if draft is None:
                 logits, keys = self.forward([pending])
                 p = self.distribution(logits, keys).p
-                _, c = v.verify_and_correct(p, p.new_zeros(0, dtype=torch.long), None)
+                _, c = v.verify_and_correct(p, no_draft.to(p.device), None)
                 self.state.hidden = keys[-1]
                 yield from self.commit([c], [None])
                 pending = c
                 continue
-            stats.verify_steps += 1
-            stats.drafted_tokens += len(draft)
+            self.count_draft(draft)
             if draft.parents is not None:
                 path, c, hidden = self._verify_tree(pending, draft, before)
             else:
@@ -371,8 +437,7 @@ class DecodeLoop:
         if self.verifier.sampling:
             raise ValueError("token-tree drafts are verified greedily: use temperature 0")
         parents = [-1] + [pp + 1 if pp >= 0 else 0 for pp in draft.parents]  # type: ignore[union-attr]
-        logits, keys = self.lm.forward_tree([pending] + draft.tokens, parents, self.cache)
-        self.stats.forward_passes += 1
+        logits, keys = self.forward([pending] + draft.tokens, parents=parents)
         p = self.distribution(logits, keys).p
         children: dict[int, list[int]] = {}
         for i, pp in enumerate(parents[1:], start=1):
@@ -387,3 +452,42 @@ class DecodeLoop:
             node = nxt
         self.lm.select_cache(self.cache, before, [0] + [i + 1 for i in path])
         return path, int(p[node].argmax()), keys[node]
+
+
+def _no_stream(loop: DecodeLoop, copied: bool, ids: Any) -> Iterator[StreamChunk]:
+    return iter(())
+
+
+def decode_ids(
+    lm: Any,
+    method: Method,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    *,
+    drafter: Drafter | None = None,
+    config: NestConfig | None = None,
+    stats: NestStats | None = None,
+    generator: torch.Generator | None = None,
+    eos: frozenset[int] | None = None,
+) -> tuple[list[int], NestStats]:
+    """Decode ``prompt_ids`` with ``method`` (and ``drafter``) and no engine: no retrieval,
+    no memory, no stop strings, no streaming. ``eos`` overrides the model's end tokens
+    (``frozenset()``: never stop early). Returns the output ids (without the end token) and
+    the generation's stats."""
+    if method.uses_memory:
+        raise ValueError(f"decode_ids runs methods without NEST's memory, not {method.name!r}")
+    stats = stats if stats is not None else NestStats()
+    if max_new_tokens < 1:
+        return [], stats
+    loop = DecodeLoop(
+        lm, method, drafter, config=config if config is not None else NestConfig(temperature=0.0),
+        prompt_ids=list(prompt_ids), memory=None, passages=[], offsets=[],
+        max_new_tokens=max_new_tokens, stop=[], stats=stats, generator=generator,
+        on_delta=_no_stream, eos=eos,
+    )  # fmt: skip
+    for _ in loop.run():
+        pass
+    stats.prompt_tokens = len(prompt_ids)
+    stats.new_tokens = len(loop.out.ids)
+    stats.finish_reason = stats.finish_reason or "length"
+    return list(loop.out.ids), stats

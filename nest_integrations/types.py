@@ -110,6 +110,23 @@ class NestStats:
     time_knn: float = 0.0
     time_total: float = 0.0
     finish_reason: str = ""
+    # drafting (the loop and the method's drafter fill these; 0 / None for plain decoding)
+    #: seconds in the drafter's ``propose`` (corpus search, KNN-SSD's layer-skip passes)
+    time_draft: float = 0.0
+    #: forward passes of a draft model (KNN-SSD's layer-skip passes), outside ``forward_passes``
+    draft_forwards: int = 0
+    #: corpus continuations merged into the drafts (DReSD, REST)
+    draft_candidates: int = 0
+    #: verify steps whose draft was a token tree, and the tree nodes they verified
+    tree_steps: int = 0
+    tree_nodes: int = 0
+    #: KNN-SSD routing: the skip set used (a domain, ``"mixed"`` or ``"explicit"``), the
+    #: nearest anchor's domain and cosine similarity, whether the router fell back, its seconds
+    route_skip_set: str | None = None
+    route_domain: str | None = None
+    route_similarity: float | None = None
+    route_fallback: bool = False
+    time_route: float = 0.0
 
     @property
     def accepted_per_verify(self) -> float:
@@ -167,12 +184,16 @@ class NestResult:
             sum(c.n_tokens for c in self.citations) / len(self.citations) if self.citations else 0.0
         )
 
+    def stats_dict(self) -> dict[str, Any]:
+        """``stats.to_dict()`` with ``mean_span_length`` (what every output format reports)."""
+        return {**self.stats.to_dict(), "mean_span_length": self.mean_span_length}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "text": self.text,
             "token_ids": list(self.token_ids),
             "citations": [c.to_dict() for c in self.citations],
-            "stats": {**self.stats.to_dict(), "mean_span_length": self.mean_span_length},
+            "stats": self.stats_dict(),
             "passages": [dataclasses.asdict(p) for p in self.passages],
         }
 

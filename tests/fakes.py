@@ -97,7 +97,7 @@ class FakeLM:
         self.forward(ids, cache)
 
     def forward(
-        self, ids: Sequence[int], cache: dict[str, Any]
+        self, ids: Sequence[int], cache: dict[str, Any], *, last: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
@@ -105,6 +105,8 @@ class FakeLM:
         if len(ids):
             cache["h"] = keys[-1]
         cache["ids"] = cache["ids"] + [int(i) for i in ids]
+        if last:
+            keys = keys[-last:]
         return torch.from_numpy(keys @ self._out), torch.from_numpy(keys)
 
     def encode_passages(self, token_ids: Sequence[Sequence[int]]) -> list[np.ndarray]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -68,3 +69,19 @@ def hf_greedy(lm, ids: list[int], n: int) -> list[int]:
         if t in lm.eos_token_ids:
             return new[:i]
     return new
+
+
+def chi2_pvalue(counts: dict, probs: dict, n: int) -> float:
+    """Pearson chi-square goodness of fit of ``n`` draws (``counts`` per cell) to the exact
+    ``probs`` per cell; p-value by Wilson-Hilferty (cells pooled, rarest first, to E >= 5)."""
+    stat, df, pool_o, pool_e = 0.0, -1, 0.0, 0.0
+    for cell, p in sorted(probs.items(), key=lambda kv: kv[1]):
+        pool_o += counts.get(cell, 0)
+        pool_e += p * n
+        if pool_e >= 5:
+            stat += (pool_o - pool_e) ** 2 / pool_e
+            df += 1
+            pool_o = pool_e = 0.0
+    k = max(df, 1)
+    z = ((stat / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
+    return 0.5 * math.erfc(z / math.sqrt(2))

@@ -13,6 +13,7 @@ import pytest
 from nest_integrations import assembly, cli
 from nest_integrations.ask import ask_spec
 from nest_integrations.engine import NestEngine
+from tests.engines import make_engine
 from nest_integrations.ingest.pipeline import IngestPipeline
 from nest_integrations.integrations.langchain import ChatNest
 from nest_integrations.integrations.langchain import NestLLM as LangChainLLM
@@ -255,8 +256,9 @@ def test_model_calls_are_serialised_per_model() -> None:
 
 def test_adapters_serialise_given_engines_too() -> None:
     """``engine=`` is shared with its model wrapped; the user's engine is left as it is."""
-    engine = NestEngine(FakeLM())
+    engine = make_engine(FakeLM())
     for adapter_engine in (ChatNest(engine=engine).get_engine(),
+                           LlamaIndexLLM(engine=engine).engine,
                            assembly.share_engine(engine)):
         assert isinstance(adapter_engine.lm, assembly.SerializedLM)
         assert adapter_engine is not engine and not isinstance(engine.lm, assembly.SerializedLM)
@@ -284,3 +286,108 @@ def test_stored_calibration_is_used_by_default_for_completion_configs(
     ra_on = assembly.build_engine(assembly.EngineSpec.for_store(
         persist_dir=str(store_dir), config="grounded", calibrated=True)).config
     assert ra_on.knn_temperature == 2.5 and ra_on.span_passages == 1
+
+
+# ---------------------------------------------------------------------------------- one spec
+
+
+class _Built(BaseException):
+    """Stops an entry point at the assembly boundary (a BaseException: the CLI's error
+    handler lets it through)."""
+
+
+def test_every_entry_point_resolves_the_same_spec(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``from_defaults`` (both names), ``ChatNest``/LlamaIndex ``NestLLM`` over the default
+    collection, `nest ask`, `nest serve` and the DReSD and KNN-SSD CLIs ask the assembly for one
+    spec: the same model, config (preset), decoding and persist dir; the same token budget."""
+    import inspect
+
+    import nest_integrations
+    from nest_integrations.server import cli as serve_cli
+    from nest_integrations.server import protocol
+    from nest_integrations.server.app import ServerSettings
+
+    specs: dict[str, assembly.EngineSpec] = {}
+    models: dict[str, assembly.EngineSpec] = {}
+    where = ["?"]
+
+    def build(spec: assembly.EngineSpec | None = None, **kw: object) -> None:
+        specs[where[0]] = spec
+        raise _Built
+
+    def model(spec: assembly.EngineSpec) -> None:
+        models[where[0]] = spec
+        raise _Built
+
+    monkeypatch.setattr(assembly, "build_engine", build)
+    monkeypatch.setattr(assembly, "spec_model", model)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    entry_points = {
+        "nest_integrations.from_defaults": lambda: nest_integrations.from_defaults(),
+        "NestEngine.from_defaults": lambda: nest_integrations.NestEngine.from_defaults(),
+        "ChatNest": lambda: ChatNest(collection=assembly.DEFAULT_COLLECTION).get_engine(),
+        "langchain NestLLM": lambda: LangChainLLM(
+            collection=assembly.DEFAULT_COLLECTION).get_engine(),
+        "llama_index NestLLM": lambda: LlamaIndexLLM(collection=assembly.DEFAULT_COLLECTION).engine,
+        "nest ask": lambda: cli.main(["ask", "q"]),
+        "nest serve": lambda: cli.main(["serve"]),
+        "nest dresd": lambda: cli.main(["dresd", "build", "--from-prompts", str(prompts),
+                                        "--out", str(tmp_path / "ds")]),
+        "nest knn-ssd": lambda: cli.main(["knn-ssd", "show"]),
+    }
+    pytest.importorskip("uvicorn")  # `nest serve` needs it before it builds the engine
+    for name, call in entry_points.items():
+        where[0] = name
+        with pytest.raises(_Built):
+            call()
+    want = assembly.EngineSpec.for_store()
+    assert specs == {name: want for name in list(entry_points)[:7]}
+    # the CLIs that build datastores and profiles load the model of that spec
+    assert set(models) == {"nest dresd", "nest knn-ssd"}
+    for spec in models.values():
+        assert (spec.model, spec.device, spec.config, spec.decoding) == (
+            want.model, want.device, want.config, want.decoding)
+        assert assembly.persist_root(spec.persist_dir) == assembly.persist_root(want.persist_dir)
+    assert want.config == assembly.resolve_config(assembly.DEFAULT_PRESET)
+    assert want.decoding == assembly.DEFAULT_DECODING
+
+    # one token budget: the engine's default, both adapters, `nest ask`, the server
+    serve_args = cli.build_parser().parse_args(["serve"])
+    budgets = {
+        "NestEngine.generate": inspect.signature(
+            nest_integrations.NestEngine.generate).parameters["max_new_tokens"].default,
+        "NestEngine.stream": inspect.signature(
+            nest_integrations.NestEngine.stream).parameters["max_new_tokens"].default,
+        "ChatNest": ChatNest()._engine_kwargs(None, {})["max_new_tokens"],
+        "llama_index NestLLM": LlamaIndexLLM()._options({})["max_new_tokens"],
+        "nest ask": cli.build_parser().parse_args(["ask", "q"]).max_new_tokens,
+        "nest serve": serve_cli.settings_from_args(serve_args).default_max_tokens,
+        "ServerSettings": ServerSettings().default_max_tokens,
+        "protocol.Limits": protocol.Limits().default_max_tokens,
+    }
+    assert budgets == {name: assembly.DEFAULT_MAX_NEW_TOKENS for name in budgets}
+    assert serve_cli.settings_from_args(serve_args).preset == assembly.DEFAULT_PRESET
+    assert serve_cli.serve_spec(serve_args) == want
+
+
+def test_the_engine_defaults_nothing_the_assembly_supplies_the_parts() -> None:
+    """``NestEngine`` needs its config and key store; ``build_engine`` supplies them (the
+    default preset, keys in memory without a persist dir)."""
+    from nest_integrations.config import NestConfig
+    from nest_integrations.index.in_memory_store import InMemoryKeyStore
+
+    lm = FakeLM()
+    with pytest.raises(TypeError, match="config"):
+        NestEngine(lm, None, InMemoryKeyStore())  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="NestConfig.from_preset"):
+        NestEngine(lm, None, InMemoryKeyStore(), "paper")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="InMemoryKeyStore"):
+        NestEngine(lm, None, None, NestConfig())
+    engine = NestEngine(lm, None, InMemoryKeyStore(), NestConfig())  # the four parts
+    assert engine.decoding == assembly.DEFAULT_DECODING
+    built = assembly.build_engine(assembly.EngineSpec(), lm=lm)
+    assert isinstance(built.key_store, InMemoryKeyStore)
+    assert built.config == assembly.resolve_config(assembly.DEFAULT_PRESET)

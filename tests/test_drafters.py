@@ -10,7 +10,6 @@ keeps the sampling distribution, and the port takes a new drafter in one file + 
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 import pytest
@@ -20,10 +19,10 @@ from nest_integrations import loop as loop_module
 from nest_integrations.config import NestConfig
 from nest_integrations.core.sampling import warp
 from nest_integrations.drafters import METHODS, Draft, Method, get_method, register
-from nest_integrations.engine import NestEngine
+from tests.engines import make_engine
 from nest_integrations.types import Passage
 from tests.fakes import FakeLM
-from tests.invariants import hf_greedy
+from tests.invariants import chi2_pvalue, hf_greedy
 
 GROUNDED = (
     "The assert statement is a convenient way to insert debugging assertions into a program. "
@@ -52,7 +51,7 @@ _hf_greedy = hf_greedy
 def test_lossless_modes_equal_hf_greedy(default_lm):
     """greedy and prompt-lookup equal HF greedy generate token for token on 10 prompts, and
     prompt-lookup's drafts were really verified (some accepted, some rejected)."""
-    engine = NestEngine(default_lm)
+    engine = make_engine(default_lm)
     drafted = accepted = 0
     for prompt in PROMPTS:
         ref = _hf_greedy(default_lm, engine.prompt_ids(prompt), 24)
@@ -70,7 +69,7 @@ def test_lossless_modes_equal_hf_greedy(default_lm):
 @pytest.mark.slow
 def test_prompt_lookup_stops_at_max_new_tokens_mid_draft(default_lm):
     """A draft longer than the budget is cut: the output ends at max_new_tokens exactly."""
-    engine = NestEngine(default_lm)
+    engine = make_engine(default_lm)
     prompt = PROMPTS[1]
     ref = _hf_greedy(default_lm, engine.prompt_ids(prompt), 7)
     res = engine.generate(prompt, max_new_tokens=7, decoding="prompt-lookup")
@@ -80,7 +79,7 @@ def test_prompt_lookup_stops_at_max_new_tokens_mid_draft(default_lm):
 
 def test_lossless_modes_equal_greedy_on_tiny_model(tiny_lm):
     """The same oracle on the tiny random Llama (fast): repetitive output, many drafts."""
-    engine = NestEngine(tiny_lm)
+    engine = make_engine(tiny_lm)
     for prompt in ["The Roman Empire was", "a b a b a b a b", "def f(x): return x"]:
         ref = engine.generate(prompt, max_new_tokens=40, decoding="greedy")
         res = engine.generate(prompt, max_new_tokens=40, decoding="prompt-lookup")
@@ -91,7 +90,7 @@ def test_lossless_modes_equal_greedy_on_tiny_model(tiny_lm):
 
 def test_lossless_modes_keep_passages_and_give_no_citations(tiny_lm):
     """Lossless modes still return the passages they were given, without copy citations."""
-    engine = NestEngine(tiny_lm)
+    engine = make_engine(tiny_lm)
     p = Passage("p1", GROUNDED, doc_id="d", char_start=0, char_end=len(GROUNDED))
     res = engine.generate("The assert statement", max_new_tokens=8, decoding="prompt-lookup",
                           passages=[p])
@@ -102,9 +101,9 @@ def test_lossless_modes_keep_passages_and_give_no_citations(tiny_lm):
 
 def test_unknown_decoding_is_a_clear_error(tiny_lm):
     with pytest.raises(ValueError, match="unknown decoding 'nope'.*prompt-lookup"):
-        NestEngine(tiny_lm, decoding="nope")
+        make_engine(tiny_lm, decoding="nope")
     with pytest.raises(ValueError, match="unknown decoding"):
-        NestEngine(tiny_lm).generate("x", decoding="nope")
+        make_engine(tiny_lm).generate("x", decoding="nope")
 
 
 def test_new_drafter_is_one_class_and_one_registry_line(tiny_lm):
@@ -121,7 +120,7 @@ def test_new_drafter_is_one_class_and_one_registry_line(tiny_lm):
 
     register(Method("always-567", lambda ctx: Always()))
     try:
-        engine = NestEngine(tiny_lm)
+        engine = make_engine(tiny_lm)
         ref = engine.generate("The Roman Empire was", max_new_tokens=12, decoding="greedy")
         res = engine.generate("The Roman Empire was", max_new_tokens=12, decoding="always-567")
         assert res.token_ids == ref.token_ids
@@ -162,19 +161,7 @@ def _exact_probs(lm: FakeLM, prompt_ids: list[int], cfg: NestConfig, n_tokens: i
     return probs
 
 
-def _chi2_pvalue(counts: Counter, probs: dict, n: int) -> float:
-    """Pearson chi-square goodness of fit, p-value by Wilson-Hilferty (cells pooled to E >= 5)."""
-    stat, df, pool_o, pool_e = 0.0, -1, 0.0, 0.0
-    for cell, p in sorted(probs.items(), key=lambda kv: kv[1]):
-        pool_o += counts.get(cell, 0)
-        pool_e += p * n
-        if pool_e >= 5:
-            stat += (pool_o - pool_e) ** 2 / pool_e
-            df += 1
-            pool_o = pool_e = 0.0
-    k = max(df, 1)
-    z = ((stat / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
-    return 0.5 * math.erfc(z / math.sqrt(2))
+_chi2_pvalue = chi2_pvalue
 
 
 class _Repeat:
@@ -191,7 +178,7 @@ class _Repeat:
 
 
 def _sample_pairs(method: str, n: int, cfg: NestConfig) -> tuple[Counter, list[int]]:
-    engine = NestEngine(_fake_lm())
+    engine = make_engine(_fake_lm())
     counts: Counter = Counter()
     acc = [0, 0]
     for i in range(n):
@@ -242,3 +229,102 @@ def test_a_wrong_residual_rule_fails_the_same_test(repeat_method, monkeypatch):
     lm = _fake_lm()
     probs = _exact_probs(lm, lm.tokenize(" x"), cfg, 3)
     assert _chi2_pvalue(counts, probs, n) < 1e-3
+
+
+# ----------------------------------------------------------------------------- the method API
+
+
+def test_methods_name_their_verifier_and_bad_ones_are_refused():
+    from nest_integrations.drafters import LOSSLESS, RELAXED
+
+    assert get_method("nest").verifier == RELAXED
+    assert {m.verifier for n, m in METHODS.items() if n != "nest"} <= {LOSSLESS}
+    with pytest.raises(ValueError, match="needs_target"):
+        Method("bad-relaxed", None, verifier=RELAXED)  # relaxed checks before feeding
+    lm = FakeLM()
+    odd = Method("odd-verifier", None, verifier="majority-vote")
+    with pytest.raises(ValueError, match="unknown verifier 'majority-vote'"):
+        loop_module.decode_ids(lm, odd, [3, 4, 5], 4)
+
+
+def test_drafter_options_become_typed_options_with_clear_errors():
+    from nest_integrations.drafters.base import DrafterContext
+    from nest_integrations.drafters.prompt_lookup import PromptLookupDrafter, PromptLookupOptions
+    from nest_integrations.drafters.rag_copy import RagCopyDrafter
+
+    def ctx(**options):
+        return DrafterContext(lm=FakeLM(), config=NestConfig(), prompt_ids=[], passages=[],
+                              options=options)
+
+    d = PromptLookupDrafter.from_context(ctx(max_ngram="2", num_tokens=6))
+    assert d.options == PromptLookupOptions(max_ngram=2, min_ngram=1, num_tokens=6)
+    assert PromptLookupDrafter.from_context(ctx()).options == PromptLookupOptions()
+    with pytest.raises(ValueError, match=r"unknown drafter option\(s\) \['num_token'\].*"
+                                         r"prompt-lookup.*num_tokens"):
+        PromptLookupDrafter.from_context(ctx(num_token=6))
+    with pytest.raises(ValueError, match="max_ngram=.*not a valid int"):
+        PromptLookupDrafter.from_context(ctx(max_ngram="three"))
+    with pytest.raises(ValueError, match="rag-copy min_ngram must be >= 1"):
+        RagCopyDrafter(ctx(min_ngram=0))
+    assert RagCopyDrafter(ctx()).options.num_tokens == 16  # its own defaults
+
+
+def test_loop_over_an_uncached_model_gives_the_same_tokens(tiny_lm):
+    """The KV-cache oracle: drafts that are two tokens right then one wrong (accepted, rejected,
+    cropped every step) through the loop over ``UncachedLM`` (every forward recomputed from the
+    committed ids, nothing to crop wrongly) and over the cached model give the same tokens,
+    and both equal greedy decoding."""
+    from nest_integrations.lm.uncached import UncachedLM
+
+    ids = tiny_lm.tokenize("The quick brown fox jumps over the lazy dog. The quick brown fox")
+    greedy, _ = loop_module.decode_ids(tiny_lm, get_method("greedy"), ids, 16)
+
+    class _TwoRightOneWrong:
+        def propose(self, state):
+            k = len(state.out_ids)  # the next token's index in the greedy output
+            right = greedy[k : k + 2]
+            return Draft(right + [(greedy[k] + 1) % tiny_lm.vocab_size]) if right else None
+
+        def update(self, state, draft, n_accepted):
+            return None
+
+    method = Method("test-two-right", None)
+    runs = [loop_module.decode_ids(lm, method, ids, 16, drafter=_TwoRightOneWrong())
+            for lm in (tiny_lm, UncachedLM(tiny_lm))]
+    (cached, stats), (uncached, _) = runs
+    assert cached == uncached == greedy
+    assert 0 < stats.accepted_tokens < stats.drafted_tokens and stats.time_draft > 0
+
+
+def test_token_tree_passes_go_through_the_timed_forward(tiny_lm, monkeypatch):
+    """A drafter that proposes token trees: the output equals greedy decoding, every target
+    pass (chains and trees) is counted in ``forward_passes`` and timed in ``time_lm``, and the
+    tree steps land in ``NestStats``."""
+
+    class _Fork:
+        def propose(self, state):
+            ctx = state.context_ids
+            a, b = ctx[-1], ctx[-2] if len(ctx) > 1 else ctx[-1]
+            return Draft([a, b, a], None, parents=[-1, -1, 0])
+
+        def update(self, state, draft, n_accepted):
+            return None
+
+    calls = {"forward": 0, "forward_tree": 0}
+    for name in calls:
+        real = getattr(tiny_lm, name)
+
+        def counted(*a, _real=real, _name=name, **kw):
+            calls[_name] += 1
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(tiny_lm, name, counted)
+    method = Method("test-fork", lambda ctx: _Fork())
+    ids = tiny_lm.tokenize("one two one two one two one two")
+    out, stats = loop_module.decode_ids(tiny_lm, method, ids, 12, drafter=_Fork())
+    monkeypatch.undo()
+    greedy, _ = loop_module.decode_ids(tiny_lm, get_method("greedy"), ids, 12)
+    assert out == greedy
+    assert calls["forward_tree"] == stats.tree_steps > 0
+    assert stats.forward_passes == calls["forward"] + calls["forward_tree"]
+    assert stats.tree_nodes == 3 * stats.tree_steps and stats.time_lm > 0

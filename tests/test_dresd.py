@@ -210,8 +210,57 @@ def test_propose_drafts_corpus_continuation_with_exact_sources(tiny_lm, built):
         assert all(-1 <= q < i for i, q in enumerate(draft.parents))
 
 
+def test_drafter_counters_land_in_the_generation_stats(tiny_lm, tmp_path):
+    """DReSD's and REST's search time and candidates are in the generation's NestStats
+    (no process-global counters), on a datastore of the model's own responses; unknown
+    options are refused by name."""
+    from nest_integrations.drafters import get_method
+    from nest_integrations.drafters.base import DrafterContext
+    from nest_integrations.dresd.responses import prompt_ids
+    from nest_integrations.loop import decode_ids
+    from nest_integrations.types import NestStats
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:2]))
+    ds = build_datastore(tiny_lm, PromptSource(read_prompts(prompts), tiny_lm,
+                                               max_new_tokens=12), tmp_path / "in")
+    ids = prompt_ids(tiny_lm, {"prompt": PROMPTS[0]})
+    for name, extra in (("dresd", {"min_score": -1.0}), ("rest", {})):
+        stats = NestStats()
+        options = {"datastore": str(ds.root), **extra}
+        ctx = DrafterContext(tiny_lm, None, ids, [], options=options, stats=stats)
+        method = get_method(name)
+        decode_ids(tiny_lm, method, ids, 12, drafter=method.make_drafter(ctx), stats=stats)
+        assert stats.draft_candidates >= stats.verify_steps > 0, name
+        assert stats.time_draft > 0 and stats.accepted_tokens > 0, name
+        with pytest.raises(ValueError, match=f"unknown drafter option.*{name}"):
+            method.make_drafter(DrafterContext(tiny_lm, None, ids, [],
+                                               options={**options, "beam": 2}))
+
+
+def test_draft_into_a_retrieved_passage_without_offsets_fills_them_in(tiny_lm, built):
+    """A lossless method's retrieved passages come without token offsets; when DReSD drafts
+    from one of them, its offsets must be registered (a crash when citing it, before)."""
+    from nest_integrations.drafters.dresd import DresdDrafter
+
+    _, ds = built
+    p = 2
+    toks = tiny_lm.tokenize(TEXTS[p])
+    j = 4
+    raw = tiny_lm.encode_passages([toks])[0]
+    state = _state(tiny_lm, ds, toks[: j + 1], torch.from_numpy(raw[j]))
+    state.passages.append(ds.passage(p))
+    state.offsets.append(None)
+    draft = DresdDrafter(ds, num_drafts=1, draft_len=5, shape="chain").propose(state)
+    assert draft is not None and draft.tokens[:5] == toks[j + 1 : j + 6]
+    assert draft.sources[0][0] == 0 and len(state.passages) == 1
+    s, e = state.offsets[0][draft.sources[0][1]]
+    assert state.passages[0].text[s:e] == tiny_lm.detokenize([draft.tokens[0]])
+
+
 def test_first_token_filter_and_budget(tiny_lm, built):
-    from nest_integrations.drafters.dresd import DresdDrafter, _trie
+    from nest_integrations.drafters.corpus import trie as _trie
+    from nest_integrations.drafters.dresd import DresdDrafter
 
     _, ds = built
     toks = tiny_lm.tokenize(TEXTS[2])
@@ -277,7 +326,7 @@ def test_oracle_greedy_dresd_equals_greedy(tiny_lm, tmp_path):
     """Lossless: the same tokens as plain greedy decoding, with an in-domain datastore (the
     model's own responses: many acceptances) and an unrelated one (few)."""
     from nest_integrations.config import NestConfig
-    from nest_integrations.engine import NestEngine
+    from tests.engines import make_engine
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
@@ -287,11 +336,8 @@ def test_oracle_greedy_dresd_equals_greedy(tiny_lm, tmp_path):
     ood = build_datastore(tiny_lm, PassageSource(_passages(), tiny_lm), tmp_path / "ood")
     fork = build_datastore(tiny_lm, ForkSource(PromptSource(read_prompts(prompts), tiny_lm,
                                                             max_new_tokens=n)), tmp_path / "fork")
-    from nest_integrations.drafters.dresd import STATS
-
-    engine = NestEngine(tiny_lm, None, config=NestConfig(temperature=0.0))
-    STATS.reset()
-    acc, n_citations = {}, 0
+    engine = make_engine(tiny_lm, None, config=NestConfig(temperature=0.0))
+    acc, n_citations, tree_steps = {}, 0, 0
     for name, ds in (("in", ind), ("ood", ood), ("fork", fork)):
         acc[name] = 0
         for p in PROMPTS + ["Tell me about rivers."]:
@@ -302,19 +348,20 @@ def test_oracle_greedy_dresd_equals_greedy(tiny_lm, tmp_path):
                                                 "min_score": -1.0})
                 assert res.token_ids == ref.token_ids, (name, p, shape)
                 acc[name] += res.stats.accepted_tokens
+                tree_steps += res.stats.tree_steps if name == "fork" else 0
                 for c in res.citations if name != "fork" else []:  # exact corpus slices
                     assert c.kind == "verbatim"
                     n_citations += 1
                     assert res.text[c.start : c.end] == c.text
     assert n_citations > 0
-    assert STATS.trees > 0  # the fork datastore made the loop verify real token trees
+    assert tree_steps > 0  # the fork datastore made the loop verify real token trees
     assert acc["fork"] > 4 * max(1, acc["ood"]), acc
     assert acc["in"] > 4 * max(1, acc["ood"]), acc
     assert acc["in"] >= len(PROMPTS) * n  # most of every in-domain answer came from drafts
 
 
 def test_batched_responses_and_keys_match_sequential_greedy(tiny_lm):
-    from nest_integrations.dresd.prompts import (
+    from nest_integrations.dresd.responses import (
         batched_greedy,
         greedy_with_keys,
         keys_in_context,
@@ -326,14 +373,20 @@ def test_batched_responses_and_keys_match_sequential_greedy(tiny_lm):
     for p, resp in zip(pids, batched):
         ids, keys = greedy_with_keys(tiny_lm, p, 12)
         assert resp == ids
-        np.testing.assert_allclose(keys_in_context(tiny_lm, p, resp), keys, atol=1e-4)
+        # the keys the model computed while generating, one cached step at a time
+        cache = tiny_lm.new_cache()
+        _, k = tiny_lm.forward(p, cache)
+        stepwise = [k[-1]] + [tiny_lm.forward([t], cache)[1][-1] for t in resp[:-1]]
+        sequential = torch.stack(stepwise).numpy() if resp else keys
+        np.testing.assert_allclose(keys_in_context(tiny_lm, p, resp), sequential, atol=1e-4)
+        np.testing.assert_allclose(keys, sequential, atol=1e-4)
 
 
 def test_default_datastore_location_follows_the_engines_collection(tmp_path):
     from types import SimpleNamespace
 
     from nest_integrations.drafters.base import DrafterContext
-    from nest_integrations.drafters.dresd import default_datastore_for
+    from nest_integrations.drafters.corpus import default_datastore_for
 
     retriever = SimpleNamespace(collection_name="docs", persist_dir=tmp_path)
     ctx = DrafterContext(lm=None, config=None, prompt_ids=[], passages=[],

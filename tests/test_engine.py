@@ -27,7 +27,7 @@ from nest_integrations.config import NestConfig
 from nest_integrations.core.token_memory import TokenMemory
 from nest_integrations.core.mixture import nest_distribution
 from nest_integrations.drafters import METHODS, Draft, Method
-from nest_integrations.engine import NestEngine
+from tests.engines import make_engine
 from nest_integrations.lm.hf import HFLanguageModel
 from nest_integrations.types import Passage
 from tests.invariants import (
@@ -80,7 +80,7 @@ def _greedy_pm(lm, ids: list[int], memory: TokenMemory, cfg: NestConfig, n: int)
 @pytest.mark.slow
 def test_empty_datastore_equals_hf_greedy(default_lm):
     """No passages: NEST output equals HF greedy generate token for token."""
-    engine = NestEngine(default_lm)
+    engine = make_engine(default_lm)
     res = engine.generate(QUESTION, max_new_tokens=40)
     ref = _hf_greedy(default_lm, default_lm.chat_prompt(QUESTION), 40)
     assert res.token_ids == ref
@@ -91,7 +91,7 @@ def test_empty_datastore_equals_hf_greedy(default_lm):
 def test_no_span_copying_equals_greedy_pm_and_strict_equals_it(default_lm):
     """Copying off gives greedy decoding of p_M; strict acceptance gives the same tokens."""
     passages = [_passage(PASSAGE_TEXT), _passage(UNRELATED_TEXT, "bio")]
-    engine = NestEngine(default_lm)
+    engine = make_engine(default_lm)
     cfg = NestConfig(span_copying=False)
     res = engine.generate(QUESTION, max_new_tokens=32, config=cfg, passages=passages)
     memory = engine.build_memory(passages)
@@ -109,7 +109,7 @@ def test_no_span_copying_equals_greedy_pm_and_strict_equals_it(default_lm):
 @pytest.mark.slow
 def test_own_continuation_is_copied_and_cited(default_lm):
     """A memory holding the model's own greedy continuation is copied in long cited spans."""
-    engine = NestEngine(default_lm)
+    engine = make_engine(default_lm)
     own = engine.generate(QUESTION, max_new_tokens=32)
     passages = [_passage(own.text, "own"), _passage(UNRELATED_TEXT, "bio")]
     res = engine.generate(QUESTION, max_new_tokens=32, passages=passages)
@@ -134,7 +134,7 @@ def test_own_continuation_is_copied_and_cited(default_lm):
 @pytest.mark.slow
 def test_verbatim_passage_is_copied_with_right_citation(default_lm):
     """A completion prompt quoting a passage's opening words continues it verbatim, cited."""
-    engine = NestEngine(default_lm)
+    engine = make_engine(default_lm)
     passages = [_passage(PASSAGE_TEXT, "rome"), _passage(UNRELATED_TEXT, "bio")]
     prompt = PASSAGE_TEXT[:60]
     res = engine.generate(prompt, max_new_tokens=40, passages=passages)
@@ -149,7 +149,7 @@ def test_verbatim_passage_is_copied_with_right_citation(default_lm):
 @pytest.mark.slow
 def test_unrelated_corpus_is_not_copied(default_lm):
     """An unrelated memory leaves the output fluent (equal to plain greedy here) and uncopied."""
-    engine = NestEngine(default_lm)
+    engine = make_engine(default_lm)
     passages = [_passage(UNRELATED_TEXT, "bio")]
     base = engine.generate(QUESTION, max_new_tokens=32)
     res = engine.generate(QUESTION, max_new_tokens=32, passages=passages)
@@ -211,7 +211,7 @@ def _oracle_generate(lm, monkeypatch, prompt, cfg, passages, n, decoding="nest")
             oracle.loop = self
 
     monkeypatch.setattr(loop_module.DecodeLoop, "__init__", spy_init)
-    res = NestEngine(oracle, config=cfg).generate(
+    res = make_engine(oracle, config=cfg).generate(
         prompt, max_new_tokens=n, passages=passages, decoding=decoding
     )
     assert oracle.checked == res.stats.forward_passes
@@ -229,7 +229,7 @@ def test_cached_equals_uncached(default_lm, monkeypatch, gamma):
     assert res.stats.verify_steps > 0
     if gamma == 0.9:  # a strict gamma must have rejected some drafted tokens (crops happened)
         assert res.stats.accepted_tokens < res.stats.drafted_tokens
-    plain = NestEngine(default_lm, config=cfg).generate(
+    plain = make_engine(default_lm, config=cfg).generate(
         PASSAGE_TEXT[:40], max_new_tokens=48, passages=passages
     )
     assert plain.token_ids == res.token_ids
@@ -298,7 +298,7 @@ def test_cache_oracle_catches_an_off_by_one_crop(
 
 def test_tiny_model_stream_matches_generate(tiny_lm):
     """Streamed deltas concatenate to the generated text; the last chunk carries the result."""
-    engine = NestEngine(tiny_lm)
+    engine = make_engine(tiny_lm)
     passages = [_passage(PASSAGE_TEXT, "rome")]
     res = engine.generate(PASSAGE_TEXT[:30], max_new_tokens=16, passages=passages)
     chunks = list(engine.stream(PASSAGE_TEXT[:30], max_new_tokens=16, passages=passages))
@@ -308,7 +308,7 @@ def test_tiny_model_stream_matches_generate(tiny_lm):
 
 def test_stop_strings_and_max_tokens(tiny_lm):
     """Stop strings cut the text; max_new_tokens bounds the output."""
-    engine = NestEngine(tiny_lm)
+    engine = make_engine(tiny_lm)
     res = engine.generate("Hello", max_new_tokens=12)
     assert len(res.token_ids) <= 12
     assert len(res.text) > 3  # the tiny model is deterministic: no condition around the check
@@ -320,7 +320,7 @@ def test_stop_strings_and_max_tokens(tiny_lm):
 
 def test_bad_input_errors(tiny_lm):
     """Empty prompts, bad limits, overlong prompts and bad config are clear errors."""
-    engine = NestEngine(tiny_lm)
+    engine = make_engine(tiny_lm)
     with pytest.raises(ValueError, match="empty"):
         engine.generate("   ")
     with pytest.raises(ValueError, match="empty"):
@@ -332,12 +332,12 @@ def test_bad_input_errors(tiny_lm):
     with pytest.raises(ValueError, match="relaxation"):
         NestConfig(relaxation=0.0)
     with pytest.raises(ValueError, match="key_source"):
-        NestEngine(tiny_lm, config=NestConfig(key_source="block_input"))
+        make_engine(tiny_lm, config=NestConfig(key_source="block_input"))
 
 
 def test_stream_with_stop_string_across_tokens(tiny_lm):
     """A stop string spanning a token boundary is never streamed, and deltas add up."""
-    engine = NestEngine(tiny_lm)
+    engine = make_engine(tiny_lm)
     full = engine.generate("Hello", max_new_tokens=12)
     assert len(full.token_ids) >= 4  # deterministic: the tiny model does not stop early
     # a stop string made of the end of token 2 and the start of token 3
@@ -363,7 +363,7 @@ def _run_lengths(sources) -> list[int]:
 def test_sampling_is_seeded_private_and_reproducible(tiny_lm):
     """temperature > 0: the same seed gives the same tokens, other seeds differ, and the global
     torch RNG is never touched (with or without a seed, with and without a memory)."""
-    engine = NestEngine(tiny_lm)
+    engine = make_engine(tiny_lm)
 
     def run(seed, passages=None, **kw):
         cfg = NestConfig(temperature=1.0, seed=seed, **kw)
@@ -382,7 +382,7 @@ def test_sampling_is_seeded_private_and_reproducible(tiny_lm):
 def test_stop_string_inside_a_copied_span(tiny_lm):
     """A stop string in the middle of a copied span cuts the text at a token boundary before
     it; copied counts, sources and citations follow the kept tokens only."""
-    engine = NestEngine(tiny_lm, config=_copying_cfg())
+    engine = make_engine(tiny_lm, config=_copying_cfg())
     full = engine.generate(PASSAGE_TEXT[:40], max_new_tokens=40, passages=_rome())
     span = max(full.citations, key=lambda c: c.n_tokens)
     assert span.n_tokens >= 10  # the tiny model copies (deterministic)
@@ -405,7 +405,7 @@ def test_stop_string_inside_a_copied_span(tiny_lm):
 def test_max_new_tokens_reached_mid_span(tiny_lm):
     """The budget ends inside a copied span: exactly max_new_tokens tokens, the last of them
     copied, and the citation ends at the output's end."""
-    engine = NestEngine(tiny_lm, config=_copying_cfg())
+    engine = make_engine(tiny_lm, config=_copying_cfg())
     full = engine.generate(PASSAGE_TEXT[:40], max_new_tokens=40, passages=_rome())
     assert _run_lengths(full.token_sources)[0] >= 20
     res = engine.generate(PASSAGE_TEXT[:40], max_new_tokens=13, passages=_rome())
@@ -434,7 +434,7 @@ def _spy_drafts(monkeypatch):
 
 def _masking_run(tiny_lm):
     short = _passage("The Roman Empire was the post-Republican state.", "short")
-    res = NestEngine(tiny_lm, config=_copying_cfg()).generate(
+    res = make_engine(tiny_lm, config=_copying_cfg()).generate(
         "The Roman Empire", max_new_tokens=48, passages=[short]
     )
     return res
@@ -470,7 +470,7 @@ def test_masking_test_fails_without_masking(tiny_lm, monkeypatch):
 def test_continuation_past_max_span(tiny_lm):
     """After a fully accepted span the drafter continues from the next row of the same passage:
     one uninterrupted copy run is longer than max_span."""
-    engine = NestEngine(tiny_lm, config=_copying_cfg(max_span=4))
+    engine = make_engine(tiny_lm, config=_copying_cfg(max_span=4))
     res = engine.generate(PASSAGE_TEXT[:40], max_new_tokens=30, passages=_rome())
     assert max(_run_lengths(res.token_sources)) > 4 * 3
     assert res.stats.verify_steps >= 3  # several spans of <= 4 drafted tokens
@@ -489,7 +489,7 @@ def test_mean_lambda_averages_every_row(tiny_lm, monkeypatch):
         return dist
 
     monkeypatch.setattr(loop_module, "nest_distribution", spy)
-    res = NestEngine(tiny_lm, config=_copying_cfg(relaxation=0.9)).generate(
+    res = make_engine(tiny_lm, config=_copying_cfg(relaxation=0.9)).generate(
         PASSAGE_TEXT[:40], max_new_tokens=24, passages=_rome()
     )
     assert len(lams) > res.stats.forward_passes  # multi-row verify passes happened
@@ -508,7 +508,7 @@ def test_prefill_computes_logits_for_the_last_position_only(tiny_lm, monkeypatch
         return out
 
     monkeypatch.setattr(tiny_lm.model, "forward", spy)
-    NestEngine(tiny_lm).generate(PASSAGE_TEXT[:80], max_new_tokens=3, passages=_rome())
+    make_engine(tiny_lm).generate(PASSAGE_TEXT[:80], max_new_tokens=3, passages=_rome())
     first = calls[0]
     assert first["n"] > 10 and first["keep"] == 1 and first["rows"] == 1
 
@@ -530,9 +530,9 @@ def test_string_prompt_modes(tiny_lm, monkeypatch):
     raw = prompt_ids(tiny_lm, "What is X?")
     chat = prompt_ids(tiny_lm, "What is X?", as_chat=True)
     assert chat == tiny_lm.chat_prompt([{"role": "user", "content": "What is X?"}])
-    NestEngine(tiny_lm, string_prompts="chat").generate("What is X?", max_new_tokens=2)
-    NestEngine(tiny_lm, string_prompts="completion").generate("What is X?", max_new_tokens=2)
-    NestEngine(tiny_lm).generate("What is X?", max_new_tokens=2)  # auto, no EOS first: raw
+    make_engine(tiny_lm, string_prompts="chat").generate("What is X?", max_new_tokens=2)
+    make_engine(tiny_lm, string_prompts="completion").generate("What is X?", max_new_tokens=2)
+    make_engine(tiny_lm).generate("What is X?", max_new_tokens=2)  # auto, no EOS first: raw
     assert seen == [chat, raw, raw]
     # auto with an end token first: one raw prefill, then the chat prompt
     seen.clear()
@@ -546,21 +546,21 @@ def test_string_prompt_modes(tiny_lm, monkeypatch):
         return logits, keys
 
     monkeypatch.setattr(tiny_lm, "forward", eos_first)
-    res = NestEngine(tiny_lm).generate("What is X?", max_new_tokens=4)
+    res = make_engine(tiny_lm).generate("What is X?", max_new_tokens=4)
     assert seen == [raw, chat] and len(res.token_ids) == 4
     assert res.stats.prompt_tokens == len(chat)
     with pytest.raises(ValueError, match="string_prompts"):
-        NestEngine(tiny_lm, string_prompts="question")
+        make_engine(tiny_lm, string_prompts="question")
 
 
 @pytest.mark.slow
 def test_bare_question_to_the_instruct_model_is_answered(default_lm):
     """The embedded instruct model ends a raw "What is X?" at once; "auto" answers it."""
-    raw = NestEngine(default_lm, string_prompts="completion").generate(
+    raw = make_engine(default_lm, string_prompts="completion").generate(
         "What is a Python list?", max_new_tokens=16
     )
     assert raw.text == "" and raw.stats.forward_passes == 1  # the problem "auto" solves
-    res = NestEngine(default_lm).generate("What is a Python list?", max_new_tokens=16)
+    res = make_engine(default_lm).generate("What is a Python list?", max_new_tokens=16)
     assert len(res.token_ids) == 16 and "list" in res.text.lower()
 
 
@@ -571,7 +571,7 @@ def test_sampling_accepts_on_the_warped_distribution(tiny_lm, monkeypatch):
     from nest_integrations.core.sampling import warp
 
     calls: list[tuple[torch.Tensor, list[int], int]] = []
-    accept = loop_module.Verifier.accept
+    accept = loop_module.RelaxedVerifier.accept
 
     def spy(self, dist, draft):
         n = accept(self, dist, draft)
@@ -579,9 +579,9 @@ def test_sampling_accepts_on_the_warped_distribution(tiny_lm, monkeypatch):
         calls.append((p.detach().clone(), draft.tolist(), n))
         return n
 
-    monkeypatch.setattr(loop_module.Verifier, "accept", spy)
+    monkeypatch.setattr(loop_module.RelaxedVerifier, "accept", spy)
     cfg = _copying_cfg(temperature=1.0, top_p=0.3, seed=0)
-    NestEngine(tiny_lm, config=cfg).generate("The history of the Roman Empire",
+    make_engine(tiny_lm, config=cfg).generate("The history of the Roman Empire",
                                              max_new_tokens=40, passages=_rome())
     outside = accepted = 0
     for p, draft, n in calls:

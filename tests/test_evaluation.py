@@ -276,11 +276,11 @@ def test_system_configs():
 def test_reference_logprobs_match_the_engine_distribution(tiny_lm):
     """Teacher-forced scores equal log p_LM (base) and log p_M from nest_distribution (NEST)."""
     from nest_integrations.core.mixture import nest_distribution
-    from nest_integrations.engine import NestEngine
+    from tests.engines import make_engine
 
     leads = _sample_leads(4)
     passages = lead_passages(leads)
-    engine = NestEngine(tiny_lm)
+    engine = make_engine(tiny_lm)
     ex = Example(id="x", prompt="Anabasis is the most famous work")
     ref = tiny_lm.tokenize(" of the Ancient Greek soldier")
     base, nest = make_systems(NestConfig(), ("base", "nest"))
@@ -311,13 +311,13 @@ def test_reference_logprobs_match_the_engine_distribution(tiny_lm):
 @pytest.fixture(scope="module")
 def tiny_setup(tiny_lm):
     """Twelve sample leads: the last three are held out of the datastore."""
-    from nest_integrations.engine import NestEngine
+    from tests.engines import make_engine
     from nest_integrations.evaluation.retrieval import build_retriever
 
     leads = _sample_leads(12)
     train, held = leads[:9], leads[9:]
     passages = lead_passages(train)
-    return tiny_lm, NestEngine(tiny_lm), build_retriever(passages, "bm25"), train, held
+    return tiny_lm, make_engine(tiny_lm), build_retriever(passages, "bm25"), train, held
 
 
 def test_tiny_run_of_every_wikipedia_task(tiny_setup, tmp_path):
@@ -368,7 +368,7 @@ def test_tiny_run_of_every_wikipedia_task(tiny_setup, tmp_path):
 
 def test_tiny_run_of_a_jsonl_task_over_a_corpus_folder(tiny_lm, tmp_path):
     """Task (3): any corpus folder plus a JSONL file; stop strings cut the output (E3)."""
-    from nest_integrations.engine import NestEngine
+    from tests.engines import make_engine
     from nest_integrations.evaluation.retrieval import build_retriever
     from nest_integrations.evaluation.suite import custom_setup
 
@@ -394,7 +394,7 @@ def test_tiny_run_of_a_jsonl_task_over_a_corpus_folder(tiny_lm, tmp_path):
     tasks, passages, prov = custom_setup([corpus], tasks_file, settings, progress=False)
     assert prov["datastore_passages"] == len(passages) == 2
     run = run_eval(
-        NestEngine(tiny_lm), tasks, settings, build_retriever(passages, "bm25"), progress=False
+        make_engine(tiny_lm), tasks, settings, build_retriever(passages, "bm25"), progress=False
     )
     recs = run.records["q"]
     assert len(recs) == 4
@@ -441,7 +441,7 @@ def test_cli_settings_and_errors():
 @pytest.mark.slow
 def test_real_model_copies_and_cites_the_gold_lead(default_lm):
     """SmolLM2 on sample leads: NEST copies the in-corpus continuation and cites its lead."""
-    from nest_integrations.engine import NestEngine
+    from tests.engines import make_engine
     from nest_integrations.evaluation.retrieval import build_retriever
 
     leads = _sample_leads(30)
@@ -453,7 +453,7 @@ def test_real_model_copies_and_cites_the_gold_lead(default_lm):
         name="real", n_completion=1, n_qa=1, n_passages=10, systems=("base", "nest"), gammas=()
     )
     run = run_eval(
-        NestEngine(default_lm), [task], settings, build_retriever(passages, "bm25"), progress=False
+        make_engine(default_lm), [task], settings, build_retriever(passages, "bm25"), progress=False
     )
     row = run.table()["completion-in"]["nest"]
     assert row["attribution_ratio"] > 50.0
@@ -567,7 +567,7 @@ def test_medium_configuration():
 def test_tiny_run_of_entity_qa_with_the_calibrated_system(tiny_lm, tmp_path):
     """The entity-QA task through run_eval with nest-cal: grounded aggregates, the report's
     grounded and paired sections, and a rerender from the saved files."""
-    from nest_integrations.engine import NestEngine
+    from tests.engines import make_engine
     from nest_integrations.evaluation.report import load_run, markdown, write_outputs
     from nest_integrations.evaluation.retrieval import build_retriever
     from nest_integrations.evaluation.suite import entity_setup
@@ -580,7 +580,7 @@ def test_tiny_run_of_entity_qa_with_the_calibrated_system(tiny_lm, tmp_path):
     assert len(task.examples) == 3 and len(passages) == 60
     assert all(ex.grounded and ex.distractors and ex.chat for ex in task.examples)
     cal = {"knn_temperature": 2.0, "rrc_offset": 0.5, "rrc_scale": 0.05}
-    run = run_eval(NestEngine(tiny_lm), [task], settings, build_retriever(passages, "bm25"),
+    run = run_eval(make_engine(tiny_lm), [task], settings, build_retriever(passages, "bm25"),
                    progress=False, calibration=cal)
     assert run.systems[-1].config.knn_temperature == 2.0
     recs = run.records["entity-qa"]

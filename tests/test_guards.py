@@ -14,9 +14,11 @@ from nest_integrations.core.proposers import span_start
 from nest_integrations.core.verification import (
     confident_lm_veto,
     eos_veto,
+    guard_veto,
+    guarded_token,
     relaxed_accept_count,
 )
-from nest_integrations.engine import NestEngine
+from tests.engines import make_engine
 from nest_integrations.types import Passage
 from tests.fakes import FakeLM
 
@@ -67,8 +69,8 @@ def _passage(text, pid):
 class _EndingLM(FakeLM):
     """FakeLM whose own top token is always EOS (id 1)."""
 
-    def forward(self, ids, cache):
-        logits, keys = super().forward(ids, cache)
+    def forward(self, ids, cache, *, last=None):
+        logits, keys = super().forward(ids, cache, last=last)
         logits[:, 1] = logits.max() + 5.0
         return logits, keys
 
@@ -78,7 +80,7 @@ def test_eos_guard_ends_where_the_lm_ends_and_min_citation_filters():
     (the copy never overrules the end), while the paper setting copies the passage."""
     lm = _EndingLM(key_dim=8, vocab_size=64, seed=1)
     text = "alpha beta gamma delta epsilon zeta eta theta"
-    engine = NestEngine(lm)
+    engine = make_engine(lm)
     passages = [_passage(text, "a")]
     paper = engine.generate(" alpha", max_new_tokens=8, passages=passages,
                             config=NestConfig(rrc_offset=10.0))  # lambda ~ 0: p_M ~ p_kNN
@@ -89,3 +91,23 @@ def test_eos_guard_ends_where_the_lm_ends_and_min_citation_filters():
     few = engine.generate(" alpha", max_new_tokens=8, passages=passages,
                           config=NestConfig(rrc_offset=10.0, min_citation_tokens=100))
     assert few.citations == [] and few.token_sources == paper.token_sources
+
+
+def test_guards_as_pure_functions():
+    """``guarded_token``: a confident LM overrules the chosen token, an LM that would end the
+    text ends it; ``guard_veto``: the or of both vetoes, None when no guard is on."""
+    eos = [1]
+    sure = torch.tensor([0.02, 0.03, 0.9, 0.05])  # the LM is sure of token 2
+    ending = torch.tensor([0.1, 0.6, 0.2, 0.1])  # the LM would end here
+    unsure = torch.tensor([0.3, 0.1, 0.3, 0.3])
+    assert guarded_token(3, sure, eos, 0.8, None) == 2
+    assert guarded_token(3, sure, eos, 0.95, None) == 3  # not confident enough
+    assert guarded_token(3, ending, eos, None, 0.5) == 1
+    assert guarded_token(3, unsure, eos, 0.8, 0.5) == 3
+    assert guarded_token(3, ending, [], None, 0.5) == 3  # no end tokens: nothing to end with
+    p_lm = torch.stack([sure, ending, unsure])
+    draft = torch.tensor([3, 3, 3])
+    assert guard_veto(p_lm, draft, eos, None, None) is None
+    assert guard_veto(p_lm, draft, eos, 0.8, None).tolist() == [True, False, False]
+    assert guard_veto(p_lm, draft, eos, None, 0.5).tolist() == [False, True, False]
+    assert guard_veto(p_lm, draft, eos, 0.8, 0.5).tolist() == [True, True, False]

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from nest_integrations.config import NestConfig
-from nest_integrations.engine import NestEngine
+from tests.engines import make_engine
 from nest_integrations.index import codecs
 from nest_integrations.index.base import KeyStoreMismatchError
 from nest_integrations.index.codecs import CodecNotTrainedError, load_codec, make_codec
@@ -266,7 +266,7 @@ def _training_corpus() -> list[Passage]:
 
 def _generate(lm, store):
     cfg = NestConfig(span_threshold=1.0, min_citation_tokens=1)
-    engine = NestEngine(lm, key_store=store, config=cfg)
+    engine = make_engine(lm, key_store=store, config=cfg)
     passages = [_p(PASSAGE_TEXT, "rome"), _p(UNRELATED_TEXT, "bio")]
     return engine.generate(PASSAGE_TEXT[:40], max_new_tokens=24, passages=passages)
 
@@ -336,7 +336,7 @@ def test_real_model_pq_store_copies_with_exact_citations(default_lm, tmp_path: P
     with DiskKeyStore.open(tmp_path, default_lm, codec="pq") as s:
         ensure_keys(s, default_lm, corpus)
         assert s.codec.code_size == default_lm.key_dim // 8
-        engine = NestEngine(default_lm, key_store=s)
+        engine = make_engine(default_lm, key_store=s)
         passages = [_p(PASSAGE_TEXT, "rome"), _p(UNRELATED_TEXT, "bio")]
         res = engine.generate(PASSAGE_TEXT[:60], max_new_tokens=30, passages=passages)
     assert res.citations, res.text

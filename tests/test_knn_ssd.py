@@ -1,7 +1,7 @@
 """KNN-SSD: layer-skip forward (identity oracle), the KV invariant after drafting, the lossless
-oracle (self-speculative greedy == greedy) with good and bad skip sets through the engine,
-profiles (fingerprint, tiny search, resume), anchors and routing, CLI and bad input. Tiny random
-Llama here; the real model in tests/test_knn_ssd_real.py."""
+oracle (self-speculative greedy == Hugging Face greedy ``generate``) with good and bad skip
+sets through the engine, profiles (fingerprint, tiny search, resume), anchors and routing, CLI
+and bad input. Tiny random Llama here; the real model in tests/test_knn_ssd_real.py."""
 
 from __future__ import annotations
 
@@ -21,11 +21,7 @@ from nest_integrations.knn_ssd.profile import (
     update_profile,
 )
 from nest_integrations.knn_ssd.router import Router, kmeans_anchors
-from nest_integrations.knn_ssd.selfspec import (
-    draft_chain,
-    greedy_reference,
-    self_speculative_generate,
-)
+from nest_integrations.knn_ssd.selfspec import draft_chain, self_speculative_generate
 from nest_integrations.lm.layer_skip import LayerSkipError, SkipSet, decoder_layers
 
 import faiss  # noqa: E402,F401  (a required dependency: imported, so a broken install fails)
@@ -41,6 +37,17 @@ def _n(lm) -> int:
 def _all(lm) -> SkipSet:
     n = _n(lm)
     return SkipSet.from_lists(n, range(n), range(n))
+
+
+def _hf_greedy(lm, ids: list[int], n: int) -> list[int]:
+    """Hugging Face ``generate`` (greedy, no end token: exactly ``n`` tokens): the oracle."""
+    x = torch.tensor([ids], device=lm.device)
+    with torch.inference_mode():
+        out = lm.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                                max_new_tokens=n, eos_token_id=None, pad_token_id=0)
+    new = out[0, len(ids) :].tolist()
+    assert len(new) == n, "HF generate stopped early: the oracle needs n tokens"
+    return new
 
 
 def _cache_snapshot(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -159,7 +166,7 @@ def test_self_speculative_greedy_equals_greedy(tiny_lm, which):
     skip = {"none": SkipSet(n), "some": SkipSet.from_lists(n, [0], [1]), "all": _all(tiny_lm)}
     for text in (CODE, PROSE):
         ids = tiny_lm.tokenize(text)
-        ref = greedy_reference(tiny_lm, ids, 20, stop_at_eos=False)
+        ref = _hf_greedy(tiny_lm, ids, 20)
         out, stats = self_speculative_generate(tiny_lm, ids, skip[which], 20, threshold=0.0,
                                                stop_at_eos=False)
         assert out == ref
@@ -184,12 +191,12 @@ def _profile(lm, tmp_path, skips: dict[str, SkipSet], anchors: dict[str, np.ndar
 @pytest.mark.parametrize("domain", DOMAINS)
 def test_engine_knn_ssd_equals_greedy_for_every_domain(tiny_lm, tmp_path, domain):
     """decoding="knn-ssd" (routed by a profile; good and bad sets) == decoding="greedy"."""
-    from nest_integrations import NestEngine
+    from tests.engines import make_engine
 
     n = _n(tiny_lm)
     prompt = domain_prompts(domain, "eval", 1)[0].text
     vec = tiny_lm.domain_vector(tiny_lm.tokenize(prompt)).numpy()[None]
-    engine = NestEngine(tiny_lm, decoding="greedy")
+    engine = make_engine(tiny_lm, decoding="greedy")
     ref = engine.generate(prompt, max_new_tokens=16).token_ids
     for skip in (SkipSet(n), _all(tiny_lm)):
         path = _profile(tiny_lm, tmp_path, {domain: skip}, {domain: vec})
@@ -199,11 +206,43 @@ def test_engine_knn_ssd_equals_greedy_for_every_domain(tiny_lm, tmp_path, domain
         assert res.stats.drafted_tokens > 0
 
 
+def test_routing_and_draft_counters_land_in_the_generation_stats(tiny_lm, tmp_path):
+    """The route the drafter took and its layer-skip passes are in the generation's NestStats
+    (no drafter-side dict): a profile route, then an explicit set."""
+    from nest_integrations.config import NestConfig
+    from nest_integrations.drafters import get_method
+    from nest_integrations.drafters.base import DrafterContext
+    from nest_integrations.drafters.knn_ssd import KnnSsdDrafter
+    from nest_integrations.loop import decode_ids
+    from nest_integrations.types import NestStats
+
+    domain = DOMAINS[0]
+    ids = tiny_lm.tokenize(domain_prompts(domain, "eval", 1)[0].text)
+    vec = tiny_lm.domain_vector(ids).numpy()[None]
+    path = _profile(tiny_lm, tmp_path, {domain: SkipSet(_n(tiny_lm))}, {domain: vec})
+    explicit = SkipSet.from_lists(_n(tiny_lm), [1]).to_dict()
+    for options, skip_set in (({"profile": path, "threshold": 0.0}, domain),
+                              ({"skip": explicit, "threshold": 0.0}, "explicit")):
+        stats = NestStats()
+        ctx = DrafterContext(tiny_lm, NestConfig(), ids, [], options=options, stats=stats)
+        drafter = KnnSsdDrafter.from_context(ctx)
+        out, _ = decode_ids(tiny_lm, get_method("knn-ssd"), ids, 10, drafter=drafter,
+                            stats=stats, eos=frozenset())
+        assert len(out) == 10 and stats.route_skip_set == skip_set
+        assert stats.draft_forwards >= stats.drafted_tokens > 0 and stats.time_draft > 0
+        if skip_set == domain:  # routed: the nearest anchor is the prompt's own vector
+            assert stats.route_domain == domain and stats.route_similarity > 0.99
+            assert not stats.route_fallback
+        else:
+            assert stats.route_domain is None and stats.route_similarity is None
+
+
 def test_engine_sampling_runs_with_draft_distributions(tiny_lm):
-    from nest_integrations import NestConfig, NestEngine
+    from nest_integrations import NestConfig
+    from tests.engines import make_engine
 
     cfg = NestConfig(temperature=0.8, top_p=0.95, seed=3)
-    engine = NestEngine(tiny_lm, config=cfg, decoding="knn-ssd",
+    engine = make_engine(tiny_lm, config=cfg, decoding="knn-ssd",
                         drafter_options={"skip": SkipSet.from_lists(_n(tiny_lm), [1]).to_dict(),
                                          "threshold": 0.0})
     res = engine.generate(PROSE, max_new_tokens=12)
@@ -229,16 +268,16 @@ def test_profile_of_another_model_is_refused_and_left_intact(tiny_lm, tmp_path):
 
 
 def test_missing_profile_names_the_commands(tiny_lm, tmp_path, monkeypatch):
-    from nest_integrations import NestEngine
+    from tests.engines import make_engine
 
     monkeypatch.setenv("NEST_HOME", str(tmp_path))
     with pytest.raises(ProfileError, match="nest knn-ssd search"):
-        NestEngine(tiny_lm, decoding="knn-ssd").generate(PROSE, max_new_tokens=4)
+        make_engine(tiny_lm, decoding="knn-ssd").generate(PROSE, max_new_tokens=4)
 
 
 def test_default_profile_is_found_automatically(tiny_lm, tmp_path, monkeypatch):
     """With no options the drafter loads $NEST_HOME/knn_ssd/<fingerprint>/default.json."""
-    from nest_integrations import NestEngine
+    from tests.engines import make_engine
 
     monkeypatch.setenv("NEST_HOME", str(tmp_path))
     path = profile_path(tiny_lm)
@@ -246,8 +285,8 @@ def test_default_profile_is_found_automatically(tiny_lm, tmp_path, monkeypatch):
     vec = tiny_lm.domain_vector(tiny_lm.tokenize(PROSE)).numpy()[None]
     update_profile(tiny_lm, None, lambda p: (p.skips.update({"prose": SkipSet(_n(tiny_lm))}),
                                              p.anchors.update({"prose": vec})))
-    res = NestEngine(tiny_lm, decoding="knn-ssd").generate(PROSE, max_new_tokens=8)
-    assert res.token_ids == NestEngine(tiny_lm).generate(PROSE, max_new_tokens=8,
+    res = make_engine(tiny_lm, decoding="knn-ssd").generate(PROSE, max_new_tokens=8)
+    assert res.token_ids == make_engine(tiny_lm).generate(PROSE, max_new_tokens=8,
                                                          decoding="greedy").token_ids
 
 
@@ -382,7 +421,7 @@ def test_other_architectures_skip_and_stay_lossless(arch):
     full, _ = lm.forward(ids, lm.new_cache())
     skipped = lm.forward_skip(ids, lm.new_cache(), _all(lm))
     assert not torch.allclose(full, skipped)
-    ref = greedy_reference(lm, ids, 12, stop_at_eos=False)
+    ref = _hf_greedy(lm, ids, 12)
     for skip in (SkipSet.from_lists(3, [1], [2]), _all(lm)):
         out, stats = self_speculative_generate(lm, ids, skip, 12, threshold=0.0,
                                                stop_at_eos=False)

@@ -42,10 +42,10 @@ def test_router_picks_the_right_domain_for_held_out_prompts(default_lm, profile)
 
 @pytest.mark.parametrize("domain", DOMAINS)
 def test_greedy_knn_ssd_equals_greedy_on_every_domain(default_lm, profile, domain):
-    from nest_integrations import NestEngine
+    from tests.engines import make_engine
 
     prompt = domain_prompts(domain, "eval", 1)[0].text
-    engine = NestEngine(default_lm, decoding="greedy")
+    engine = make_engine(default_lm, decoding="greedy")
     ref = engine.generate(prompt, max_new_tokens=10)
     drafted = {}
     for name in ("good", "bad"):

@@ -17,6 +17,7 @@ import pytest
 from nest_integrations import assembly, cli
 from nest_integrations.config import NestConfig
 from nest_integrations.engine import NestEngine
+from tests.engines import make_engine
 from nest_integrations.index.base import KeyStore
 from nest_integrations.index.keys import ensure_keys
 from nest_integrations.index.lazy_cache import LazyKeyCache, lazy_cache_stats
@@ -408,12 +409,12 @@ def test_oracle_engine_on_lazy_cache_equals_pre_encoded_keys(tmp_path: Path, tin
     ps = [Passage(id=f"r{i}", text=t, doc_id=f"d{i}") for i, t in enumerate(PASSAGES)]
     with DiskKeyStore.open(tmp_path / "eager", tiny_lm) as ds:
         ensure_keys(ds, tiny_lm, ps)
-        want = _generate(NestEngine(tiny_lm, None, ds, cfg), ps)
+        want = _generate(make_engine(tiny_lm, None, ds, cfg), ps)
     assert want[3] > 0 and want[2]  # the oracle copies and cites
     configure_lazy(tmp_path / "keys", max_bytes="10MB")
     with LazyKeyCache.open(tmp_path / "keys", tiny_lm) as cache:
-        assert _generate(NestEngine(tiny_lm, None, cache, cfg), ps) == want  # cold
+        assert _generate(make_engine(tiny_lm, None, cache, cfg), ps) == want  # cold
         assert cache.misses == len(ps) and len(cache) == len(ps)
     with LazyKeyCache.open(tmp_path / "keys", tiny_lm) as cache:
-        assert _generate(NestEngine(tiny_lm, None, cache, cfg), ps) == want  # warm
+        assert _generate(make_engine(tiny_lm, None, cache, cfg), ps) == want  # warm
         assert cache.hits == len(ps) and cache.misses == 0

@@ -57,12 +57,12 @@ def test_summary_hand_case():
 
 
 def test_tiny_interleaved_run(tiny_lm):
-    from nest_integrations.engine import NestEngine
+    from tests.engines import make_engine
     from nest_integrations.evaluation.retrieval import BM25Retriever
 
     corpus = generate_corpus(seed=2, per_kind=3)
     passages = [Passage(id=f"p/{d.id}", text=d.text, doc_id=d.id) for d in corpus.documents]
-    engine = NestEngine(tiny_lm, BM25Retriever(passages))
+    engine = make_engine(tiny_lm, BM25Retriever(passages))
     questions = corpus.sample_questions(2, seed=0) + [SAMPLE_QUESTIONS[0]]
     specs = [qa_dev.BUILTIN["base"], qa_dev.BUILTIN["rag"], qa_dev.BUILTIN["paper"]]
     seen = []

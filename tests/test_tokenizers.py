@@ -26,7 +26,7 @@ import pytest
 
 from nest_integrations.config import NestConfig
 from nest_integrations.core.citations import build_citations
-from nest_integrations.engine import NestEngine
+from tests.engines import make_engine
 from nest_integrations.lm.hf import HFLanguageModel
 from nest_integrations.prompts import prompt_ids
 from nest_integrations.text_stream import OutputText
@@ -180,17 +180,17 @@ def test_engine_citations_exact_at_every_run_end(any_lm, case):
         # trained here is not the same in every process (ties), so when it happens to agree
         # with every draft, a low confidence guard (the LM's veto) forces the rejections.
         for extra in ({}, {"confidence_guard": 0.02}):
-            engine = NestEngine(any_lm, config=_engine_cfg(relaxation=0.9, **extra))
+            engine = make_engine(any_lm, config=_engine_cfg(relaxation=0.9, **extra))
             res = engine.generate(prompt, max_new_tokens=48, passages=passages)
             if res.stats.drafted_tokens > res.stats.accepted_tokens:
                 break
         assert res.stats.verify_steps > 0 and res.stats.drafted_tokens > res.stats.accepted_tokens
     elif case == "max_new_tokens":
-        engine = NestEngine(any_lm, config=_engine_cfg())
+        engine = make_engine(any_lm, config=_engine_cfg())
         res = engine.generate(prompt, max_new_tokens=13, passages=passages)
         assert len(res.token_ids) == 13 and res.stats.finish_reason == "length"
     else:
-        engine = NestEngine(any_lm, config=_engine_cfg())
+        engine = make_engine(any_lm, config=_engine_cfg())
         full = engine.generate(prompt, max_new_tokens=40, passages=passages)
         longest = max(full.citations, key=lambda c: len(c.text))
         assert len(longest.text) >= 8, full.citations

@@ -93,7 +93,7 @@ class StepDistribution:
     p: torch.Tensor  # (T, V) p_M
     lam: torch.Tensor  # (T,) lambda
     hits: Hits  # (T, r_eff)
-    p_lm: torch.Tensor | None = None  # (T, V) p_LM, for acceptance rules that consult the LM
+    p_lm: torch.Tensor  # (T, V) p_LM, for the relaxed rule's LM guards
 
 
 def nest_distribution(

@@ -6,6 +6,8 @@ draft position: row i scores draft token i.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 
@@ -59,6 +61,55 @@ def eos_veto(p_lm: torch.Tensor, eos_ids: list[int], threshold: float) -> torch.
     eos = torch.as_tensor(eos_ids, device=p_lm.device)
     top_is_end = torch.isin(p_lm.argmax(dim=-1), eos)
     return top_is_end | (p_lm[:, eos].sum(-1) > threshold)
+
+
+def guard_veto(
+    p_lm: torch.Tensor,
+    draft: torch.Tensor,
+    eos_ids: Sequence[int],
+    confidence_guard: float | None,
+    eos_guard: float | None,
+) -> torch.Tensor | None:
+    """NEST's LM guards on draft rows: ``confident_lm_veto`` when ``confidence_guard`` is set,
+    or-ed with ``eos_veto`` when ``eos_guard`` is set (and there are end tokens).
+
+    Returns:
+        ``(L,)`` bool rows to reject regardless of Eq. 7, or None when no guard is on.
+    """
+    veto = None
+    if confidence_guard is not None:
+        veto = confident_lm_veto(p_lm, draft, confidence_guard)
+    if eos_guard is not None and eos_ids:
+        end = eos_veto(p_lm, list(eos_ids), eos_guard)
+        veto = end if veto is None else veto | end
+    return veto
+
+
+def guarded_token(
+    token: int,
+    p_lm_row: torch.Tensor,
+    eos_ids: Sequence[int],
+    confidence_guard: float | None,
+    eos_guard: float | None,
+) -> int:
+    """NEST's LM guards on a chosen token: a confident LM (top p_LM above ``confidence_guard``)
+    overrules it with its own top token, and where the LM alone would end the text
+    (``eos_veto`` with ``eos_guard``) the most likely end token replaces it.
+
+    Args:
+        token: the token chosen from the target (p_M) row.
+        p_lm_row: ``(V,)`` p_LM at the same position.
+        eos_ids: the end tokens, sorted.
+    """
+    if confidence_guard is not None:
+        top = p_lm_row.max(dim=-1)
+        if float(top.values) > confidence_guard and int(top.indices) != token:
+            token = int(top.indices)
+    if eos_guard is not None and eos_ids:
+        ends = list(eos_ids)
+        if bool(eos_veto(p_lm_row[None], ends, eos_guard)[0]):
+            token = ends[int(p_lm_row[ends].argmax())]
+    return token
 
 
 def strict_accept_count(p: torch.Tensor, draft: torch.Tensor) -> int:

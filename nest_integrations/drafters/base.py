@@ -26,7 +26,13 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 
 from nest_integrations.config import NestConfig
-from nest_integrations.types import Passage
+from nest_integrations.types import NestStats, Passage
+
+#: NEST's relaxed rule (Eq. 7) on p_M, with its LM guards (``confidence_guard``, ``eos_guard``);
+#: exact on p_M with ``NestConfig.strict_acceptance``. Needs the target-first schedule.
+RELAXED = "relaxed"
+#: Lossless: exact greedy acceptance at ``temperature == 0``, speculative sampling above it.
+LOSSLESS = "lossless"
 
 #: Where a token comes from: ``(passage index in DecodeState.passages, token position in that
 #: passage)``, or None for model-generated text.
@@ -90,6 +96,8 @@ class DecodeState:
             speculative-sampling rule sees the same distribution.
         pick: ``pick(dist, row)``: ``choose`` on a target distribution's row after the
             method's LM guards (``NestConfig.confidence_guard`` / ``eos_guard``).
+        stats: the generation's ``NestStats``; a drafter adds its own counters there
+            (``draft_forwards``, ``draft_candidates``, the KNN-SSD route).
     """
 
     prompt_ids: list[int]
@@ -108,6 +116,7 @@ class DecodeState:
     hidden: torch.Tensor | None = None
     memory: Any = None
     generator: torch.Generator | None = None
+    stats: NestStats = field(default_factory=NestStats)
 
     @property
     def context_ids(self) -> list[int]:
@@ -116,9 +125,13 @@ class DecodeState:
 
     def add_passage(self, passage: Passage, offsets: Any) -> int:
         """Register a passage (with its ``(m, 2)`` token char offsets) so that sources can
-        point into it; returns its index. The same passage id is registered once."""
+        point into it; returns its index. The same passage id is registered once; a passage
+        the generation already holds without offsets (a lossless method's retrieved passages
+        carry none) gets these offsets, so citations into it can be built."""
         for i, p in enumerate(self.passages):
             if p.id == passage.id:
+                if self.offsets[i] is None:
+                    self.offsets[i] = offsets
                 return i
         self.passages.append(passage)
         self.offsets.append(offsets)
@@ -141,7 +154,9 @@ class DrafterContext:
     """What a drafter factory gets: the engine's parts and the generation's setup.
 
     ``options`` holds method-specific settings (e.g. a DReSD datastore path) given to the
-    engine as ``drafter_options`` or per call.
+    engine as ``drafter_options`` or per call; each drafter reads them into its own option
+    dataclass (``drafters.corpus.parse_options``). ``stats`` is the generation's ``NestStats``
+    (a drafter that decides something before decoding, like KNN-SSD's route, records it there).
     """
 
     lm: Any
@@ -151,6 +166,7 @@ class DrafterContext:
     memory: Any = None
     options: dict[str, Any] = field(default_factory=dict)
     engine: Any = None
+    stats: NestStats = field(default_factory=NestStats)
 
 
 @dataclass(frozen=True)
@@ -160,9 +176,11 @@ class Method:
     Attributes:
         name: the ``decoding=`` value.
         make_drafter: builds the drafter of one generation; None = no drafts (greedy).
-        uses_memory: build NEST's token memory and mix p_kNN into the target (p = p_M), and
-            verify with NEST's relaxed rule (Eq. 7). False: the target is p_LM, verified
-            exactly (greedy) or by speculative sampling: lossless.
+        verifier: the acceptance rule, by name in ``loop.VERIFIERS``: ``RELAXED`` (NEST's
+            Eq. 7 with its LM guards) or ``LOSSLESS`` (exact greedy, or speculative sampling
+            when ``temperature > 0``).
+        uses_memory: build NEST's token memory and mix p_kNN into the target (p = p_M).
+            False: the target is p_LM.
         needs_target: the drafter needs the target distribution at the next position before
             it can propose (NEST picks its span start from p_M). False lets the loop feed the
             pending token and the draft in one forward pass, as HF's assisted decoding does.
@@ -172,15 +190,19 @@ class Method:
 
     name: str
     make_drafter: Callable[[DrafterContext], Drafter] | None
+    verifier: str = LOSSLESS
     uses_memory: bool = False
     needs_target: bool = False
     ra_passages: int = 0
     description: str = ""
 
-
-def chain_parents(n: int) -> list[int]:
-    """Parent indices of a chain of ``n`` draft tokens."""
-    return list(range(-1, n - 1))
+    def __post_init__(self) -> None:
+        if not isinstance(self.verifier, str) or not self.verifier:
+            raise ValueError(f"method {self.name!r}: verifier must be a verifier name, "
+                             f"e.g. {RELAXED!r} or {LOSSLESS!r}; got {self.verifier!r}")
+        if self.verifier == RELAXED and not self.needs_target:
+            raise ValueError(f"method {self.name!r}: the relaxed verifier checks each draft "
+                             "token against the target before feeding it: set needs_target=True")
 
 
 def validate_draft(draft: Draft, vocab_size: int) -> None:

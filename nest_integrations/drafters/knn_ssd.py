@@ -17,66 +17,162 @@ greedy decoding token for token (or follows p_LM exactly when sampling).
   with ``skip`` (a ``SkipSet`` or its dict) force an explicit set (no profile needed);
 - ``threshold`` (0.8), ``max_draft`` (12), ``min_similarity`` (router fallback floor).
 
-Each drafter keeps its counters in ``drafter.stats`` and its routing decision in
-``drafter.route``.
+``drafter_options`` are read into ``KnnSsdOptions``. The routing decision is ``drafter.route``
+and the result's ``NestStats`` (``route_*``, ``time_route``); draft counters go there too
+(``draft_forwards``, ``time_draft``, ``drafted_tokens``, ``accepted_tokens``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from nest_integrations.drafters.base import DecodeState, Draft, DrafterContext, Method
+import torch
+
+from nest_integrations.core.sampling import sample, warp
+from nest_integrations.drafters.base import LOSSLESS, DecodeState, Draft, DrafterContext, Method
+from nest_integrations.drafters.corpus import parse_options
+
+if TYPE_CHECKING:
+    from nest_integrations.lm.layer_skip import SkipSet
 
 LOG = logging.getLogger(__name__)
 
+#: The paper's draft settings (KNN-SSD / Draft & Verify code).
+DEFAULT_THRESHOLD = 0.8
+DEFAULT_MAX_DRAFT = 12
+
+
+@dataclass
+class KnnSsdOptions:
+    """``drafter_options`` of ``decoding="knn-ssd"`` (see the module docstring).
+
+    Attributes:
+        profile: a profile name, a path to a profile JSON, a ``Profile``, or None (the
+            model's ``"default"`` profile).
+        domain: force this domain's skip set instead of routing.
+        skip: force an explicit ``SkipSet`` (or its dict); no profile needed.
+        threshold: stop drafting when the draft's top probability is below it.
+        max_draft: longest draft.
+        min_similarity: the router's fallback floor (None: the profile's).
+    """
+
+    profile: Any = None
+    domain: str | None = None
+    skip: Any = None
+    threshold: float = DEFAULT_THRESHOLD
+    max_draft: int = DEFAULT_MAX_DRAFT
+    min_similarity: float | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
+        if self.max_draft < 1:
+            raise ValueError(f"max_draft must be >= 1, got {self.max_draft}")
+
+
+@dataclass
+class ChainDraft:
+    """A drafted chain: tokens, their draft distributions (sampling only) and its cost."""
+
+    tokens: list[int]
+    q: torch.Tensor | None
+    forwards: int
+    seconds: float
+
+
+def draft_chain(
+    lm: Any,
+    cache: Any,
+    pending: int,
+    skip: SkipSet,
+    *,
+    max_len: int,
+    threshold: float = DEFAULT_THRESHOLD,
+    eos: frozenset[int] | set[int] = frozenset(),
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> ChainDraft:
+    """Draft up to ``max_len`` tokens after ``pending`` (not yet in ``cache``) with ``skip``.
+
+    ``cache`` is restored to its committed length before returning (every layer cropped), so
+    the caller's next full forward sees exactly the KV it had. Greedy when ``temperature`` is 0;
+    otherwise each token is drawn (with ``generator``) from ``q = warp(p_draft)``, the same
+    temperature/top-p warp the loop applies to the target, and ``q`` is returned for the
+    speculative-sampling rule. The confidence stop reads the unwarped draft ``p``.
+    """
+    start = time.perf_counter()
+    committed = lm.cache_length(cache)
+    tokens: list[int] = []
+    qs: list[torch.Tensor] = []
+    forwards = 0
+    try:
+        feed = pending
+        while len(tokens) < max_len:
+            logits = lm.forward_skip([feed], cache, skip)[-1]  # (V,)
+            forwards += 1
+            p = torch.softmax(logits, dim=-1)
+            if temperature > 0.0:
+                q = warp(p, temperature, top_p)
+                tok = sample(q, generator)
+            else:
+                tok, q = int(p.argmax()), None
+            if tok in eos:  # drafts never carry EOS: the verify step's own token handles it
+                break
+            tokens.append(tok)
+            if q is not None:
+                qs.append(q)
+            if float(p.max()) < threshold:
+                break
+            feed = tok
+    finally:
+        lm.crop_cache(cache, committed)  # every layer back to the committed, full-model KV
+    q_all = torch.stack(qs) if qs else None
+    return ChainDraft(tokens, q_all, forwards, time.perf_counter() - start)
+
 
 class KnnSsdDrafter:
-    """Layer-skip self-speculative drafter for one generation."""
+    """Layer-skip self-speculative drafter for one generation; its routing decision is
+    ``drafter.route`` (also written to the generation's ``NestStats``)."""
 
-    def __init__(self, lm: Any, route: Any, *, threshold: float, max_draft: int) -> None:
+    def __init__(self, lm: Any, route: Any, *, threshold: float = DEFAULT_THRESHOLD,
+                 max_draft: int = DEFAULT_MAX_DRAFT) -> None:  # fmt: skip
         if not hasattr(lm, "forward_skip"):
             raise ValueError(
                 f"decoding='knn-ssd' needs a language model with forward_skip() "
                 f"(HFLanguageModel); got {type(lm).__name__}"
             )
-        if not 0.0 <= threshold <= 1.0:
-            raise ValueError(f"threshold must be in [0, 1], got {threshold}")
-        if max_draft < 1:
-            raise ValueError(f"max_draft must be >= 1, got {max_draft}")
+        KnnSsdOptions(threshold=threshold, max_draft=max_draft)  # the same checks
         self.lm = lm
         self.route = route
         self.skip = route.skip
         self.threshold = threshold
         self.max_draft = max_draft
-        self.stats = {"drafts": 0, "drafted": 0, "accepted": 0, "draft_forwards": 0,
-                      "draft_seconds": 0.0, "route_seconds": route.seconds}
 
     @classmethod
     def from_context(cls, ctx: DrafterContext) -> "KnnSsdDrafter":
         from nest_integrations.knn_ssd.profile import Profile, load_profile
         from nest_integrations.knn_ssd.router import Route, Router
-        from nest_integrations.knn_ssd.selfspec import DEFAULT_MAX_DRAFT, DEFAULT_THRESHOLD
         from nest_integrations.lm.layer_skip import SkipSet, decoder_layers
 
-        opts = dict(ctx.options or {})
+        opts = parse_options(KnnSsdOptions, ctx.options, "knn-ssd")
         lm = ctx.lm
         decoder_layers(getattr(lm, "model", None))  # a clear error for unskippable models
-        threshold = float(opts.get("threshold", DEFAULT_THRESHOLD))
-        max_draft = int(opts.get("max_draft", DEFAULT_MAX_DRAFT))
-        skip = opts.get("skip")
-        if skip is not None:  # an explicit set: Self-SD with a fixed skip set, no profile
-            skip = skip if isinstance(skip, SkipSet) else SkipSet.from_dict(skip)
+        kw = {"threshold": opts.threshold, "max_draft": opts.max_draft}
+        if opts.skip is not None:  # an explicit set: Self-SD with a fixed skip set, no profile
+            skip = opts.skip if isinstance(opts.skip, SkipSet) else SkipSet.from_dict(opts.skip)
             route = Route(None, float("nan"), skip, "explicit", False, 0.0)
-            return cls(lm, route, threshold=threshold, max_draft=max_draft)
-        profile = opts.get("profile")
+            return cls(lm, route, **kw).record(ctx.stats)
+        profile = opts.profile
         if not isinstance(profile, Profile):
             profile = load_profile(lm, profile)
         else:
             profile.check_model(lm)
-        router = Router(profile, opts.get("min_similarity"))
-        domain = opts.get("domain")
+        router = Router(profile, opts.min_similarity)
+        domain = opts.domain
         if domain is not None:  # Self-SD (Fix) or (Mix): one named set, no routing
             if domain not in profile.skips:
                 raise ValueError(f"the KNN-SSD profile has no skip set for domain {domain!r}; "
@@ -91,11 +187,17 @@ class KnnSsdDrafter:
             LOG.info("KNN-SSD: prompt routed to %s (nearest %s, cos %.3f%s) in %.1f ms",
                      route.skip_name, route.domain, route.similarity,
                      ", fallback" if route.fallback else "", 1000 * (time.perf_counter() - start))
-        return cls(lm, route, threshold=threshold, max_draft=max_draft)
+        return cls(lm, route, **kw).record(ctx.stats)
+
+    def record(self, stats: Any) -> "KnnSsdDrafter":
+        """Write the routing decision to the generation's ``NestStats``."""
+        r = self.route
+        stats.route_skip_set, stats.route_domain = r.skip_name, r.domain
+        stats.route_similarity = None if r.similarity != r.similarity else float(r.similarity)
+        stats.route_fallback, stats.time_route = bool(r.fallback), float(r.seconds)
+        return self
 
     def propose(self, state: DecodeState) -> Draft | None:
-        from nest_integrations.knn_ssd.selfspec import draft_chain
-
         # The lossless schedule always has a pending token (the loop feeds it with the draft).
         if self.skip is None or state.pending is None:
             return None
@@ -110,23 +212,16 @@ class KnnSsdDrafter:
             temperature=cfg.temperature if sampling else 0.0, top_p=cfg.top_p,
             generator=state.generator,
         )
-        self.stats["draft_forwards"] += chain.forwards
-        self.stats["draft_seconds"] += chain.seconds
+        state.stats.draft_forwards += chain.forwards
         if not chain.tokens:
             return None
-        self.stats["drafts"] += 1
-        self.stats["drafted"] += len(chain.tokens)
         return Draft(chain.tokens, None, q=chain.q)
 
     def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:
-        self.stats["accepted"] += n_accepted
-
-
-def _make(ctx: DrafterContext) -> KnnSsdDrafter:
-    return KnnSsdDrafter.from_context(ctx)
+        return None
 
 
 METHOD = Method(
-    "knn-ssd", _make,
+    "knn-ssd", KnnSsdDrafter.from_context, verifier=LOSSLESS,
     description="lossless self-speculative drafts with a kNN-routed per-domain layer-skip set",
 )

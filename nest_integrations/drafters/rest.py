@@ -7,30 +7,22 @@ tokens, never across a passage end); the continuations of up to ``max_matches`` 
 are counted and the ``num_drafts`` most frequent become a token tree (or the most frequent a
 chain). Verified exactly, so lossless; accepted tokens carry their corpus position.
 
-Options: ``datastore`` (as for ``dresd``), ``max_suffix`` (8), ``min_suffix`` (2),
-``max_matches`` (64), ``num_drafts``, ``draft_len``, ``shape``, ``max_nodes``.
+Options: ``RestOptions`` (``max_suffix``, ``min_suffix``, ``max_matches`` and the
+``CorpusOptions``: ``datastore``, ``num_drafts``, ``draft_len``, ``shape``, ``max_nodes``).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from nest_integrations.drafters.base import DecodeState, Draft, DrafterContext, Method, Source
-from nest_integrations.drafters.dresd import (
-    DEFAULTS,
-    SHAPES,
-    DraftStats,
-    corpus_draft,
-    default_datastore_for,
-    open_datastore,
-)
+from nest_integrations.drafters import corpus
+from nest_integrations.drafters.base import LOSSLESS, DecodeState, Draft, DrafterContext, Method
 
 _SA: "weakref.WeakKeyDictionary[Any, SuffixArray]" = weakref.WeakKeyDictionary()
 _SA_LOCK = threading.Lock()
@@ -94,91 +86,75 @@ def suffix_array(ds: Any, width: int) -> SuffixArray:
 
 
 @dataclass
-class RestDrafter:
-    """Exact-suffix drafts from the corpus token array for one generation."""
+class RestOptions(corpus.CorpusOptions):
+    """``drafter_options`` of ``decoding="rest"`` (and the ``CorpusOptions``).
 
-    datastore: Any
+    Attributes:
+        max_suffix: longest context suffix looked up (also the suffix array's sort width).
+        min_suffix: shortest one.
+        max_matches: occurrences whose continuations are counted.
+    """
+
     max_suffix: int = 8
     min_suffix: int = 2
     max_matches: int = 64
-    num_drafts: int = DEFAULTS["num_drafts"]
-    draft_len: int = DEFAULTS["draft_len"]
-    shape: str = DEFAULTS["shape"]
-    max_nodes: int = DEFAULTS["max_nodes"]
-    stats: DraftStats = field(default_factory=DraftStats)
-    _registered: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.shape not in SHAPES:
-            raise ValueError(f"rest shape={self.shape!r} is invalid: allowed one of {SHAPES}")
-        self.sa = suffix_array(self.datastore, self.max_suffix)
+        self.check("rest")
+        corpus.check_at_least("rest", self, ("max_suffix", "min_suffix", "max_matches"))
+
+
+class RestDrafter:
+    """Exact-suffix drafts from the corpus token array for one generation
+    (``RestDrafter(ds, max_suffix=..., ...)`` or ``RestDrafter(ds, options)``)."""
+
+    def __init__(self, datastore: Any, options: RestOptions | None = None, **kwargs: Any) -> None:
+        self.datastore = datastore
+        self.options = options if options is not None else RestOptions(**kwargs)
+        self._registered: dict[int, int] = {}
+        self.sa = suffix_array(self.datastore, self.options.max_suffix)
 
     @classmethod
     def from_context(cls, ctx: DrafterContext) -> "RestDrafter":
-        opts = {**DEFAULTS, "max_suffix": 8, "min_suffix": 2, "max_matches": 64,
-                **(ctx.options or {})}  # fmt: skip
-        ds = open_datastore(opts.get("datastore") or default_datastore_for(ctx), ctx.lm)
-        return cls(
-            ds, max_suffix=int(opts["max_suffix"]), min_suffix=int(opts["min_suffix"]),
-            max_matches=int(opts["max_matches"]), num_drafts=int(opts["num_drafts"]),
-            draft_len=int(opts["draft_len"]), shape=str(opts["shape"]),
-            max_nodes=int(opts["max_nodes"]), stats=REST_STATS,
-        )  # fmt: skip
+        opts = corpus.parse_options(RestOptions, ctx.options, "rest")
+        return cls(corpus.datastore_of(ctx, opts), opts)
 
     def propose(self, state: DecodeState) -> Draft | None:
-        length = min(self.draft_len, state.budget)  # the loop already left room for its token
+        length = min(self.options.draft_len, state.budget)  # the loop left room for its token
         ctx = state.context_ids
         if length < 1 or not ctx:
             return None
-        t0 = time.perf_counter()
         cands = self.candidates(ctx, length, state.eos)
-        if self.shape == "chain" or state.generator is not None:  # sampling: one chain
-            cands = cands[:1]
-        self.stats.search_seconds += time.perf_counter() - t0
-        self.stats.proposals += 1
-        return corpus_draft(state, cands, self.datastore, self._registered, self.stats,
-                            self.max_nodes)
+        return corpus.corpus_draft(state, cands, self.datastore, self._registered, self.options)
 
     def candidates(
         self, ctx: list[int], length: int, eos: frozenset[int]
     ) -> list[tuple[int, list[int]]]:
         """``(row before the draft, tokens)`` of the most frequent continuations of the
         longest matching context suffix."""
-        tokens, sa = self.sa.tokens, self.sa
-        for m in range(min(self.max_suffix, len(ctx)), self.min_suffix - 1, -1):
+        tokens, sa, opts = self.sa.tokens, self.sa, self.options
+        for m in range(min(opts.max_suffix, len(ctx)), opts.min_suffix - 1, -1):
             hits = sa.find(ctx[-m:])
             if len(hits) == 0:
                 continue
             counts: Counter[tuple[int, ...]] = Counter()
             first: dict[tuple[int, ...], int] = {}
-            for s in hits[: self.max_matches]:
+            for s in hits[: opts.max_matches]:
                 g = int(s) + m - 1  # the row of the context's last token
-                seq = [int(t) for t in tokens[g + 1 : min(g + 1 + length, int(sa.end[s]))]]
-                for i, t in enumerate(seq):
-                    if t in eos:
-                        seq = seq[:i]
-                        break
+                seq = corpus.cut_at_eos(tokens[g + 1 : min(g + 1 + length, int(sa.end[s]))], eos)
                 if seq:
                     counts[tuple(seq)] += 1
                     first.setdefault(tuple(seq), g)
             if counts:
-                return [(first[s], list(s)) for s, _ in counts.most_common(self.num_drafts)]
+                return [(first[s], list(s)) for s, _ in counts.most_common(opts.num_drafts)]
         return []
 
     def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:
         return None
 
 
-#: Process-wide counters of every REST drafter.
-REST_STATS = DraftStats()
-
-
-def _make(ctx: DrafterContext) -> RestDrafter:
-    return RestDrafter.from_context(ctx)
-
-
 #: ``decoding="rest"`` (registered in ``drafters/__init__.py``).
 METHOD = Method(
-    "rest", _make,
+    "rest", RestDrafter.from_context, verifier=LOSSLESS,
     description="lossless REST-style drafts: exact suffix match over the DReSD token array",
 )  # fmt: skip

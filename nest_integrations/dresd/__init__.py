@@ -19,7 +19,7 @@ from nest_integrations.dresd.datastore import (
     build_datastore,
     default_datastore_path,
 )
-from nest_integrations.dresd.prompts import PromptSource, read_prompts
+from nest_integrations.dresd.responses import PromptSource, read_prompts
 
 __all__ = [
     "DatastoreError",

@@ -46,7 +46,10 @@ def add_dresd_args(p: argparse.ArgumentParser) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--collection", default="nest", help="Chroma collection (default 'nest')")
+    from nest_integrations.defaults import DEFAULT_COLLECTION
+
+    p.add_argument("--collection", default=DEFAULT_COLLECTION,
+                   help=f"Chroma collection (default {DEFAULT_COLLECTION!r})")
     p.add_argument("--persist-dir", metavar="DIR",
                    help="store folder holding chroma/ and keys/ (default: $NEST_HOME/store)")
     p.add_argument("--chroma-url", metavar="URL", help="a Chroma server instead of the "
@@ -59,10 +62,12 @@ def _out(text: str = "") -> None:
 
 
 def _load_lm() -> Any:
-    """The embedded default model (tests replace this)."""
-    from nest_integrations.lm.hf import HFLanguageModel
+    """The default engine's model (``assembly.spec_model`` of a default spec: the shared model
+    cache), so that ``decoding="dresd"`` decodes with the model its datastore was built with
+    (tests replace this)."""
+    from nest_integrations import assembly
 
-    return HFLanguageModel.from_default()
+    return assembly.spec_model(assembly.EngineSpec())
 
 
 def cmd_dresd(args: argparse.Namespace) -> int:
@@ -109,12 +114,9 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _open_store(args: argparse.Namespace) -> Any:
-    from nest_integrations.retrieval.chroma import ChromaPassageStore
+    from nest_integrations import assembly
 
-    if args.chroma_url:
-        return ChromaPassageStore.from_url(args.chroma_url, args.collection,
-                                           persist_dir=args.persist_dir)
-    return ChromaPassageStore.from_persist_dir(args.persist_dir, args.collection)
+    return assembly.open_store(args.collection, args.persist_dir, args.chroma_url)
 
 
 def _info(args: argparse.Namespace) -> int:

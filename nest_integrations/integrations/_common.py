@@ -1,12 +1,14 @@
-"""Shared by the framework adapters (and a server): one citation format, one record -> Passage
-mapping, and one streaming citation tracker. Framework-free: imports no LangChain/LlamaIndex.
+"""Shared by the framework adapters: the citation payload both frameworks report, the record ->
+Passage mapping, and chat-message normalisation. Framework-free: imports no LangChain/LlamaIndex.
 
 Adapters convert in (framework documents/nodes -> ``Passage``), call the engine, and convert out
-(``Citation`` -> the framework's native slot) with these helpers, so every framework reports
-the same fields. Citations of every ``kind`` are handled alike: ``"copy"`` (NEST copied the
-span) and ``"verbatim"`` (a lossless method generated text that matches a passage verbatim:
-provenance, not copying); ``extras["kind"]`` says which, ``extras["copied"]`` is True only for
-copies.
+(``Citation`` -> the framework's native slot). The payload is a rename of
+``nest_integrations.output.citation_fields`` (the one citation dict, shared with the server):
+answer offsets and text under their own names, the source side in ``extras`` with the offsets
+renamed ``*_char`` (``EXTRAS_KEYS``, the names the adapters document). Citations of every
+``kind`` are handled alike: ``"copy"`` (NEST copied the span) and ``"verbatim"`` (a lossless
+method generated text that matches a passage verbatim: provenance, not copying);
+``extras["kind"]`` says which, ``extras["copied"]`` is True only for copies.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Mapping
 
-from nest_integrations.types import Citation, NestResult, Passage
+from nest_integrations import output
+from nest_integrations.types import Citation, Passage
 
 #: Metadata keys that carry NEST's own bookkeeping (the rest is the user's metadata).
 RESERVED_KEYS = ("doc_id", "passage_id", "char_start", "char_end", "chunk_index")
@@ -44,45 +47,58 @@ def passage_from_record(
     )
 
 
+#: ``output.citation_fields`` key -> key in the payload's ``extras``.
+EXTRAS_KEYS = {
+    "doc_id": "doc_id",
+    "passage_id": "passage_id",
+    "source": "source",
+    "source_start": "source_start_char",
+    "source_end": "source_end_char",
+    "passage_start": "passage_start_char",
+    "passage_end": "passage_end_char",
+    "n_tokens": "n_tokens",
+    "kind": "kind",
+    "copied": "copied",
+    "page": "page",
+}
+#: ``output.citation_fields`` key -> top-level payload key (``title``/``url`` only when known).
+PAYLOAD_KEYS = {
+    "passage_id": "id",
+    "start_index": "start_index",
+    "end_index": "end_index",
+    "cited_text": "cited_text",
+}
+
+
 def citation_extras(c: Citation) -> dict[str, Any]:
     """Source-side fields that the frameworks' citation types have no slot for."""
-    return {
-        "doc_id": c.doc_id,
-        "passage_id": c.passage_id,
-        "source": c.metadata.get("source"),
-        "source_start_char": c.source_start,
-        "source_end_char": c.source_end,
-        "passage_start_char": c.passage_start,
-        "passage_end_char": c.passage_end,
-        "n_tokens": c.n_tokens,
-        "kind": c.kind,
-        "copied": c.kind == "copy",
-        **({"page": c.metadata["page"]} if c.metadata.get("page") is not None else {}),
-    }
+    return output.renamed(output.citation_fields(c), EXTRAS_KEYS)
 
 
 def citation_payload(c: Citation) -> dict[str, Any]:
     """The citation as a LangChain-style dict (``type="citation"``, response-text offsets,
     ``cited_text``, ``title``/``url`` when known, source offsets in ``extras``)."""
-    out: dict[str, Any] = {
-        "type": "citation",
-        "id": c.passage_id,
-        "start_index": c.start,
-        "end_index": c.end,
-        "cited_text": c.text,
-        "extras": citation_extras(c),
-    }
-    for key in ("title", "url"):
-        if c.metadata.get(key):
-            out[key] = str(c.metadata[key])
+    fields = output.citation_fields(c)
+    out: dict[str, Any] = {"type": "citation", **output.renamed(fields, PAYLOAD_KEYS),
+                           "extras": output.renamed(fields, EXTRAS_KEYS)}
+    out.update((key, fields[key]) for key in ("title", "url") if fields[key])
     return out
 
 
-def stats_payload(result: NestResult) -> dict[str, Any]:
-    """Aggregate NEST statistics for ``response_metadata`` / ``additional_kwargs``."""
-    s = result.stats.to_dict()
-    s["mean_span_length"] = result.mean_span_length
-    return s
+#: NEST's statistics for ``response_metadata`` / ``additional_kwargs`` (``output.stats``).
+stats_payload = output.stats
+
+
+def engine_kwargs(
+    kwargs: Mapping[str, Any], *, max_new_tokens: int, stop: Any, config: Any, passages: Any
+) -> dict[str, Any]:
+    """``NestEngine.generate`` arguments of one adapter call: what the adapter resolved (token
+    budget, stop strings, config, passages), the call's retrieval ``query``, and its
+    ``decoding``/``drafter_options`` when given (else the engine's)."""
+    out = {"max_new_tokens": max_new_tokens, "stop": stop, "config": config,
+           "passages": passages, "query": kwargs.get("query")}
+    out.update((k, kwargs[k]) for k in ("decoding", "drafter_options") if kwargs.get(k) is not None)
+    return out
 
 
 def messages_to_dicts(messages: Any) -> list[dict[str, str]]:
@@ -96,12 +112,9 @@ def messages_to_dicts(messages: Any) -> list[dict[str, str]]:
     return out
 
 
-class CitationTracker:
-    """Turns the engine's per-delta citations into each citation exactly once, complete.
-
-    While streaming, the engine reports a growing span again with a larger ``end``; a span is
-    complete when a later delta is not part of it. ``finish`` adds what the final result holds
-    and was not reported yet, so the reported citations add up to ``result.citations``.
+class CitationTracker(output.CitationStream):
+    """``output.CitationStream`` in ``"completed"`` mode: each citation once, complete (what
+    LangChain chunks carry, since they are merged by concatenation).
 
     Usage::
 
@@ -112,30 +125,4 @@ class CitationTracker:
     """
 
     def __init__(self) -> None:
-        self.open: Citation | None = None
-        self.reported: set[tuple[str, int, int, str]] = set()
-
-    def step(self, citation: Citation | None) -> list[Citation]:
-        """Citations completed before this delta (whose citation, if any, is ``citation``)."""
-        done = []
-        if self.open is not None and (
-            citation is None or _span_start(citation) != _span_start(self.open)
-        ):
-            done.append(self.open)
-            self.reported.add(_key(self.open))
-            self.open = None
-        if citation is not None:
-            self.open = citation
-        return done
-
-    def finish(self, result: NestResult) -> list[Citation]:
-        """The final result's citations not reported yet."""
-        return [c for c in result.citations if _key(c) not in self.reported]
-
-
-def _span_start(c: Citation) -> tuple[str, int, str]:
-    return (c.passage_id, c.start, c.kind)
-
-
-def _key(c: Citation) -> tuple[str, int, int, str]:
-    return (c.passage_id, c.start, c.end, c.kind)
+        super().__init__("completed")

@@ -25,12 +25,11 @@ KNN_SSD_HELP = "build KNN-SSD skip-set profiles: domain prompts, skip-set search
 
 
 def _load_lm(model: str | None) -> Any:
-    """The model to profile: the embedded default or ``--model`` (tests replace this)."""
-    from nest_integrations.lm.hf import HFLanguageModel
+    """The model to profile: the default engine's model or ``--model``, from the shared model
+    cache (``assembly.spec_model``; tests replace this)."""
+    from nest_integrations import assembly
 
-    if model:
-        return HFLanguageModel.from_pretrained(model, device="auto")
-    return HFLanguageModel.from_default()
+    return assembly.spec_model(assembly.EngineSpec(model=model, device="auto" if model else None))
 
 
 def _common(p: argparse.ArgumentParser) -> None:

@@ -1,9 +1,9 @@
 """Self-speculative decoding with a layer-skip draft (Draft & Verify; KNN-SSD spec §3.5-3.6).
 
-``draft_chain`` is the drafting half, shared by the engine's drafter
-(``nest_integrations.drafters.knn_ssd``) and by ``self_speculative_generate``, a small greedy
-verify-and-commit loop of its own that the skip-set search, the tests and the benchmark use to
-count drafts and acceptances without the engine.
+``self_speculative_generate`` runs the KNN-SSD drafter (``nest_integrations.drafters.knn_ssd``,
+whose ``draft_chain`` is the drafting half, re-exported here) with a fixed skip set through the
+one decoding loop (``loop.decode_ids``) without an engine, for the skip-set search, which counts
+drafts and acceptances (``SpecStats``).
 
 Draft loop (one chain, adaptive length): feed the pending token through the skip model, take
 the argmax (or a sample, when sampling) as the next draft token, and stop when the draft's top
@@ -18,75 +18,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import torch
-
-from nest_integrations.core.sampling import sample, warp
+from nest_integrations.drafters import get_method
+from nest_integrations.drafters.base import DecodeState, Draft
+from nest_integrations.drafters.knn_ssd import (
+    DEFAULT_MAX_DRAFT,
+    DEFAULT_THRESHOLD,
+    ChainDraft,
+    KnnSsdDrafter,
+    draft_chain,
+)
 from nest_integrations.lm.layer_skip import SkipSet
+from nest_integrations.loop import decode_ids
 
-#: The paper's draft settings (KNN-SSD / Draft & Verify code).
-DEFAULT_THRESHOLD = 0.8
-DEFAULT_MAX_DRAFT = 12
-
-
-@dataclass
-class ChainDraft:
-    """A drafted chain: tokens, their draft distributions (sampling only) and its cost."""
-
-    tokens: list[int]
-    q: torch.Tensor | None
-    forwards: int
-    seconds: float
-
-
-def draft_chain(
-    lm: Any,
-    cache: Any,
-    pending: int,
-    skip: SkipSet,
-    *,
-    max_len: int,
-    threshold: float = DEFAULT_THRESHOLD,
-    eos: frozenset[int] | set[int] = frozenset(),
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    generator: torch.Generator | None = None,
-) -> ChainDraft:
-    """Draft up to ``max_len`` tokens after ``pending`` (not yet in ``cache``) with ``skip``.
-
-    ``cache`` is restored to its committed length before returning (every layer cropped), so
-    the caller's next full forward sees exactly the KV it had. Greedy when ``temperature`` is 0;
-    otherwise each token is drawn (with ``generator``) from ``q = warp(p_draft)``, the same
-    temperature/top-p warp the loop applies to the target, and ``q`` is returned for the
-    speculative-sampling rule. The confidence stop reads the unwarped draft ``p``.
-    """
-    start = time.perf_counter()
-    committed = lm.cache_length(cache)
-    tokens: list[int] = []
-    qs: list[torch.Tensor] = []
-    forwards = 0
-    try:
-        feed = pending
-        while len(tokens) < max_len:
-            logits = lm.forward_skip([feed], cache, skip)[-1]  # (V,)
-            forwards += 1
-            p = torch.softmax(logits, dim=-1)
-            if temperature > 0.0:
-                q = warp(p, temperature, top_p)
-                tok = sample(q, generator)
-            else:
-                tok, q = int(p.argmax()), None
-            if tok in eos:  # drafts never carry EOS: the verify step's own token handles it
-                break
-            tokens.append(tok)
-            if q is not None:
-                qs.append(q)
-            if float(p.max()) < threshold:
-                break
-            feed = tok
-    finally:
-        lm.crop_cache(cache, committed)  # every layer back to the committed, full-model KV
-    q_all = torch.stack(qs) if qs else None
-    return ChainDraft(tokens, q_all, forwards, time.perf_counter() - start)
+__all__ = ["ChainDraft", "SpecStats", "draft_chain", "self_speculative_generate"]
 
 
 @dataclass
@@ -140,6 +84,21 @@ class SpecStats:
         }
 
 
+class _Lengths:
+    """Wraps a drafter to record the length of every draft it has verified."""
+
+    def __init__(self, drafter: KnnSsdDrafter) -> None:
+        self.drafter = drafter
+        self.lengths: list[int] = []
+
+    def propose(self, state: DecodeState) -> Draft | None:
+        return self.drafter.propose(state)
+
+    def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:
+        self.lengths.append(len(draft))
+        self.drafter.update(state, draft, n_accepted)
+
+
 def self_speculative_generate(
     lm: Any,
     prompt_ids: Sequence[int],
@@ -150,56 +109,31 @@ def self_speculative_generate(
     max_draft: int = DEFAULT_MAX_DRAFT,
     stop_at_eos: bool = True,
 ) -> tuple[list[int], SpecStats]:
-    """Greedy self-speculative decoding; ``skip=None`` is plain greedy decoding (no drafts).
+    """Greedy self-speculative decoding through the one loop (``decoding="knn-ssd"`` with the
+    fixed set ``skip``); ``skip=None`` is plain greedy decoding (no drafts).
 
-    Output equals plain greedy decoding token for token (the oracle the tests check). Returns
-    the generated ids and the counters.
+    The output equals greedy decoding token for token (the loop's exact verifier); it stops
+    before an end token unless ``stop_at_eos`` is False. Returns the generated ids and the
+    counters (``steps`` counts every verify pass after the prefill, drafted or not).
     """
     if max_new_tokens < 1:
         return [], SpecStats()
-    eos = lm.eos_token_ids if stop_at_eos else frozenset()
-    stats = SpecStats()
+    from nest_integrations.knn_ssd.router import Route
+
     start = time.perf_counter()
-    cache = lm.new_cache()
-    logits, _ = lm.forward(list(prompt_ids), cache)
-    pending = int(logits[-1].argmax())
-    out = [pending]
-    while len(out) < max_new_tokens and pending not in eos:
-        committed = lm.cache_length(cache)
-        budget = max_new_tokens - len(out)  # tokens left after pending
-        draft: list[int] = []
-        if skip is not None and budget > 1:
-            chain = draft_chain(
-                lm, cache, pending, skip, max_len=min(max_draft, budget - 1),
-                threshold=threshold, eos=eos,
-            )
-            draft = chain.tokens
-            stats.draft_forwards += chain.forwards
-            stats.draft_seconds += chain.seconds
-        logits, _ = lm.forward([pending, *draft], cache)  # verify: one full forward
-        preds = logits.argmax(-1).tolist()  # preds[i] follows draft[:i]
-        n = 0
-        while n < len(draft) and draft[n] == preds[n]:
-            n += 1
-        new = draft[:n] + [preds[n]]
-        lm.crop_cache(cache, committed + 1 + n)  # pending + accepted drafts
-        stats.steps += 1
-        stats.drafted += len(draft)
-        stats.accepted += n
-        stats.verify_lengths.append(1 + len(draft))
-        for tok in new:
-            out.append(tok)
-            if tok in eos or len(out) >= max_new_tokens:
-                break
-        pending = out[-1]
-    stats.tokens = len(out)
-    stats.seconds = time.perf_counter() - start
+    drafter = None
+    if skip is not None:
+        route = Route(None, float("nan"), skip, "explicit", False, 0.0)
+        drafter = _Lengths(KnnSsdDrafter(lm, route, threshold=threshold, max_draft=max_draft))
+    eos = None if stop_at_eos else frozenset()
+    out, ns = decode_ids(lm, get_method("knn-ssd"), list(prompt_ids), max_new_tokens,
+                         drafter=drafter, eos=eos)  # fmt: skip
+    steps = ns.forward_passes - 1  # one pass per step after the prefill
+    drafted = drafter.lengths if drafter is not None else []
+    stats = SpecStats(
+        tokens=len(out), steps=steps, drafted=ns.drafted_tokens, accepted=ns.accepted_tokens,
+        draft_forwards=ns.draft_forwards, draft_seconds=ns.time_draft,
+        seconds=time.perf_counter() - start,
+        verify_lengths=[1 + n for n in drafted] + [1] * (steps - len(drafted)),
+    )  # fmt: skip
     return out, stats
-
-
-def greedy_reference(lm: Any, prompt_ids: Sequence[int], max_new_tokens: int,
-                     stop_at_eos: bool = True) -> list[int]:
-    """Plain greedy decoding without any cache tricks: the oracle for equality tests."""
-    out, _ = self_speculative_generate(lm, prompt_ids, None, max_new_tokens,
-                                       stop_at_eos=stop_at_eos)
-    return out

@@ -5,6 +5,9 @@ Conventions:
   model's device, and returns fp32 logits and fp32 key vectors.
 - The KV cache is an opaque object owned by the adapter; the engine only asks for its length
   and crops it.
+- Methods that draft token trees (DReSD, REST with ``shape="tree"``) also need
+  ``forward_tree(ids, parents, cache)`` and ``select_cache(cache, start, keep)``; KNN-SSD needs
+  ``forward_skip(ids, cache, skip)`` (``HFLanguageModel`` has all three).
 - Passages are encoded on their own, after ``passage_prefix`` (``[BOS, "\n"]`` for the HF
   adapter: the attention-sink position is not a key), never with the chat template (NEST
   spec §5, C12).
@@ -63,11 +66,15 @@ class LanguageModel(Protocol):
     def crop_cache(self, cache: Any, length: int) -> None:
         """Keep only the first ``length`` positions of the cache (in place)."""
 
-    def forward(self, ids: Sequence[int], cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run ``ids`` after the cached positions; append them to the cache.
+    def forward(
+        self, ids: Sequence[int], cache: Any, *, last: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run ``ids`` after the cached positions; append them to the cache (all of them,
+        whatever ``last``).
 
         Returns ``(logits, keys)``: ``(T, vocab)`` fp32 logits and ``(T, key_dim)`` fp32 key
-        vectors, one row per input token.
+        vectors, one row per input token; with ``last=k`` only the last k rows (an adapter may
+        then skip the LM head on the others).
         """
 
     def encode_passages(self, token_ids: Sequence[Sequence[int]]) -> list[np.ndarray]:

@@ -1,8 +1,9 @@
 """A LanguageModel wrapper that recomputes every forward from scratch, with no KV cache.
 
 Its "cache" is just the list of token ids seen so far, so cropping can never go wrong. It is
-the oracle for the KV-cache invariant: NEST over this wrapper must give exactly the tokens NEST
-gives over the cached model.
+the oracle for the KV-cache invariant: the loop over this wrapper must give exactly the tokens
+it gives over the cached model (``tests/test_drafters.py``). Chains only: no token trees, no
+layer skipping.
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ class UncachedLM:
     def crop_cache(self, cache: list[int], length: int) -> None:
         del cache[length:]
 
-    def forward(self, ids: Sequence[int], cache: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, ids: Sequence[int], cache: list[int], *, last: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         full = list(cache) + list(ids)
         logits, keys = self._lm.forward(full, self._lm.new_cache())
         cache.extend(ids)
-        return logits[-len(ids) :], keys[-len(ids) :]
+        rows = last or len(ids)
+        return logits[-rows:], keys[-rows:]

@@ -132,7 +132,7 @@ class ChromaPassageStore:
         import chromadb
 
         validate_collection_name(collection)  # before the store folder is created
-        root = Path(persist_dir) if persist_dir is not None else paths.default_persist_dir()
+        root = paths.persist_root(persist_dir)
         folder = paths.chroma_dir(root)
         folder.mkdir(parents=True, exist_ok=True)
         client = chromadb.PersistentClient(path=str(folder), settings=_settings())
@@ -162,7 +162,7 @@ class ChromaPassageStore:
                 f"Start one with `chroma run --path <db dir> --port {port}`, or drop "
                 "--chroma-url to use the embedded store."
             ) from exc
-        root = Path(persist_dir) if persist_dir is not None else paths.default_persist_dir()
+        root = paths.persist_root(persist_dir)
         return cls(client, collection, persist_dir=root, location=url, **kwargs)
 
     @classmethod
@@ -260,8 +260,7 @@ class ChromaPassageStore:
     @property
     def keys_dir(self) -> Path:
         """Folder of the token-key store (``<persist_dir>/keys``)."""
-        root = self.persist_dir if self.persist_dir is not None else paths.default_persist_dir()
-        return paths.keys_dir(root)
+        return paths.keys_dir(paths.persist_root(self.persist_dir))
 
     @property
     def max_batch_size(self) -> int:

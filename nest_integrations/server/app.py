@@ -8,7 +8,11 @@ Endpoints:
 - ``GET /health`` (no auth), ``GET /`` the playground page (static files, no build step).
 
 The app stays thin: ``protocol`` validates requests and shapes responses, ``gate`` runs one
-generation at a time with a bounded queue, the engine does the rest.
+generation at a time with a bounded queue, the engine does the rest (the engine, the config and
+the method registry validate key sources, presets and decoding methods; the server only turns
+their errors into 400s naming the parameter). ``create_app`` builds a ``Server`` (the state
+shared by the routes) and registers the route functions below; each reads it from
+``request.app.state.nest``.
 """
 
 import contextlib
@@ -21,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from nest_integrations.assembly import DEFAULT_PRESET
 from nest_integrations.config import PRESETS, NestConfig
+from nest_integrations.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PRESET
 from nest_integrations.server import protocol as P
 from nest_integrations.server.gate import Disconnected, ModelGate, QueueFull
 from nest_integrations.types import NestResult, Passage
@@ -47,13 +51,13 @@ class ServerSettings:
         max_body_bytes: the largest request body accepted (413 above).
     """
 
-    model_name: str = "nest"
+    model_name: str = P.DEFAULT_SERVED_MODEL
     preset: str = DEFAULT_PRESET
     decoding: str | None = None
     api_key: str | None = None
     max_queue: int = 8
     max_tokens_cap: int = 1024
-    default_max_tokens: int = 256
+    default_max_tokens: int = DEFAULT_MAX_NEW_TOKENS
     max_body_bytes: int = 1 << 20
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -73,322 +77,399 @@ class _PassageCache:
             self.items.popitem(last=False)
 
 
+@dataclass
+class Server:
+    """What the routes share: the engine, the settings and what ``create_app`` derived from
+    them (validated once, at start-up)."""
+
+    engine: Any
+    settings: ServerSettings
+    base_config: NestConfig
+    limits: P.Limits
+    gate: ModelGate
+    cache: _PassageCache = field(default_factory=_PassageCache)
+    started: int = field(default_factory=lambda: int(time.time()))
+
+    @classmethod
+    def start(cls, engine: Any, settings: ServerSettings) -> "Server":
+        """Validate ``settings`` against ``engine`` (``ValueError`` before anything is served)."""
+        base = NestConfig.from_preset(settings.preset)  # an unknown preset names the choices
+        engine.check_config(base)  # its key source must be the model's
+        if settings.decoding is not None:
+            get_method(settings.decoding)
+        limits = P.Limits(max_tokens_cap=settings.max_tokens_cap,
+                          default_max_tokens=settings.default_max_tokens)
+        return cls(engine, settings, base, limits, ModelGate(engine, max_queue=settings.max_queue))
+
+    @property
+    def decoding(self) -> str:
+        """The decoding method of a request that names none."""
+        return self.settings.decoding or self.engine.decoding
+
+
+def get_method(name: str) -> Any:
+    """The registered decoding method ``name`` (``drafters.get_method``: a ``ValueError``
+    lists the known ones). Imported when first needed: the package stays cheap to import."""
+    from nest_integrations.drafters import get_method as registered
+
+    return registered(name)
+
+
 def create_app(engine: Any, settings: ServerSettings | None = None) -> Any:
     """A FastAPI app serving ``engine`` (a ready ``NestEngine``)."""
     from nest_integrations._optional import require
 
-    fastapi = require("fastapi", extra="server")
-    from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+    require("fastapi", extra="server")
+    from fastapi import FastAPI
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
-    del fastapi
-    s = settings or ServerSettings()
-    if s.preset not in PRESETS:
-        raise ValueError(f"unknown NEST preset {s.preset!r}: choose one of {sorted(PRESETS)}")
-    base_config = NestConfig.from_preset(s.preset)
-    _check_key_source(engine, base_config, s.preset)
-    if s.decoding is not None:
-        _check_decoding(engine, s.decoding)
-    limits = P.Limits(max_tokens_cap=s.max_tokens_cap, default_max_tokens=s.default_max_tokens)
-    gate = ModelGate(engine, max_queue=s.max_queue)
-    cache = _PassageCache()
-    started = int(time.time())
+    server = Server.start(engine, settings or ServerSettings())
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[None]:
         yield
-        gate.close()
+        server.gate.close()
 
     app = FastAPI(title="nest serve", docs_url=None, redoc_url=None, lifespan=lifespan)
-    app.state.gate = gate
+    app.state.nest = server
+    app.state.gate = server.gate
     app.state.engine = engine
-    app.state.settings = s
+    app.state.settings = server.settings
+    app.add_exception_handler(P.ApiError, api_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, server_error)
+    for path, methods, route in ROUTES:
+        app.add_route(path, route, methods=list(methods), include_in_schema=False)
+    return app
 
-    # ------------------------------------------------------------------ errors
-    @app.exception_handler(P.ApiError)
-    async def _api_error(_: Request, exc: P.ApiError) -> Any:
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> Any:
-        err = P.ApiError(exc.status_code, str(exc.detail), code=_code(exc.status_code))
-        return JSONResponse(err.body(), status_code=exc.status_code)
+# ---------------------------------------------------------------------------------- errors
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> Any:
-        return JSONResponse(P.ApiError(400, str(exc)).body(), status_code=400)
 
-    @app.exception_handler(Exception)
-    async def _server_error(_: Request, exc: Exception) -> Any:
-        LOG.exception("request failed")
-        err = P.ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
-        return JSONResponse(err.body(), status_code=500)
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Any:
+    from starlette.responses import JSONResponse
 
-    class _TicketedStream(StreamingResponse):
-        """Frees the queue place however the response ends, even if the body never started
-        (a client gone before the headers were sent)."""
+    return JSONResponse(body, status_code=status, headers=headers)
 
-        def __init__(self, ticket: Any, *args: Any, **kwargs: Any):
-            super().__init__(*args, **kwargs)
-            self.ticket = ticket
 
+async def api_error(_: Any, exc: P.ApiError) -> Any:
+    return _json(exc.body(), exc.status, exc.headers)
+
+
+async def http_error(_: Any, exc: Any) -> Any:
+    err = P.ApiError(exc.status_code, str(exc.detail), code=_code(exc.status_code))
+    return _json(err.body(), exc.status_code)
+
+
+async def server_error(_: Any, exc: Exception) -> Any:
+    LOG.exception("request failed")
+    err = P.ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
+    return _json(err.body(), 500)
+
+
+# ---------------------------------------------------------------------------------- requests
+
+
+def authorize(server: Server, request: Any) -> None:
+    key = server.settings.api_key
+    if key is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        raise P.ApiError(
+            401,
+            "Incorrect API key provided: send 'Authorization: Bearer <key>' with the key "
+            "given to `nest serve --api-key`" if header else
+            "Missing API key: send 'Authorization: Bearer <key>'",
+            code="invalid_api_key",
+        )
+
+
+async def read_json(server: Server, request: Any) -> Any:
+    cap = server.settings.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > cap:
+        raise _too_large(int(declared), cap)
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > cap:
+            raise _too_large(len(body), cap)
+    try:
+        return json.loads(bytes(body))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise P.ApiError(400, f"could not parse the JSON body: {exc}", code="invalid_json") from None
+
+
+def check_model(server: Server, req: P.GenerationRequest) -> None:
+    name = server.settings.model_name
+    if req.model and req.model != name:
+        raise P.ApiError(
+            404,
+            f"The model {req.model!r} does not exist: this server serves {name!r}",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def engine_call(server: Server, req: P.GenerationRequest) -> tuple[dict[str, Any], str, str]:
+    """``engine.stream`` arguments for ``req``, its preset and decoding method; what the config,
+    the engine and the method registry reject is a 400 naming the parameter."""
+    preset = req.preset or server.settings.preset
+    try:
+        cfg = server.base_config if req.preset is None else NestConfig.from_preset(preset)
+        server.engine.check_config(cfg)
+    except ValueError as exc:
+        raise P.invalid("preset", str(exc)) from None
+    changes = {
+        k: v
+        for k, v in (("temperature", req.temperature), ("top_p", req.top_p), ("seed", req.seed))
+        if v is not None
+    }
+    try:
+        cfg = cfg.replace(**changes) if changes else cfg
+    except ValueError as exc:
+        raise P.invalid(next(iter(changes)), str(exc)) from None
+    decoding = req.decoding or server.decoding
+    try:
+        get_method(decoding)
+    except ValueError as exc:
+        raise P.invalid("decoding", str(exc)) from None
+    kwargs: dict[str, Any] = dict(
+        prompt=req.prompt, max_new_tokens=req.max_tokens, stop=req.stop or None, config=cfg,
+        decoding=decoding,
+    )
+    return kwargs, preset, decoding
+
+
+def admit(server: Server) -> Any:
+    try:
+        return server.gate.admit()
+    except QueueFull as exc:
+        retry = server.gate.retry_after()
+        raise P.ApiError(
+            429,
+            f"the server is busy ({exc}); retry in about {retry} s",
+            type="rate_limit_error",
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(retry)},
+        ) from None
+
+
+# ---------------------------------------------------------------------------------- generation
+
+
+async def generate(server: Server, request: Any, kwargs: dict[str, Any]) -> NestResult:
+    ticket = admit(server)
+    result = None
+    try:
+        async with contextlib.aclosing(
+            server.gate.run(ticket, kwargs, request.is_disconnected)
+        ) as chunks:
+            async for chunk in chunks:
+                result = chunk.result or result
+    except ValueError as exc:
+        raise P.ApiError(400, str(exc)) from None
+    except Disconnected:
+        raise P.ApiError(499, "client disconnected") from None
+    assert result is not None
+    server.cache.add(result.passages)
+    return result
+
+
+def sse(obj: Any) -> bytes:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+
+
+def _ticketed_stream(ticket: Any, body: AsyncIterator[bytes]) -> Any:
+    """A server-sent event response that frees the queue place however it ends, even if the
+    body never started (a client gone before the headers were sent)."""
+    from starlette.responses import StreamingResponse
+
+    class TicketedStream(StreamingResponse):
         async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
             try:
                 await super().__call__(scope, receive, send)
             finally:
-                self.ticket.release()
+                ticket.release()
 
-    # ------------------------------------------------------------------ helpers
-    def authorize(request: Request) -> None:
-        if s.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            token.strip().encode(), s.api_key.encode()
-        ):
-            raise P.ApiError(
-                401,
-                "Incorrect API key provided: send 'Authorization: Bearer <key>' with the key "
-                "given to `nest serve --api-key`" if header else
-                "Missing API key: send 'Authorization: Bearer <key>'",
-                code="invalid_api_key",
-            )
+    return TicketedStream(
+        body,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
-    async def read_json(request: Request) -> Any:
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > s.max_body_bytes:
-            raise _too_large(int(declared), s.max_body_bytes)
-        body = bytearray()
-        async for part in request.stream():
-            body += part
-            if len(body) > s.max_body_bytes:
-                raise _too_large(len(body), s.max_body_bytes)
+
+def stream_events(
+    server: Server,
+    request: Any,
+    req: P.GenerationRequest,
+    kwargs: dict[str, Any],
+    preset: str,
+    decoding: str,
+    chat: bool,
+) -> Any:
+    ticket = admit(server)
+    rid = P.new_id("chatcmpl" if chat else "cmpl")
+    created = int(time.time())
+    model = server.settings.model_name
+
+    def chunk(text: str | None, annotations: list, finish: str | None = None, **extra: Any):
+        if chat:
+            delta: dict[str, Any] = {} if text is None else {"content": text}
+            if annotations:
+                delta["annotations"] = annotations
+            return P.chat_chunk(rid, model, created, delta, finish, **extra)
+        return P.completion_chunk(rid, model, created, text or "", annotations, finish, **extra)
+
+    async def events() -> AsyncIterator[bytes]:
+        tracker = P.AnnotationStream()
         try:
-            return json.loads(bytes(body))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise P.ApiError(
-                400, f"could not parse the JSON body: {exc}", code="invalid_json"
-            ) from None
-
-    def check_model(req: P.GenerationRequest) -> None:
-        if req.model and req.model != s.model_name:
-            raise P.ApiError(
-                404,
-                f"The model {req.model!r} does not exist: this server serves {s.model_name!r}",
-                param="model",
-                code="model_not_found",
-            )
-
-    def engine_call(req: P.GenerationRequest) -> tuple[dict[str, Any], str, str | None]:
-        preset = req.preset or s.preset
-        if preset not in PRESETS:
-            raise P.invalid("preset", f"unknown preset {preset!r}: choose one of {sorted(PRESETS)}")
-        cfg = base_config if req.preset is None else NestConfig.from_preset(preset)
-        changes = {
-            k: v
-            for k, v in (("temperature", req.temperature), ("top_p", req.top_p), ("seed", req.seed))
-            if v is not None
-        }
-        try:
-            cfg = cfg.replace(**changes) if changes else cfg
-        except ValueError as exc:
-            raise P.invalid(next(iter(changes)), str(exc)) from None
-        _check_key_source(engine, cfg, preset, api=True)
-        kwargs: dict[str, Any] = dict(
-            prompt=req.prompt, max_new_tokens=req.max_tokens, stop=req.stop or None, config=cfg
-        )
-        decoding = req.decoding or s.decoding or getattr(engine, "decoding", None)
-        if decoding is not None:
-            _check_decoding(engine, decoding, api=True)
-            kwargs["decoding"] = decoding
-        return kwargs, preset, decoding
-
-    def admit() -> Any:
-        try:
-            return gate.admit()
-        except QueueFull as exc:
-            retry = gate.retry_after()
-            raise P.ApiError(
-                429,
-                f"the server is busy ({exc}); retry in about {retry} s",
-                type="rate_limit_error",
-                code="rate_limit_exceeded",
-                headers={"Retry-After": str(retry)},
-            ) from None
-
-    async def generate(
-        request: Request, req: P.GenerationRequest, kwargs: dict[str, Any]
-    ) -> NestResult:
-        ticket = admit()
-        result = None
-        try:
-            async with contextlib.aclosing(
-                gate.run(ticket, kwargs, request.is_disconnected)
-            ) as chunks:
-                async for chunk in chunks:
-                    result = chunk.result or result
-        except ValueError as exc:
-            raise P.ApiError(400, str(exc)) from None
-        except Disconnected:
-            raise P.ApiError(499, "client disconnected") from None
-        assert result is not None
-        cache.add(result.passages)
-        return result
-
-    def sse(obj: Any) -> bytes:
-        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
-
-    async def stream_events(
-        request: Request,
-        req: P.GenerationRequest,
-        kwargs: dict[str, Any],
-        preset: str,
-        decoding: str | None,
-        chat: bool,
-    ) -> Any:
-        ticket = admit()
-        rid = P.new_id("chatcmpl" if chat else "cmpl")
-        created = int(time.time())
-        model = s.model_name
-
-        def chunk(text: str | None, annotations: list, finish: str | None = None, **extra: Any):
             if chat:
-                delta: dict[str, Any] = {} if text is None else {"content": text}
-                if annotations:
-                    delta["annotations"] = annotations
-                return P.chat_chunk(rid, model, created, delta, finish, **extra)
-            return P.completion_chunk(rid, model, created, text or "", annotations, finish, **extra)
+                yield sse(P.chat_chunk(rid, model, created, {"role": "assistant", "content": ""}))
+            async with contextlib.aclosing(
+                server.gate.run(ticket, kwargs, request.is_disconnected)
+            ) as chunks:
+                async for item in chunks:
+                    if item.result is not None:
+                        res = item.result
+                        server.cache.add(res.passages)
+                        late = tracker.finish(res)
+                        if late:
+                            yield sse(chunk("", late))
+                        ext = P.nest_extension(res, preset, decoding)
+                        if req.include_usage:
+                            yield sse(chunk(None, [], P.finish_reason(res), nest=ext))
+                            yield sse({**chunk(None, []), "choices": [], "usage": P.usage(res)})
+                        else:
+                            yield sse(
+                                chunk(None, [], P.finish_reason(res), usage=P.usage(res), nest=ext)
+                            )
+                    elif item.text:
+                        yield sse(chunk(item.text, tracker.step(item.citation)))
+        except Disconnected:
+            return
+        except ValueError as exc:
+            yield sse(P.ApiError(400, str(exc)).body())
+        except Exception as exc:  # noqa: BLE001 - reported in the stream, then [DONE]
+            LOG.exception("generation failed")
+            yield sse(P.ApiError(500, f"generation failed: {exc}", type="server_error").body())
+        finally:
+            ticket.release()  # no-op once the gate released it
+        yield b"data: [DONE]\n\n"
 
-        async def events() -> AsyncIterator[bytes]:
-            tracker = P.AnnotationStream()
-            try:
-                if chat:
-                    role = {"role": "assistant", "content": ""}
-                    yield sse(P.chat_chunk(rid, model, created, role))
-                async with contextlib.aclosing(
-                    gate.run(ticket, kwargs, request.is_disconnected)
-                ) as chunks:
-                    async for item in chunks:
-                        if item.result is not None:
-                            res = item.result
-                            cache.add(res.passages)
-                            late = tracker.finish(res)
-                            if late:
-                                yield sse(chunk("", late))
-                            ext = P.nest_extension(res, preset, decoding)
-                            if req.include_usage:
-                                yield sse(chunk(None, [], P.finish_reason(res), nest=ext))
-                                yield sse({**chunk(None, []), "choices": [], "usage": P.usage(res)})
-                            else:
-                                yield sse(
-                                    chunk(None, [], P.finish_reason(res),
-                                          usage=P.usage(res), nest=ext)
-                                )
-                        elif item.text:
-                            yield sse(chunk(item.text, tracker.step(item.citation)))
-            except Disconnected:
-                return
-            except ValueError as exc:
-                yield sse(P.ApiError(400, str(exc)).body())
-            except Exception as exc:  # noqa: BLE001 - reported in the stream, then [DONE]
-                LOG.exception("generation failed")
-                yield sse(P.ApiError(500, f"generation failed: {exc}", type="server_error").body())
-            finally:
-                ticket.release()  # no-op once the gate released it
-            yield b"data: [DONE]\n\n"
+    return _ticketed_stream(ticket, events())
 
-        return _TicketedStream(
-            ticket,
-            events(),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
 
-    # ------------------------------------------------------------------ endpoints
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Any:
-        authorize(request)
-        req = P.parse_chat(await read_json(request), limits)
-        check_model(req)
-        kwargs, preset, decoding = engine_call(req)
-        if req.stream:
-            return await stream_events(request, req, kwargs, preset, decoding, chat=True)
-        result = await generate(request, req, kwargs)
-        ext = P.nest_extension(result, preset, decoding)
-        return P.chat_response(P.new_id("chatcmpl"), s.model_name, result, ext)
+# ---------------------------------------------------------------------------------- routes
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Any:
-        authorize(request)
-        req = P.parse_completion(await read_json(request), limits)
-        check_model(req)
-        kwargs, preset, decoding = engine_call(req)
-        if req.stream:
-            return await stream_events(request, req, kwargs, preset, decoding, chat=False)
-        result = await generate(request, req, kwargs)
-        ext = P.nest_extension(result, preset, decoding)
-        return P.completion_response(P.new_id("cmpl"), s.model_name, result, ext)
 
-    @app.get("/v1/models")
-    async def models(request: Request) -> Any:
-        authorize(request)
-        return {
-            "object": "list",
-            "data": [
-                {"id": s.model_name, "object": "model", "created": started, "owned_by": "nest"}
-            ],
-        }
+async def _completion(request: Any, chat: bool) -> Any:
+    server: Server = request.app.state.nest
+    authorize(server, request)
+    parse = P.parse_chat if chat else P.parse_completion
+    req = parse(await read_json(server, request), server.limits)
+    check_model(server, req)
+    kwargs, preset, decoding = engine_call(server, req)
+    if req.stream:
+        return stream_events(server, request, req, kwargs, preset, decoding, chat=chat)
+    result = await generate(server, request, kwargs)
+    ext = P.nest_extension(result, preset, decoding)
+    respond = P.chat_response if chat else P.completion_response
+    return _json(respond(P.new_id("chatcmpl" if chat else "cmpl"), server.settings.model_name,
+                         result, ext))
 
-    @app.get("/v1/passages/{passage_id:path}")
-    async def passage(request: Request, passage_id: str) -> Any:
-        """A passage's text and where it sits in its source document."""
-        authorize(request)
-        p = cache.items.get(passage_id)
-        if p is None and hasattr(engine.retriever, "get_passages"):
-            found = engine.retriever.get_passages([passage_id])
-            p = found[0] if found else None
-        if p is None:
-            raise P.ApiError(404, f"no passage {passage_id!r}", param="passage_id",
-                             code="not_found")
-        return {
-            "id": p.id,
-            "object": "passage",
-            "text": p.text,
-            "doc_id": p.doc_id,
-            "char_start": p.char_start,
-            "char_end": p.char_end,
-            "title": p.metadata.get("title") or p.metadata.get("source") or p.doc_id,
-            "url": p.metadata.get("url") or None,
-            "source": p.metadata.get("source"),
-        }
 
-    @app.get("/health")
-    async def health() -> Any:
-        return {
-            "status": "ok",
-            "model": s.model_name,
-            "preset": s.preset,
-            "decoding": s.decoding or "nest",
-            "auth": s.api_key is not None,
-            "presets": sorted(PRESETS),
-            **gate.status(),
-        }
+async def chat_completions(request: Any) -> Any:
+    """``POST /v1/chat/completions``."""
+    return await _completion(request, chat=True)
 
-    @app.get("/", include_in_schema=False)
-    async def index() -> Any:
-        return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
 
-    @app.get("/static/{name}", include_in_schema=False)
-    async def static(name: str) -> Any:
-        path = STATIC_DIR / name
-        if "/" in name or name.startswith(".") or not path.is_file():
-            raise P.ApiError(404, f"no static file {name!r}", code="not_found")
-        return FileResponse(path)
+async def completions(request: Any) -> Any:
+    """``POST /v1/completions``."""
+    return await _completion(request, chat=False)
 
-    return app
+
+async def models(request: Any) -> Any:
+    """``GET /v1/models``: the one served model."""
+    server: Server = request.app.state.nest
+    authorize(server, request)
+    name = server.settings.model_name
+    return _json({
+        "object": "list",
+        "data": [{"id": name, "object": "model", "created": server.started, "owned_by": "nest"}],
+    })
+
+
+async def passage(request: Any) -> Any:
+    """``GET /v1/passages/{passage_id}``: a passage's text and where it sits in its source."""
+    server: Server = request.app.state.nest
+    authorize(server, request)
+    passage_id = request.path_params["passage_id"]
+    p = server.cache.items.get(passage_id)
+    retriever = server.engine.retriever
+    if p is None and hasattr(retriever, "get_passages"):
+        found = retriever.get_passages([passage_id])
+        p = found[0] if found else None
+    if p is None:
+        raise P.ApiError(404, f"no passage {passage_id!r}", param="passage_id", code="not_found")
+    return _json({
+        "id": p.id,
+        "object": "passage",
+        "text": p.text,
+        "doc_id": p.doc_id,
+        "char_start": p.char_start,
+        "char_end": p.char_end,
+        "title": p.metadata.get("title") or p.metadata.get("source") or p.doc_id,
+        "url": p.metadata.get("url") or None,
+        "source": p.metadata.get("source"),
+    })
+
+
+async def health(request: Any) -> Any:
+    """``GET /health`` (no auth): the model, the defaults and the queue."""
+    server: Server = request.app.state.nest
+    s = server.settings
+    return _json({
+        "status": "ok",
+        "model": s.model_name,
+        "preset": s.preset,
+        "decoding": server.decoding,
+        "auth": s.api_key is not None,
+        "presets": sorted(PRESETS),
+        **server.gate.status(),
+    })
+
+
+async def index(_: Any) -> Any:
+    """``GET /``: the playground page."""
+    from starlette.responses import FileResponse
+
+    return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
+
+
+async def static(request: Any) -> Any:
+    """``GET /static/{name}``: the page's files."""
+    from starlette.responses import FileResponse
+
+    name = request.path_params["name"]
+    path = STATIC_DIR / name
+    if "/" in name or name.startswith(".") or not path.is_file():
+        raise P.ApiError(404, f"no static file {name!r}", code="not_found")
+    return FileResponse(path)
+
+
+#: ``(path, methods, route)`` of every endpoint.
+ROUTES = (
+    ("/v1/chat/completions", ("POST",), chat_completions),
+    ("/v1/completions", ("POST",), completions),
+    ("/v1/models", ("GET",), models),
+    ("/v1/passages/{passage_id:path}", ("GET",), passage),
+    ("/health", ("GET",), health),
+    ("/", ("GET",), index),
+    ("/static/{name}", ("GET",), static),
+)
 
 
 def _too_large(size: int, cap: int) -> P.ApiError:
@@ -401,26 +482,3 @@ def _too_large(size: int, cap: int) -> P.ApiError:
 
 def _code(status: int) -> str:
     return {404: "not_found", 405: "method_not_allowed"}.get(status, "error")
-
-
-def _check_key_source(engine: Any, cfg: NestConfig, preset: str, api: bool = False) -> None:
-    lm_source = getattr(getattr(engine, "lm", None), "key_source", cfg.key_source)
-    if str(cfg.key_source) != str(lm_source):
-        msg = (
-            f"preset {preset!r} uses key_source={cfg.key_source!r} but this server's model "
-            f"computes keys from {lm_source!r}: pick another preset"
-        )
-        if api:
-            raise P.invalid("preset", msg)
-        raise ValueError(msg)
-
-
-def _check_decoding(engine: Any, decoding: str, api: bool = False) -> None:
-    """``decoding`` must name a registered method (``nest_integrations.drafters.METHODS``)."""
-    from nest_integrations.drafters import METHODS
-
-    if decoding not in METHODS:
-        problem = f"unknown decoding {decoding!r}: choose one of {sorted(METHODS)}"
-        if api:
-            raise P.invalid("decoding", problem)
-        raise ValueError(problem)

@@ -7,8 +7,15 @@ import logging
 import sys
 from typing import Any
 
-from nest_integrations.assembly import DEFAULT_PRESET
+from nest_integrations import assembly
 from nest_integrations.config import PRESETS
+from nest_integrations.defaults import (
+    DEFAULT_COLLECTION,
+    DEFAULT_DECODING,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_PRESET,
+)
+from nest_integrations.server.protocol import DEFAULT_SERVED_MODEL
 
 LOG = logging.getLogger(__name__)
 
@@ -23,8 +30,6 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "GET /v1/models, /health, and the playground page at /. Copied spans come back as "
         "url_citation annotations with their source offsets."
     )
-    from nest_integrations.assembly import DEFAULT_COLLECTION
-
     p.add_argument("--collection", default=DEFAULT_COLLECTION,
                    help=f"Chroma collection (default: {DEFAULT_COLLECTION})")
     p.add_argument("--persist-dir", default=None, help="store folder (default: $NEST_HOME/store)")
@@ -39,9 +44,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS),
                    help=f"NestConfig preset when a request names none (default {DEFAULT_PRESET})")
     p.add_argument("--decoding", default=None,
-                   help="decoding method when a request names none (default: nest)")
-    p.add_argument("--served-model-name", default="nest",
-                   help="the model id clients send and /v1/models lists (default nest)")
+                   help=f"decoding method when a request names none (default: {DEFAULT_DECODING})")
+    p.add_argument("--served-model-name", default=DEFAULT_SERVED_MODEL,
+                   help="the model id clients send and /v1/models lists "
+                   f"(default {DEFAULT_SERVED_MODEL})")
     p.add_argument("--max-queue", type=int, default=8,
                    help="requests that may wait while one generates; more get 429 (default 8)")
     p.add_argument("--max-tokens-cap", type=int, default=1024,
@@ -50,21 +56,22 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="largest request body accepted (default 1 MiB)")
 
 
+def serve_spec(args: argparse.Namespace) -> assembly.EngineSpec:
+    """The engine ``nest serve`` runs for ``args`` (always over the Chroma store)."""
+    return assembly.EngineSpec.for_store(
+        args.collection,
+        persist_dir=args.persist_dir,
+        chroma_url=args.chroma_url,
+        model=args.model,
+        config=args.preset,
+        decoding=args.decoding,
+    )
+
+
 def build_engine(args: argparse.Namespace) -> Any:
     """The engine ``nest serve`` runs, from the one assembly every entry point uses (the
     process-wide model cache included)."""
-    from nest_integrations import assembly
-
-    return assembly.build_engine(
-        assembly.EngineSpec.for_store(
-            args.collection,
-            persist_dir=args.persist_dir,
-            chroma_url=args.chroma_url,
-            model=args.model,
-            config=args.preset,
-            decoding=args.decoding,
-        )
-    )
+    return assembly.build_engine(serve_spec(args))
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
@@ -81,7 +88,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         api_key=args.api_key,
         max_queue=args.max_queue,
         max_tokens_cap=args.max_tokens_cap,
-        default_max_tokens=min(256, args.max_tokens_cap),
+        default_max_tokens=min(DEFAULT_MAX_NEW_TOKENS, args.max_tokens_cap),
         max_body_bytes=args.max_body_bytes,
     )
 

@@ -11,8 +11,15 @@ Citations use the shape OpenAI's clients already parse (``message.annotations`` 
     {"type": "url_citation",
      "url_citation": {"start_index": 12, "end_index": 57, "url": "...", "title": "...",
                       "cited_text": "...", "doc_id": "...", "passage_id": "...",
-                      "source_start": 104, "source_end": 149,
-                      "passage_start": 104, "passage_end": 149, "n_tokens": 9}}
+                      "source": "...", "source_start": 104, "source_end": 149,
+                      "passage_start": 104, "passage_end": 149, "n_tokens": 9,
+                      "kind": "copy", "copied": true}}
+
+The keys are ``nest_integrations.output.citation_fields``' own names (the LangChain and
+LlamaIndex payloads carry the same values), with ``url``/``title`` never empty
+(``output.citation_link``/``citation_label``: url or title, else the source path, else the
+doc id). ``usage`` is ``output.usage`` and the ``nest`` extension's ``stats`` is
+``output.stats``.
 
 ``answer[start_index:end_index] == cited_text == source[source_start:source_end]`` (offsets
 count Unicode code points, as Python strings do).
@@ -26,7 +33,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from nest_integrations import output
+from nest_integrations.defaults import DEFAULT_DECODING, DEFAULT_MAX_NEW_TOKENS
 from nest_integrations.types import Citation, NestResult
+
+#: The model id clients send and ``/v1/models`` lists, unless ``--served-model-name`` says.
+DEFAULT_SERVED_MODEL = "nest"
 
 #: Roles accepted in ``messages`` (``developer`` is OpenAI's newer name for ``system``).
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -90,7 +102,7 @@ class Limits:
     """Server-side caps checked at validation time."""
 
     max_tokens_cap: int = 1024
-    default_max_tokens: int = 256
+    default_max_tokens: int = DEFAULT_MAX_NEW_TOKENS
 
 
 # --------------------------------------------------------------------------------- requests
@@ -98,13 +110,7 @@ class Limits:
 
 def parse_chat(body: Any, limits: Limits) -> GenerationRequest:
     """Validate a ``/v1/chat/completions`` body."""
-    body = _object(body)
-    if "messages" not in body:
-        raise ApiError(
-            400, "missing required parameter: 'messages'", param="messages",
-            code="missing_required_parameter",
-        )
-    raw = body["messages"]
+    raw = _required(_object(body), "messages")
     if not isinstance(raw, list) or not raw:
         raise invalid("messages", "'messages' must be a non-empty array of {role, content} objects")
     messages = [_message(m, i) for i, m in enumerate(raw)]
@@ -124,13 +130,7 @@ def parse_chat(body: Any, limits: Limits) -> GenerationRequest:
 
 def parse_completion(body: Any, limits: Limits) -> GenerationRequest:
     """Validate a ``/v1/completions`` body (one prompt string)."""
-    body = _object(body)
-    if "prompt" not in body:
-        raise ApiError(
-            400, "missing required parameter: 'prompt'", param="prompt",
-            code="missing_required_parameter",
-        )
-    prompt = body["prompt"]
+    prompt = _required(_object(body), "prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str):
@@ -156,6 +156,15 @@ def _unsupported(body: dict[str, Any]) -> None:
             "response_format", f"response_format type {fmt.get('type')!r} is not supported "
             "(only 'text')"
         )
+
+
+def _required(body: dict[str, Any], key: str) -> Any:
+    if key not in body:
+        raise ApiError(
+            400, f"missing required parameter: '{key}'", param=key,
+            code="missing_required_parameter",
+        )
+    return body[key]
 
 
 def _object(body: Any) -> dict[str, Any]:
@@ -301,45 +310,22 @@ def new_id(prefix: str) -> str:
 
 
 def annotation(c: Citation) -> dict[str, Any]:
-    """A NEST citation as an OpenAI ``url_citation`` annotation plus NEST's source keys."""
-    meta = c.metadata or {}
-    url = meta.get("url") or meta.get("source") or c.doc_id
-    title = meta.get("title") or meta.get("source") or c.doc_id
-    return {
-        "type": "url_citation",
-        "url_citation": {
-            "start_index": c.start,
-            "end_index": c.end,
-            "url": str(url),
-            "title": str(title),
-            "cited_text": c.text,
-            "doc_id": c.doc_id,
-            "passage_id": c.passage_id,
-            "source_start": c.source_start,
-            "source_end": c.source_end,
-            "passage_start": c.passage_start,
-            "passage_end": c.passage_end,
-            "n_tokens": c.n_tokens,
-            "kind": getattr(c, "kind", "copy"),
-            **({"page": meta["page"]} if meta.get("page") is not None else {}),
-        },
-    }
+    """A NEST citation as an OpenAI ``url_citation`` annotation: ``output.citation_fields``
+    under their own names, ``url``/``title`` filled in (never empty)."""
+    fields = output.citation_fields(c)
+    fields["url"], fields["title"] = output.citation_link(fields), output.citation_label(fields)
+    return {"type": "url_citation", "url_citation": fields}
 
 
-def usage(result: NestResult) -> dict[str, int]:
-    s = result.stats
-    return {
-        "prompt_tokens": s.prompt_tokens,
-        "completion_tokens": s.new_tokens,
-        "total_tokens": s.prompt_tokens + s.new_tokens,
-    }
+#: The token counts of a response (``output.usage``: OpenAI's own names).
+usage = output.usage
 
 
 def nest_extension(result: NestResult, preset: str, decoding: str | None) -> dict[str, Any]:
-    """The one extension field: NEST's stats, the preset and the decoding mode."""
-    stats = result.stats.to_dict()
-    stats["mean_span_length"] = result.mean_span_length
-    return {"preset": preset, "decoding": decoding or "nest", "stats": stats}
+    """The one extension field: NEST's stats (``output.stats``), the preset and the decoding
+    method."""
+    return {"preset": preset, "decoding": decoding or DEFAULT_DECODING,
+            "stats": output.stats(result)}
 
 
 def finish_reason(result: NestResult) -> str:
@@ -435,7 +421,8 @@ def completion_chunk(
 
 
 class AnnotationStream:
-    """Which annotations a streamed chunk carries.
+    """Which annotations a streamed chunk carries: ``output.CitationStream`` in ``"growing"``
+    mode, as annotations.
 
     A copied delta carries its citation *as known so far*; a run that keeps growing is sent
     again with the same ``start_index`` and ``passage_id`` and a larger ``end_index``, so a
@@ -445,20 +432,13 @@ class AnnotationStream:
     """
 
     def __init__(self) -> None:
-        self.sent: dict[tuple[str, int], tuple[int, str]] = {}
+        self.citations = output.CitationStream("growing")
 
     def step(self, citation: Citation | None) -> list[dict[str, Any]]:
-        if citation is None:
-            return []
-        self.sent[(citation.passage_id, citation.start)] = (citation.end, citation.text)
-        return [annotation(citation)]
+        return [annotation(c) for c in self.citations.step(citation)]
 
     def finish(self, result: NestResult) -> list[dict[str, Any]]:
-        out = []
-        for c in result.citations:
-            if self.sent.get((c.passage_id, c.start)) != (c.end, c.text):
-                out.append(annotation(c))
-        return out
+        return [annotation(c) for c in self.citations.finish(result)]
 
 
 def merge_annotations(stream: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

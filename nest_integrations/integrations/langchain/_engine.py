@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from nest_integrations import assembly
 from nest_integrations.config import NestConfig
+from nest_integrations.integrations._common import engine_kwargs
 from nest_integrations.integrations.langchain.passages import (
     LangChainPassageRetriever,
     as_passages,
@@ -130,6 +131,27 @@ class NestModelParams(BaseModel):
             return self.engine.config
         return assembly.resolve_config(self.config)
 
+    def _nest_params(self) -> dict[str, Any]:
+        """The identifying parameters both models report."""
+        return {
+            "model_name": self.resolved_model_name,
+            "collection": self.collection,
+            "config": self.nest_config.to_dict(),
+            "decoding": self.decoding,
+            "max_tokens": self.max_tokens,
+        }
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
+        """LangSmith's tracing parameters (provider ``nest``, the model, temperature, stop)."""
+        params = super()._get_ls_params(stop=stop, **kwargs)  # type: ignore[misc]
+        params["ls_provider"] = "nest"
+        model = kwargs.get("model")
+        params["ls_model_name"] = model if isinstance(model, str) else self.resolved_model_name
+        params.setdefault("ls_temperature", self._call_config(kwargs).temperature)
+        if "ls_stop" not in params and self.stop:
+            params["ls_stop"] = self.stop
+        return params
+
     def engine_spec(self) -> assembly.EngineSpec:
         """What the engine is built from (no I/O)."""
         return assembly.EngineSpec.from_fields(self, model=self.model_name)
@@ -171,19 +193,14 @@ class NestModelParams(BaseModel):
         if unknown:
             LOG.debug("ignoring unsupported call arguments %s", sorted(unknown))
         passages = kwargs.get("passages")
-        out = {
-            "max_new_tokens": assembly.resolve_max_new_tokens(
-                kwargs.get("max_tokens"), self.max_tokens
-            ),
-            "stop": list(stop) if stop is not None else self.stop,
-            "config": self._call_config(kwargs),
-            "passages": as_passages(passages) if passages is not None else None,
-            "query": kwargs.get("query"),
-        }
-        for key in ("decoding", "drafter_options"):
-            if kwargs.get(key) is not None:
-                out[key] = kwargs[key]
-        return out
+        return engine_kwargs(
+            kwargs,
+            max_new_tokens=assembly.resolve_max_new_tokens(kwargs.get("max_tokens"),
+                                                           self.max_tokens),
+            stop=list(stop) if stop is not None else self.stop,
+            config=self._call_config(kwargs),
+            passages=as_passages(passages) if passages is not None else None,
+        )
 
     def _nest_generate(
         self, prompt: Any, stop: Sequence[str] | None, kwargs: dict[str, Any]

@@ -6,7 +6,6 @@ import uuid
 from typing import Any, Iterator
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
-from langchain_core.language_models import LangSmithParams
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ChatMessage
 from langchain_core.messages.ai import UsageMetadata
@@ -14,6 +13,7 @@ from langchain_core.messages.content import create_citation, create_text_block
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from pydantic import ConfigDict, Field, SecretStr
 
+from nest_integrations import output
 from nest_integrations.integrations._common import (
     CitationTracker,
     citation_payload,
@@ -123,24 +123,10 @@ class ChatNest(NestModelParams, BaseChatModel):
     @property
     def _identifying_params(self) -> dict[str, Any]:
         return {
-            "model_name": self.resolved_model_name,
-            "collection": self.collection,
+            **self._nest_params(),
             "chroma_url": self.chroma_url,
             "retriever": type(self.retriever).__name__ if self.retriever is not None else None,
-            "config": self.nest_config.to_dict(),
-            "decoding": self.decoding,
-            "max_tokens": self.max_tokens,
         }
-
-    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
-        params = super()._get_ls_params(stop=stop, **kwargs)
-        params["ls_provider"] = "nest"
-        model = kwargs.get("model")
-        params["ls_model_name"] = model if isinstance(model, str) else self.resolved_model_name
-        params.setdefault("ls_temperature", self._call_config(kwargs).temperature)
-        if "ls_stop" not in params and self.stop:
-            params["ls_stop"] = self.stop
-        return params
 
     def _generate(
         self,
@@ -222,10 +208,17 @@ def citation_annotation(c: Citation) -> Any:
     )
 
 
+#: ``output.usage`` key -> LangChain ``UsageMetadata`` key.
+USAGE_KEYS = {
+    "prompt_tokens": "input_tokens",
+    "completion_tokens": "output_tokens",
+    "total_tokens": "total_tokens",
+}
+
+
 def usage_metadata(result: NestResult) -> UsageMetadata:
-    """Prompt and generated token counts of one generation."""
-    n_in, n_out = result.stats.prompt_tokens, result.stats.new_tokens
-    return UsageMetadata(input_tokens=n_in, output_tokens=n_out, total_tokens=n_in + n_out)
+    """Prompt and generated token counts of one generation (``output.usage``, renamed)."""
+    return UsageMetadata(**output.renamed(output.usage(result), USAGE_KEYS))
 
 
 def to_chat_messages(messages: list[BaseMessage]) -> list[dict[str, str]]:

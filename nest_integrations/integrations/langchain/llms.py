@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
-from langchain_core.language_models import LangSmithParams
 from langchain_core.language_models.llms import LLM
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from pydantic import ConfigDict
 
+from nest_integrations import output
 from nest_integrations.integrations._common import CitationTracker, citation_payload, stats_payload
 from nest_integrations.integrations.langchain._engine import NestModelParams
 from nest_integrations.types import NestResult
@@ -69,23 +69,7 @@ class NestLLM(NestModelParams, LLM):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {
-            "model_name": self.resolved_model_name,
-            "collection": self.collection,
-            "config": self.nest_config.to_dict(),
-            "decoding": self.decoding,
-            "max_tokens": self.max_tokens,
-        }
-
-    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
-        params = super()._get_ls_params(stop=stop, **kwargs)
-        params["ls_provider"] = "nest"
-        model = kwargs.get("model")
-        params["ls_model_name"] = model if isinstance(model, str) else self.resolved_model_name
-        params.setdefault("ls_temperature", self._call_config(kwargs).temperature)
-        if "ls_stop" not in params and self.stop:
-            params["ls_stop"] = self.stop
-        return params
+        return self._nest_params()
 
     def _call(
         self,
@@ -103,13 +87,12 @@ class NestLLM(NestModelParams, LLM):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> LLMResult:
-        generations, n_in, n_out = [], 0, 0
+        generations, usages = [], []
         for prompt in prompts:
             result = self._nest_generate(prompt, stop, kwargs)
             generations.append([Generation(text=result.text, generation_info=_info(result))])
-            n_in += result.stats.prompt_tokens
-            n_out += result.stats.new_tokens
-        usage = {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
+            usages.append(output.usage(result))
+        usage = output.add_usage(*usages)
         return LLMResult(
             generations=generations,
             llm_output={"model_name": self.resolved_model_name, "token_usage": usage},
@@ -138,11 +121,9 @@ class NestLLM(NestModelParams, LLM):
 
 
 def _info(result: NestResult) -> dict[str, Any]:
-    n_in, n_out = result.stats.prompt_tokens, result.stats.new_tokens
     return {
         "citations": [citation_payload(c) for c in result.citations],
         "finish_reason": result.stats.finish_reason,
         "nest": stats_payload(result),
-        "token_usage": {"prompt_tokens": n_in, "completion_tokens": n_out,
-                        "total_tokens": n_in + n_out},
+        "token_usage": output.usage(result),
     }

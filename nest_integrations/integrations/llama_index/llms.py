@@ -29,10 +29,10 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 
-from nest_integrations import assembly
+from nest_integrations import assembly, output
 from nest_integrations.integrations._common import (
-    CitationTracker,
     citation_payload,
+    engine_kwargs,
     messages_to_dicts,
     stats_payload,
 )
@@ -118,9 +118,13 @@ class NestLLM(CustomLLM):
     )
     chroma_url: str | None = Field(default=None, description="A Chroma server URL.")
     device: str | None = Field(default=None, description="Torch device (default CPU).")
-    config: Any = Field(default=None, description="NestConfig or preset name; None = paper.")
+    config: Any = Field(
+        default=None,
+        description="NestConfig or preset name; None = assembly.DEFAULT_PRESET (grounded).",
+    )
     decoding: str | None = Field(
-        default=None, description="Decoding method (drafters.METHODS); None = nest."
+        default=None,
+        description="Decoding method (drafters.METHODS); None = assembly.DEFAULT_DECODING (nest).",
     )
     drafter_options: dict[str, Any] | None = Field(
         default=None, description="Options for the decoding method's drafter."
@@ -150,7 +154,8 @@ class NestLLM(CustomLLM):
         if self.config is not None:
             self.config = assembly.resolve_config(self.config)  # a preset name or to_dict()
         assembly.check_sources(self.retriever, self.collection, self.chroma_url)
-        self._engine = engine
+        # a user's engine is shared with its model calls serialised, as LangChain's adapters do
+        self._engine = assembly.share_engine(engine) if engine is not None else None
 
     @classmethod
     def class_name(cls) -> str:
@@ -198,19 +203,15 @@ class NestLLM(CustomLLM):
             LOG.debug("NestLLM ignores keyword arguments %s", ignored)
         config = kwargs.get("config", self.config)
         passages = kwargs.get("passages")
-        out = {
-            "max_new_tokens": assembly.resolve_max_new_tokens(
+        return engine_kwargs(
+            kwargs,
+            max_new_tokens=assembly.resolve_max_new_tokens(
                 kwargs.get("max_new_tokens"), kwargs.get("max_tokens"), self.max_new_tokens
             ),
-            "stop": kwargs.get("stop", self.stop),
-            "config": assembly.resolve_config(config) if config is not None else None,
-            "passages": to_passages(passages) if passages is not None else None,
-            "query": kwargs.get("query"),
-        }
-        for key in ("decoding", "drafter_options"):
-            if kwargs.get(key) is not None:
-                out[key] = kwargs[key]
-        return out
+            stop=kwargs.get("stop", self.stop),
+            config=assembly.resolve_config(config) if config is not None else None,
+            passages=to_passages(passages) if passages is not None else None,
+        )
 
     def _completion_prompt(self, prompt: str, formatted: bool) -> Any:
         if formatted:
@@ -292,23 +293,30 @@ class NestLLM(CustomLLM):
 
 
 # --------------------------------------------------------------------- convert out
+#: ``output.citation_fields`` key -> ``CitationBlock.additional_location_info`` key (LlamaIndex
+#: names locations ``*_char``; the slot holds ints only, so ``copied`` is 1 or 0).
+LOCATION_KEYS = {
+    "start_index": "response_start_char",
+    "end_index": "response_end_char",
+    "passage_start": "passage_start_char",
+    "passage_end": "passage_end_char",
+    "source_start": "source_start_char",
+    "source_end": "source_end_char",
+}
+
+
 def citation_block(c: Citation) -> CitationBlock:
-    """One cited span as a ``CitationBlock`` (int locations: source, response, passage; and
-    ``copied``: 1 for a NEST copy, 0 for ``kind="verbatim"`` provenance)."""
-    loc: dict[str, Any] = {
-        "response_start_char": c.start,
-        "response_end_char": c.end,
-        "passage_start_char": c.passage_start,
-        "passage_end_char": c.passage_end,
-        "copied": int(c.kind == "copy"),  # 0: verbatim provenance (ints only in this slot)
-    }
-    if c.source_start is not None and c.source_end is not None:
-        loc.update(source_start_char=c.source_start, source_end_char=c.source_end)
-    source = str(c.metadata.get("source") or c.metadata.get("url") or c.doc_id)
+    """One cited span as a ``CitationBlock``: ``cited_content``, ``source`` =
+    ``output.citation_link``, ``title`` = ``output.citation_label``, and int locations
+    (response, passage and, when known, source offsets; ``copied``: 1 for a NEST copy, 0 for
+    ``kind="verbatim"`` provenance)."""
+    fields = output.citation_fields(c)
+    loc = {k: v for k, v in output.renamed(fields, LOCATION_KEYS).items() if v is not None}
+    loc["copied"] = int(fields["copied"])
     return CitationBlock(
-        cited_content=c.text,
-        source=source,
-        title=str(c.metadata.get("title") or source),
+        cited_content=fields["cited_text"],
+        source=output.citation_link(fields),
+        title=output.citation_label(fields),
         additional_location_info=loc,
     )
 
@@ -321,13 +329,7 @@ def _extras(result: NestResult) -> dict[str, Any]:
 
 
 def _raw(result: NestResult) -> dict[str, Any]:
-    s = result.stats
-    usage = {
-        "prompt_tokens": s.prompt_tokens,
-        "completion_tokens": s.new_tokens,
-        "total_tokens": s.prompt_tokens + s.new_tokens,
-    }
-    return {"usage": usage, "nest_result": result}
+    return {"usage": output.usage(result), "nest_result": result}
 
 
 def _completion(result: NestResult, delta: str | None = None) -> CompletionResponse:
@@ -346,16 +348,17 @@ def _chat(result: NestResult, delta: str | None = None) -> ChatResponse:
 
 def _deltas(chunks: Iterator[StreamChunk]) -> Iterator[tuple[StreamChunk, dict[str, Any]]]:
     """Each stream chunk with its ``additional_kwargs``: ``citation`` (the span this delta is
-    part of, growing) and ``completed_citations`` (spans that ended before it, each once)."""
-    tracker = CitationTracker()
+    part of, growing) and ``completed_citations`` (spans that ended before it, each once): the
+    two modes of ``output.CitationStream``."""
+    growing, completed = output.CitationStream("growing"), output.CitationStream("completed")
     for chunk in chunks:
         if chunk.result is not None:
             yield chunk, {}
             return
         extra: dict[str, Any] = {}
-        if chunk.citation is not None:
-            extra["citation"] = citation_payload(chunk.citation)
-        done = tracker.step(chunk.citation)
+        for c in growing.step(chunk.citation):
+            extra["citation"] = citation_payload(c)
+        done = completed.step(chunk.citation)
         if done:
             extra["completed_citations"] = [citation_payload(c) for c in done]
         yield chunk, extra

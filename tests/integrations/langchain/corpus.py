@@ -71,11 +71,11 @@ def passages() -> list[Any]:
 def fake_engine(**config: Any) -> Any:
     """A ``NestEngine`` over ``FakeLM`` (whitespace tokens, instant) and the corpus."""
     from nest_integrations.config import NestConfig
-    from nest_integrations.engine import NestEngine
+    from tests.engines import make_engine
     from nest_integrations.retrieval.in_memory import InMemoryRetriever
     from tests.fakes import FakeLM
 
-    return NestEngine(FakeLM(), InMemoryRetriever(passages()), config=NestConfig(**config))
+    return make_engine(FakeLM(), InMemoryRetriever(passages()), config=NestConfig(**config))
 
 
 @functools.cache

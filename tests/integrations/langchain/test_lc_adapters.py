@@ -16,7 +16,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 
 import nest_integrations.integrations.langchain as lc_pkg
 import nest_integrations.langchain as lc_short
-from nest_integrations.engine import NestEngine
+from tests.engines import make_engine
 from nest_integrations.retrieval.in_memory import InMemoryRetriever
 from nest_integrations.integrations.langchain.chat_models import to_chat_messages
 from nest_integrations.langchain import (
@@ -220,7 +220,7 @@ def test_call_arguments(chat: ChatNest) -> None:
 
 def test_no_corpus_is_plain_decoding() -> None:
     """Without a retriever the model decodes plainly: no passages, no citations."""
-    chat = ChatNest(engine=NestEngine(FakeLM()), max_tokens=5)
+    chat = ChatNest(engine=make_engine(FakeLM()), max_tokens=5)
     msg = chat.invoke("hello there")
     assert msg.response_metadata["nest"]["n_passages"] == 0
     assert _annotations(msg) == [] and msg.additional_kwargs["citations"] == []
@@ -290,7 +290,7 @@ def test_passage_retriever_over_vectorstore_and_retriever(fake_store) -> None:
 
 def test_chat_over_langchain_store(fake_store) -> None:
     """Document ids and metadata of a LangChain store flow into the citations."""
-    engine = NestEngine(FakeLM(), LangChainPassageRetriever(fake_store))
+    engine = make_engine(FakeLM(), LangChainPassageRetriever(fake_store))
     msg = ChatNest(engine=engine, max_tokens=20).invoke(PROMPT)
     notes = _annotations(msg)
     assert notes
@@ -333,14 +333,14 @@ class _CountingLM(FakeLM):
         super().__init__()
         self.active = self.peak = 0
 
-    def forward(self, ids, cache):  # type: ignore[no-untyped-def]
+    def forward(self, ids, cache, *, last=None):  # type: ignore[no-untyped-def]
         import time
 
         self.active += 1
         self.peak = max(self.peak, self.active)
         time.sleep(0.002)
         try:
-            return super().forward(ids, cache)
+            return super().forward(ids, cache, last=last)
         finally:
             self.active -= 1
 
@@ -349,7 +349,7 @@ def test_model_calls_are_serialised() -> None:
     """Concurrent generations (batch threads) never run two model calls at once, and the
     caller's engine is left untouched."""
     lm = _CountingLM()
-    engine = NestEngine(lm, InMemoryRetriever(passages()))
+    engine = make_engine(lm, InMemoryRetriever(passages()))
     chat = ChatNest(engine=engine, max_tokens=12)
     prompts = [PROMPT, "Green tea is made", "Assert statements are", "hello there"]
     texts = [m.text for m in chat.batch(prompts, config={"max_concurrency": 4})]

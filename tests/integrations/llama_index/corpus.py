@@ -59,8 +59,8 @@ def splitter():
 def make_llm(lm, index, **kwargs):
     """A ``NestLLM`` over ``index`` (3 passages) on a ready language model."""
     from nest_integrations.config import NestConfig
-    from nest_integrations.engine import NestEngine
+    from tests.engines import make_engine
     from nest_integrations.llama_index import LlamaIndexPassageRetriever, NestLLM
 
-    engine = NestEngine(lm, LlamaIndexPassageRetriever(index), None, NestConfig(n_passages=3))
+    engine = make_engine(lm, LlamaIndexPassageRetriever(index), None, NestConfig(n_passages=3))
     return NestLLM(engine=engine, **{"max_new_tokens": 12, **kwargs})

@@ -79,22 +79,14 @@ def prompt_ids(lm: Any, item: dict[str, Any]) -> list[int]:
 def greedy_with_keys(
     lm: Any, ids: Sequence[int], max_new_tokens: int
 ) -> tuple[list[int], np.ndarray]:
-    """Greedy response ids (EOS excluded) and the ``(m, d)`` key that produced each one."""
-    cache = lm.new_cache()
-    logits, keys = lm.forward(list(ids), cache)
-    out: list[int] = []
-    rows: list[np.ndarray] = []
-    for _ in range(max_new_tokens):
-        tok = int(torch.argmax(logits[-1]))
-        if tok in lm.eos_token_ids:
-            break
-        out.append(tok)
-        rows.append(keys[-1].float().cpu().numpy())
-        if len(out) == max_new_tokens or len(ids) + len(out) >= lm.max_context:
-            break
-        logits, keys = lm.forward([tok], cache)
-    d = lm.key_dim
-    return out, (np.stack(rows) if rows else np.zeros((0, d), np.float32))
+    """Greedy response ids (EOS excluded; through the one decoding loop, ``decoding="greedy"``)
+    and the ``(m, d)`` key that produced each one (``keys_in_context``)."""
+    from nest_integrations.drafters import get_method
+    from nest_integrations.loop import decode_ids
+
+    room = min(max_new_tokens, lm.max_context - len(ids))
+    out, _ = decode_ids(lm, get_method("greedy"), list(ids), room)
+    return out, keys_in_context(lm, list(ids), out)
 
 
 def batched_greedy(lm: Any, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:

@@ -13,18 +13,41 @@ arXiv 2304.04487 is the same idea with reference documents).
 
 from __future__ import annotations
 
-from nest_integrations.drafters.base import DecodeState, Draft, DrafterContext, Method, Source
-from nest_integrations.drafters.prompt_lookup import adapt_length
+from dataclasses import dataclass
+
+from nest_integrations.drafters.base import (
+    LOSSLESS,
+    DecodeState,
+    Draft,
+    DrafterContext,
+    Method,
+    Source,
+)
+from nest_integrations.drafters.corpus import (
+    AdaptiveLength,
+    NgramOptions,
+    cut_at_eos,
+    find_ngram,
+    parse_options,
+)
 
 
-class PassageCopyDrafter:
+@dataclass
+class RagCopyOptions(NgramOptions):
+    """``drafter_options`` of ``decoding="rag-copy"`` (see ``NgramOptions``)."""
+
+    method = "rag-copy"
+    max_ngram: int = 4
+    min_ngram: int = 2
+    num_tokens: int = 16
+
+
+class RagCopyDrafter(AdaptiveLength):
     """n-gram lookup into the prompt passages' own token arrays (one per generation)."""
 
     def __init__(self, ctx: DrafterContext) -> None:
-        opts = ctx.options
-        self.max_ngram = int(opts.get("max_ngram", 4))
-        self.min_ngram = int(opts.get("min_ngram", 2))
-        self.num_tokens = self.max_tokens = int(opts.get("num_tokens", 16))
+        self.options = parse_options(RagCopyOptions, ctx.options, METHOD.name)
+        self.num_tokens = self.options.num_tokens
         n_ra = ctx.config.ra_passages or METHOD.ra_passages
         self.passages = list(ctx.passages[:n_ra])
         self.lm = ctx.lm
@@ -45,23 +68,19 @@ class PassageCopyDrafter:
         ctx = state.context_ids
         if n_draft < 1 or not state.out_ids:
             return None
-        for n in range(min(self.max_ngram, len(state.out_ids)), self.min_ngram - 1, -1):
+        opts = self.options
+        for n in range(min(opts.max_ngram, len(state.out_ids)), opts.min_ngram - 1, -1):
             pattern = ctx[-n:]
             for k, toks in enumerate(self._tokens):  # type: ignore[arg-type]
-                pos = _find(toks, pattern)
+                pos = find_ngram(toks, pattern)
                 if pos is None:
                     continue
                 start = pos + n
-                cont = toks[start : start + n_draft]
-                cut = next((i for i, t in enumerate(cont) if t in state.eos), len(cont))
-                cont = cont[:cut]
+                cont = cut_at_eos(toks[start : start + n_draft], state.eos)
                 if cont:
                     sources: list[Source] = [(self._index[k], start + i) for i in range(len(cont))]
                     return Draft(cont, sources)
         return None
-
-    def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:
-        self.num_tokens = adapt_length(self.num_tokens, len(draft), n_accepted, self.max_tokens)
 
 
 def _set_offsets(state: DecodeState, passage, offsets) -> int:
@@ -72,18 +91,10 @@ def _set_offsets(state: DecodeState, passage, offsets) -> int:
     return state.add_passage(passage, offsets)
 
 
-def _find(seq: list[int], pattern: list[int]) -> int | None:
-    """First occurrence of ``pattern`` in ``seq`` (None when absent)."""
-    n, first = len(pattern), pattern[0]
-    for i in range(len(seq) - n + 1):
-        if seq[i] == first and seq[i : i + n] == pattern:
-            return i
-    return None
-
-
 METHOD = Method(
     "rag-copy",
-    PassageCopyDrafter,
+    RagCopyDrafter,
+    verifier=LOSSLESS,
     ra_passages=3,
     description="lossless RAG: passages in the prompt, copy drafts from them, verbatim provenance",
 )

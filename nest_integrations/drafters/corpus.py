@@ -1,0 +1,261 @@
+"""What the copy drafters share: typed options, EOS cutting, n-gram search, draft-length
+adaptation, and corpus drafts (DReSD, REST) with their datastore and token trees.
+
+- ``parse_options``: a ``drafter_options`` dict -> the method's option dataclass (a clear
+  ValueError on an unknown key or a bad value);
+- ``cut_at_eos`` / ``find_ngram`` / ``adapt_length``: used by prompt lookup, RAG-copy, DReSD
+  and REST;
+- ``CorpusOptions`` / ``open_datastore`` / ``default_datastore_for`` / ``corpus_draft``: the
+  datastore-backed drafters (``dresd``, ``rest``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Mapping, Sequence, TypeVar
+
+from nest_integrations.drafters.base import DecodeState, Draft, DrafterContext, Source
+
+T = TypeVar("T")
+
+_COERCE = {"int": int, "float": float, "str": str}
+
+
+def parse_options(cls: type[T], options: Mapping[str, Any] | T | None, method: str) -> T:
+    """``options`` (a ``drafter_options`` dict, a ready ``cls`` or None) as a ``cls``.
+
+    Numbers and strings are converted to the field's type (``"8"`` -> 8); an unknown key is a
+    ValueError naming the method and its known options."""
+    if isinstance(options, cls):
+        return options
+    opts = dict(options or {})
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    unknown = sorted(set(opts) - set(names))
+    if unknown:
+        raise ValueError(f"unknown drafter option(s) {unknown} for decoding={method!r}: "
+                         f"its options are {names}")  # fmt: skip
+    types = {f.name: f.type for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    for key, value in opts.items():
+        conv = _COERCE.get(str(types[key]))
+        if conv is not None and value is not None and not isinstance(value, bool):
+            try:
+                opts[key] = conv(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"decoding={method!r}: drafter option {key}={value!r} is not "
+                                 f"a valid {types[key]}") from None  # fmt: skip
+    return cls(**opts)
+
+
+def check_at_least(method: str, options: Any, names: Sequence[str], minimum: int = 1) -> None:
+    """Raise ValueError when an integer option of ``options`` is below ``minimum``."""
+    for name in names:
+        if getattr(options, name) < minimum:
+            got = getattr(options, name)
+            raise ValueError(f"{method} {name} must be >= {minimum}, got {got!r}")
+
+
+def cut_at_eos(tokens: Sequence[int], eos: frozenset[int] | set[int]) -> list[int]:
+    """``tokens`` up to (not including) the first end token: drafts never carry EOS (the
+    verify step's own token ends the text)."""
+    out = []
+    for t in tokens:
+        if t in eos:
+            break
+        out.append(int(t))
+    return out
+
+
+def find_ngram(seq: Sequence[int], pattern: Sequence[int], *, last: bool = False,
+               end: int | None = None) -> int | None:
+    """Start of an occurrence of ``pattern`` in ``seq[:end]``: the first one, or with
+    ``last=True`` the most recent one; None when absent."""
+    n = len(pattern)
+    if n == 0:
+        return None
+    limit = (len(seq) if end is None else end) - n
+    first, pat = pattern[0], list(pattern)
+    order = range(limit, -1, -1) if last else range(limit + 1)
+    for i in order:
+        if seq[i] == first and list(seq[i : i + n]) == pat:
+            return i
+    return None
+
+
+def adapt_length(current: int, drafted: int, accepted: int, maximum: int) -> int:
+    """Draft length for the next step: grow by 2 after a full acceptance, else shrink to one
+    more than what was accepted (a rejected token costs a verify row; on CPU a long rejected
+    draft costs up to twice a one-token step). Bounded to ``[2, maximum]``."""
+    if accepted >= drafted:
+        return min(maximum, current + 2)
+    return max(2, min(current, accepted + 1))
+
+
+@dataclass
+class NgramOptions:
+    """Options of the n-gram lookup drafters (prompt lookup, RAG-copy): the defaults are prompt
+    lookup's; each subclass sets ``method`` (and RAG-copy its own defaults).
+
+    Attributes:
+        max_ngram: longest context suffix looked up.
+        min_ngram: shortest one.
+        num_tokens: longest draft; the length adapts to acceptance below it (``adapt_length``).
+    """
+
+    method: ClassVar[str] = ""
+    max_ngram: int = 3
+    min_ngram: int = 1
+    num_tokens: int = 10
+
+    def __post_init__(self) -> None:
+        check_at_least(self.method, self, ("max_ngram", "min_ngram", "num_tokens"))
+
+
+class AdaptiveLength:
+    """``update`` of the n-gram drafters: ``num_tokens`` follows ``adapt_length`` up to
+    ``options.num_tokens``."""
+
+    options: NgramOptions
+    num_tokens: int
+
+    def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:
+        self.num_tokens = adapt_length(self.num_tokens, len(draft), n_accepted,
+                                       self.options.num_tokens)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- corpus drafts
+
+SHAPES = ("tree", "chain")
+
+
+@dataclass
+class CorpusOptions:
+    """Options every datastore drafter shares.
+
+    Attributes:
+        datastore: the DReSD datastore path; None = ``<persist dir>/dresd/<collection>`` of
+            the engine's Chroma retriever (``default_datastore_for``).
+        num_drafts: candidate continuations merged into one token tree.
+        draft_len: tokens per candidate.
+        shape: ``"chain"`` (only the best candidate) or ``"tree"`` (all, merged on prefixes).
+        max_nodes: token-tree size cap.
+    """
+
+    datastore: str | None = None
+    num_drafts: int = 4
+    draft_len: int = 8
+    shape: str = "chain"
+    max_nodes: int = 32
+
+    def check(self, method: str) -> None:
+        if self.shape not in SHAPES:
+            raise ValueError(f"{method} shape={self.shape!r} is invalid: allowed one of {SHAPES}")
+        check_at_least(method, self, ("num_drafts", "draft_len", "max_nodes"))
+
+
+_CACHE: "OrderedDict[tuple[str, str, str], Any]" = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+
+
+def open_datastore(path: str | Path, lm: Any) -> Any:
+    """The datastore at ``path`` for ``lm`` (cached: the 2 most recently used stay open)."""
+    from nest_integrations.dresd.datastore import DresdDatastore
+
+    root = Path(path)
+    current = root / "CURRENT"
+    version = current.read_text().strip() if current.exists() else ""
+    key = (str(root.resolve()), version, lm.fingerprint)
+    with _CACHE_LOCK:
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+            return _CACHE[key]
+    ds = DresdDatastore.open(root, lm)
+    with _CACHE_LOCK:
+        _CACHE[key] = ds
+        while len(_CACHE) > 2:
+            _CACHE.popitem(last=False)
+    return ds
+
+
+def default_datastore_for(ctx: DrafterContext) -> Path:
+    """``<persist dir>/dresd/<collection>`` of the engine's Chroma retriever (``nest`` in the
+    default persist dir otherwise)."""
+    from nest_integrations.dresd.datastore import default_datastore_path
+
+    retriever = getattr(ctx.engine, "retriever", None)
+    collection = getattr(retriever, "collection_name", None) or "nest"
+    persist = getattr(retriever, "persist_dir", None)
+    return default_datastore_path(collection, persist)
+
+
+def datastore_of(ctx: DrafterContext, options: CorpusOptions) -> Any:
+    """The open datastore ``options`` name (or the engine's default one)."""
+    return open_datastore(options.datastore or default_datastore_for(ctx), ctx.lm)
+
+
+def trie(
+    cands: list[tuple[int, list[int]]], max_nodes: int
+) -> tuple[list[int], list[int], list[int]]:
+    """Merge drafts on shared prefixes: node tokens, parents (topological) and the corpus row
+    of each node (from the first, i.e. best, draft that supplies it)."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    rows: list[int] = []
+    child: dict[tuple[int, int], int] = {}
+    for g, seq in cands:
+        parent = -1
+        for i, t in enumerate(seq):
+            node = child.get((parent, t))
+            if node is None:
+                if len(tokens) >= max_nodes:
+                    break
+                node = len(tokens)
+                child[(parent, t)] = node
+                tokens.append(t)
+                parents.append(parent)
+                rows.append(g + 1 + i)
+            parent = node
+    return tokens, parents, rows
+
+
+def corpus_draft(
+    state: DecodeState, cands: list, datastore: Any, registered: dict, options: CorpusOptions
+) -> Draft | None:
+    """The draft of corpus candidates ``(row before the draft, tokens)``, best first: only the
+    best one as a chain (``shape="chain"``, or when sampling), else all merged into a token
+    tree. Each token is sourced to its corpus position; passages are registered with the
+    generation once (``registered`` maps datastore passage -> generation passage index)."""
+    if options.shape == "chain" or state.generator is not None:  # sampling: one chain
+        cands = cands[:1]
+    if not cands:
+        return None
+    tokens, parents, rows = trie(cands, options.max_nodes)
+    state.stats.draft_candidates += len(cands)
+    sources: list[Source] = []
+    for r in rows:
+        p = datastore.passage_of(r)
+        if p not in registered:  # the drafter lives for one generation
+            registered[p] = state.add_passage(datastore.passage(p), datastore.passage_offsets(p))
+        sources.append((registered[p], r - int(datastore.bounds[p])))
+    tree = any(p != i - 1 for i, p in enumerate(parents))
+    return Draft(tokens, sources, parents=parents if tree else None)
+
+
+__all__ = [
+    "AdaptiveLength",
+    "CorpusOptions",
+    "NgramOptions",
+    "SHAPES",
+    "adapt_length",
+    "corpus_draft",
+    "cut_at_eos",
+    "datastore_of",
+    "default_datastore_for",
+    "find_ngram",
+    "open_datastore",
+    "parse_options",
+    "trie",
+]

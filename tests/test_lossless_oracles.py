@@ -1,0 +1,538 @@
+"""Lossless oracles: every lossless decoding method equals Hugging Face ``generate``.
+
+The reference is ``model.generate(input_ids, do_sample=False, max_new_tokens=N)`` on the same
+model, the same dtype and the same prompt ids, built here from the tokenizer and the RA
+templates (never by the code under test). For ``greedy``, ``prompt-lookup``, ``rag-copy``,
+``rest`` (chain and tree), ``dresd`` (chain and tree) and ``knn-ssd``:
+
+- quick (tiny random Llamas): token-for-token equality with drafts built to be partly wrong
+  (some tokens of the draft sources are altered), so that the stats show drafts both accepted
+  and rejected for every drafting method;
+- mutation: with the loop's verification broken to accept one wrong token, the same oracle
+  fails for every drafting method (``greedy`` has no drafts, hence nothing to break);
+- slow (SmolLM2-135M-Instruct): 6 prompts x 48 tokens per method.
+
+Also here: a chi-square test of KNN-SSD sampling (its draft distribution q is not one-hot)
+against exact enumeration, which a broken residual rule fails, and an engine-level test that
+``confidence_guard`` overrules the mixture in ``Verifier.pick``.
+
+How each method's drafts are made partly wrong on the tiny models:
+
+- ``rest`` / ``dresd``: a datastore of the model's own greedy answers (from HF ``generate``)
+  with keys from the same prompts, stored twice with every 5th token altered at two different
+  phases (drafts run until an altered token; the two copies fork into token trees);
+- ``knn-ssd``: an explicit partial skip set (attention of layer 1) on the tiny Llama;
+- ``prompt-lookup`` / ``rag-copy``: a random model's next token depends on its whole context,
+  so its answer never appears in a prompt it was not given. They run on a second tiny Llama whose
+  attention outputs are zero (``o_proj = 0``): the next token depends on the current token only,
+  so the answer to ``Q`` is also the answer to ``altered_answer + Q`` (prompt-lookup) and to
+  ``Background: altered_answer ... Q`` (rag-copy). They also run on the ordinary tiny Llama
+  (context-dependent, drafts mostly rejected) and on SmolLM2 in the slow set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from nest_integrations.config import NestConfig
+from nest_integrations.dresd import SourceBatch, build_datastore
+from nest_integrations.dresd.responses import keys_in_context
+from nest_integrations.engine import NestEngine
+from nest_integrations.index.in_memory_store import InMemoryKeyStore
+from nest_integrations.lm.hf import HFLanguageModel
+from nest_integrations.lm.layer_skip import SkipSet
+from nest_integrations.prompts import RA_CHAT_TEMPLATE, RA_TEXT_TEMPLATE
+from nest_integrations.types import Passage
+from tests.fakes import FakeLM
+from tests.invariants import chi2_pvalue, hf_greedy
+
+#: Every lossless method of the README and its label here (a method can run in two shapes).
+LOSSLESS = ("greedy", "prompt-lookup", "rag-copy", "rest", "rest-tree", "dresd", "dresd-tree",
+            "knn-ssd")  # fmt: skip
+DRAFTING = tuple(m for m in LOSSLESS if m != "greedy")
+
+
+# ------------------------------------------------------------------ the one place that knows
+# how the loop verifies (patched by the mutation tests; adapt here if the loop is refactored)
+
+
+def break_verification(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the loop's exact verification accept ONE wrong draft token per rejected draft:
+    the strict acceptance count of a chain returns ``m + 1`` when ``m < len(draft)``, and a
+    token-tree verification takes the first child of the last accepted node although it is not
+    the target's argmax (feeding it so the KV cache stays consistent)."""
+    from nest_integrations import loop as loop_module
+
+    real_count = loop_module.strict_accept_count
+
+    def one_more(p: torch.Tensor, draft: torch.Tensor) -> int:
+        m = real_count(p, draft)
+        return m + 1 if m < int(draft.numel()) else m
+
+    real_tree = loop_module.DecodeLoop._verify_tree
+
+    def tree_one_more(self: Any, pending: int, draft: Any, before: int) -> tuple:
+        path, c, hidden = real_tree(self, pending, draft, before)
+        last = path[-1] if path else -1
+        wrong = next((i for i, par in enumerate(draft.parents) if par == last), None)
+        if wrong is None:  # the whole path was accepted: nothing wrong to take
+            return path, c, hidden
+        logits, keys = self.lm.forward([draft.tokens[wrong]], self.cache)
+        return path + [wrong], int(logits[-1].argmax()), keys[-1]
+
+    monkeypatch.setattr(loop_module, "strict_accept_count", one_more)
+    monkeypatch.setattr(loop_module.DecodeLoop, "_verify_tree", tree_one_more)
+
+
+def break_residual(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Speculative sampling with the right acceptance test (``min(1, p/q)``) but a wrong
+    residual: after a rejection the next token is drawn from ``p`` instead of
+    ``norm(max(0, p - q))``."""
+    from nest_integrations import loop as loop_module
+
+    def wrong_residual(p, draft, q, generator):
+        n = int(draft.numel())
+        idx = torch.arange(n)
+        p_x = p[idx, draft].double()
+        q_x = q[idx, draft].double() if q is not None else torch.ones_like(p_x)
+        u = torch.rand(n, generator=generator, dtype=torch.float64)
+        ok = u < (p_x / q_x.clamp_min(1e-30)).clamp(max=1.0)
+        m = int((~ok).nonzero()[0, 0]) if bool((~ok).any()) else n
+        return m, int(torch.multinomial(p[m].float(), 1, generator=generator))  # not residual
+
+    monkeypatch.setattr(loop_module, "speculative_sampling", wrong_residual)
+
+
+# ------------------------------------------------------------------ prompts, built independently
+
+
+def chat_ids(lm: Any, question: str, ra: list[Passage] = ()) -> list[int]:
+    """Prompt ids of one user message (RA passages in the message), from the HF tokenizer."""
+    tok = lm.tokenizer
+    content = question
+    if ra:
+        content = RA_CHAT_TEMPLATE.format(context="\n\n".join(p.text for p in ra),
+                                          question=question)
+    text = tok.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                   add_generation_prompt=True)
+    return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def text_ids(lm: Any, prompt: str, ra: list[Passage] = ()) -> list[int]:
+    """Prompt ids of a string completed as raw text (RA passages before it), from the HF
+    tokenizer with its default special tokens (SmolLM2's adds none)."""
+    text = prompt
+    if ra:
+        text = RA_TEXT_TEMPLATE.format(context="\n\n".join(p.text for p in ra), prompt=prompt)
+    return list(lm.tokenizer(text)["input_ids"])
+
+
+def alter(tokens: list[int], vocab: int, phase: int, every: int = 5) -> list[int]:
+    """``tokens`` with every ``every``-th token (from ``phase``) replaced by another id."""
+    out = list(tokens)
+    for i in range(phase, len(out), every):
+        out[i] = (out[i] + 1) % vocab
+    return out
+
+
+@dataclass
+class Case:
+    """One generation of one method and the exact prompt ids the reference decodes from."""
+
+    label: str  # a LOSSLESS label
+    prompt: Any  # a string or chat messages, as given to the engine
+    ids: list[int]
+    passages: list[Passage] = field(default_factory=list)
+    options: dict = field(default_factory=dict)
+
+    @property
+    def method(self) -> str:
+        return self.label.removesuffix("-tree")
+
+
+@dataclass
+class Outcome:
+    """Per label: prompts whose output differed from HF, and the summed draft stats."""
+
+    mismatches: dict[str, list[str]] = field(default_factory=dict)
+    drafted: Counter = field(default_factory=Counter)
+    accepted: Counter = field(default_factory=Counter)
+    steps: Counter = field(default_factory=Counter)
+
+
+def run_oracle(engine: NestEngine, cases: list[Case], n: int, refs: dict) -> Outcome:
+    """Generate every case and compare it token for token with its HF reference (``refs``
+    caches the reference per prompt ids: HF ``generate`` never runs the code under test)."""
+    out = Outcome()
+    for case in cases:
+        key = tuple(case.ids)
+        if key not in refs:
+            refs[key] = hf_greedy(engine.lm, case.ids, n)
+        res = engine.generate(case.prompt, max_new_tokens=n, decoding=case.method,
+                              passages=case.passages, drafter_options=case.options)
+        assert res.stats.prompt_tokens == len(case.ids), (case.label, case.prompt)
+        bad = out.mismatches.setdefault(case.label, [])
+        if res.token_ids != refs[key]:
+            bad.append(str(case.prompt)[:60])
+        out.drafted[case.label] += res.stats.drafted_tokens
+        out.accepted[case.label] += res.stats.accepted_tokens
+        out.steps[case.label] += res.stats.verify_steps
+    return out
+
+
+class AlteredAnswers:
+    """A DReSD/REST datastore source: the model's greedy answers to ``prompts`` (ids) with the
+    keys that produced them, each answer stored once per phase with ``alter`` applied."""
+
+    def __init__(self, lm: Any, prompts: list[list[int]], answers: list[list[int]],
+                 phases: tuple[int, ...] = (2, 4), every: int = 5) -> None:
+        self.lm, self.prompts, self.answers = lm, prompts, answers
+        self.phases, self.every = phases, every
+        self.n_batches = 1
+        self.spec = {"kind": "altered-answers", "answers": [len(a) for a in answers],
+                     "phases": list(phases), "every": every,
+                     "hash": hashlib.sha256(repr(answers).encode()).hexdigest()[:16]}
+
+    def batch(self, i: int) -> SourceBatch:
+        lm, b = self.lm, SourceBatch([], [], [], [])
+        for j, (ids, answer) in enumerate(zip(self.prompts, self.answers)):
+            keys = keys_in_context(lm, ids, answer)
+            for ph in self.phases:
+                tokens = alter(answer, lm.vocab_size, ph, self.every)
+                text = lm.detokenize(tokens)
+                ends = [min(len(text), len(lm.detokenize(tokens[: k + 1])))
+                        for k in range(len(tokens))]
+                ends = np.maximum.accumulate(ends)
+                ends[-1] = len(text)
+                offsets = np.stack([np.concatenate([[0], ends[:-1]]), ends], 1).astype(np.int32)
+                b.passages.append(Passage(f"answer-{j}-{ph}", text, doc_id=f"prompt-{j}"))
+                b.token_ids.append(np.asarray(tokens, np.int32))
+                b.offsets.append(offsets)
+                b.keys.append(keys)
+        return b
+
+
+def corpus_cases(lm: Any, questions: list[str], n: int, root: Any, knn_skip: SkipSet,
+                 knn_options: dict | None = None) -> list[Case]:
+    """greedy, rest, dresd (chain, tree) and knn-ssd cases on chat ``questions``; the
+    datastore holds the model's altered HF answers."""
+    ids = [chat_ids(lm, q) for q in questions]
+    answers = [hf_greedy(lm, i, n) for i in ids]
+    ds = build_datastore(lm, AlteredAnswers(lm, ids, answers), root)
+    store = {"datastore": str(ds.root)}
+    dresd = {**store, "min_score": -1.0}  # always draft: every step is verified
+    knn = {"skip": knn_skip.to_dict(), "threshold": 0.0, "max_draft": 6, **(knn_options or {})}
+    cases = []
+    for q, i in zip(questions, ids):
+        msgs = [{"role": "user", "content": q}]
+        cases += [
+            Case("greedy", msgs, i),
+            Case("rest", msgs, i, options={**store, "shape": "chain"}),
+            Case("rest-tree", msgs, i, options={**store, "shape": "tree"}),
+            Case("dresd", msgs, i, options={**dresd, "shape": "chain"}),
+            Case("dresd-tree", msgs, i, options={**dresd, "shape": "tree"}),
+            Case("knn-ssd", msgs, i, options=knn),
+        ]
+    return cases
+
+
+def copy_cases(lm: Any, prompts: list[str], n: int, chat: bool) -> list[Case]:
+    """prompt-lookup and rag-copy cases whose context holds the model's altered answer."""
+    cases = []
+    for k, q in enumerate(prompts):
+        ids_of = chat_ids if chat else text_ids
+        answer = hf_greedy(lm, ids_of(lm, q), n)
+        seen = lm.detokenize(alter(answer, lm.vocab_size, 2))
+        q2 = f"{seen}\n{q}"  # the altered answer, then the same prompt
+        passage = Passage(f"answer-{k}", seen, doc_id=f"d{k}")
+        prompt = [{"role": "user", "content": q}] if chat else q
+        prompt2 = [{"role": "user", "content": q2}] if chat else q2
+        cases += [
+            Case("prompt-lookup", prompt2, ids_of(lm, q2)),
+            Case("rag-copy", prompt, ids_of(lm, q, [passage]), passages=[passage]),
+        ]
+    return cases
+
+
+def assert_partial(outcome: Outcome, labels: tuple[str, ...]) -> None:
+    """Every label's drafts were verified for real: some accepted, some rejected."""
+    for label in labels:
+        drafted, accepted = outcome.drafted[label], outcome.accepted[label]
+        assert 0 < accepted < drafted, (label, accepted, drafted)
+
+
+# ------------------------------------------------------------------ quick: tiny random Llamas
+
+N_TINY = 32
+QUESTIONS = ["Name three colours.", "What is a list in Python?", "Describe the sea.",
+             "Who was Julius Caesar?"]  # fmt: skip
+COMPLETIONS = ["The Roman Empire was", "def add(a, b):", "Photosynthesis converts light",
+               "Paris is the capital"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def markov_lm(tmp_path_factory):
+    """A tiny random Llama with zero attention outputs: its next token depends only on the
+    current token, so its answer can be planted in a context (loaded from disk like any
+    checkpoint)."""
+    from tests._tiny import smollm2_tokenizer, tiny_llama
+
+    model = tiny_llama(seed=0)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+    folder = tmp_path_factory.mktemp("markov-llama")
+    model.save_pretrained(folder)
+    smollm2_tokenizer().save_pretrained(folder)
+    return HFLanguageModel.from_pretrained(str(folder))
+
+
+@pytest.fixture(scope="module")
+def tiny_cases(tiny_lm, markov_lm, tmp_path_factory):
+    """(engine, cases, HF reference cache) per model, every lossless label covered."""
+    root = tmp_path_factory.mktemp("oracle-ds") / "ds"
+    partial = SkipSet.from_lists(len(tiny_lm.model.model.layers), [1], [])
+    on_tiny = corpus_cases(tiny_lm, QUESTIONS, N_TINY, root, partial)
+    on_tiny += copy_cases(tiny_lm, QUESTIONS[:2], N_TINY, chat=True)
+    on_markov = copy_cases(markov_lm, COMPLETIONS, N_TINY, chat=False)
+    return [
+        (NestEngine(tiny_lm, None, InMemoryKeyStore(), NestConfig()), on_tiny, {}),
+        (NestEngine(markov_lm, None, InMemoryKeyStore(), NestConfig()), on_markov, {}),
+    ]
+
+
+def _run_all(tiny_cases, labels=LOSSLESS) -> Outcome:
+    total = Outcome()
+    for engine, cases, refs in tiny_cases:
+        out = run_oracle(engine, [c for c in cases if c.label in labels], N_TINY, refs)
+        for label, bad in out.mismatches.items():
+            total.mismatches.setdefault(label, []).extend(bad)
+        total.drafted.update(out.drafted)
+        total.accepted.update(out.accepted)
+        total.steps.update(out.steps)
+    return total
+
+
+def test_every_lossless_method_equals_hf_generate_on_tiny_models(tiny_cases, monkeypatch):
+    """Token-for-token equality with HF greedy ``generate`` for every lossless method, with
+    drafts partly accepted and partly rejected for every drafting method; tree labels really
+    verified token trees and chain labels never did."""
+    from nest_integrations.lm.hf import HFLanguageModel as HF
+
+    trees = Counter()
+    real_tree = HF.forward_tree
+
+    def counting_tree(self, *a, **kw):
+        trees[current[0]] += 1
+        return real_tree(self, *a, **kw)
+
+    monkeypatch.setattr(HF, "forward_tree", counting_tree)
+    current = [""]
+    total = Outcome()
+    for label in LOSSLESS:
+        current[0] = label
+        out = _run_all(tiny_cases, (label,))
+        total.mismatches.update(out.mismatches)
+        total.drafted.update(out.drafted)
+        total.accepted.update(out.accepted)
+    assert set(total.mismatches) == set(LOSSLESS)
+    assert {k: v for k, v in total.mismatches.items() if v} == {}
+    assert total.drafted["greedy"] == 0
+    assert_partial(total, DRAFTING)
+    assert trees["rest-tree"] > 0 and trees["dresd-tree"] > 0, trees
+    assert not any(trees[m] for m in ("prompt-lookup", "rag-copy", "rest", "dresd", "knn-ssd"))
+
+
+@pytest.mark.parametrize("label", DRAFTING)
+def test_the_oracle_fails_when_verification_accepts_one_wrong_token(tiny_cases, monkeypatch,
+                                                                    label):
+    """Mutation proof: with the loop accepting one wrong token per rejected draft, the output
+    of every drafting method differs from HF generate (the oracle above can fail)."""
+    break_verification(monkeypatch)
+    out = _run_all(tiny_cases, (label,))
+    assert out.steps[label] > 0
+    assert out.mismatches[label], f"{label}: a broken verification still matched HF generate"
+
+
+# ------------------------------------------------------------------ slow: SmolLM2-135M-Instruct
+
+N_REAL = 48
+ASSERT_TEXT = (
+    "The assert statement is a convenient way to insert debugging assertions into a program. "
+    "The simple form, assert expression, is equivalent to: if __debug__: if not expression: "
+    "raise AssertionError."
+)
+PARIS_TEXT = (
+    "Paris is the capital and most populous city of France. With an estimated population of "
+    "2,102,650 residents in January 2023 in an area of more than 105 km2, Paris is the "
+    "fourth-most populous city in the European Union."
+)
+REAL_QUESTIONS = [
+    "What does the assert statement do in Python?",
+    "What is the capital of France?",
+    "Write a Python function that reverses a string.",
+    "List the days of the week.",
+    "Explain photosynthesis in one paragraph.",
+    "Count from 1 to 20, separated by commas.",
+]
+RAG_PASSAGES = [
+    [Passage("assert", ASSERT_TEXT, doc_id="python-docs")],
+    [Passage("paris", PARIS_TEXT, doc_id="wiki-paris")],
+    [Passage("reverse", "To reverse a string in Python, use slicing: s[::-1] returns the "
+             "string reversed. For example, 'hello'[::-1] is 'olleh'.", doc_id="howto")],
+    [Passage("days", "The days of the week are Monday, Tuesday, Wednesday, Thursday, Friday, "
+             "Saturday and Sunday.", doc_id="calendar")],
+    [Passage("photo", "Photosynthesis is the process by which green plants use sunlight, "
+             "water and carbon dioxide to make glucose and release oxygen.", doc_id="bio")],
+    [Passage("count", "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20",
+             doc_id="numbers")],
+]
+
+
+@pytest.mark.slow
+def test_every_lossless_method_equals_hf_generate_on_smollm2(default_lm, tmp_path):
+    """The real model: 6 prompts x 48 tokens, every lossless method, token for token."""
+    lm = default_lm
+    n_layers = len(lm.model.model.layers)
+    skip = SkipSet.from_lists(n_layers, range(6, n_layers - 4, 2), range(9, n_layers - 4, 4))
+    cases = corpus_cases(lm, REAL_QUESTIONS, N_REAL, tmp_path / "ds", skip,
+                         {"threshold": 0.6})
+    for q, passages in zip(REAL_QUESTIONS, RAG_PASSAGES):
+        msgs = [{"role": "user", "content": q}]
+        cases += [Case("prompt-lookup", msgs, chat_ids(lm, q)),
+                  Case("rag-copy", msgs, chat_ids(lm, q, passages), passages=passages)]
+    out = run_oracle(NestEngine(lm, None, InMemoryKeyStore(), NestConfig()), cases, N_REAL, {})
+    assert set(out.mismatches) == set(LOSSLESS)
+    assert {k: v for k, v in out.mismatches.items() if v} == {}
+    for label in DRAFTING:  # every method drafted and had drafts accepted
+        assert out.accepted[label] > 0, (label, out.drafted[label])
+    assert_partial(out, ("rest", "dresd", "knn-ssd"))
+
+
+# ------------------------------------------------------------------ KNN-SSD sampling (q not one-hot)
+
+V_SMALL = 6  # three tokens of a 6-token vocabulary: 216 cells, enumerated exactly
+TEMPERATURE = 1.3
+SKIP_SMALL = SkipSet.from_lists(2, [0], [])  # skip layer 0 attention: ~60% of drafts accepted
+
+
+class _IdsLM(HFLanguageModel):
+    """A tiny Llama with a 6-token vocabulary; a prompt string is its token ids ("3 1 4")."""
+
+    def tokenize(self, text: str) -> list[int]:
+        return [int(t) for t in text.split()]
+
+
+@pytest.fixture(scope="module")
+def small_vocab_lm():
+    from tests._tiny import smollm2_tokenizer, tiny_llama
+
+    lm = _IdsLM(tiny_llama(seed=0, vocab_size=V_SMALL), smollm2_tokenizer(), name="tiny-v6")
+    lm.eos_token_ids = frozenset({99})  # no end token in the vocabulary: always 3 tokens
+    return lm
+
+
+def _exact_three_tokens(lm: Any, prompt: list[int]) -> dict:
+    """Exact probability of every 3-token output under temperature sampling of the full model
+    (straight from the HF model's logits)."""
+    probs = {(): 1.0}
+    for _ in range(3):
+        nxt = {}
+        for seq, pr in probs.items():
+            with torch.no_grad():
+                logits = lm.model(torch.tensor([prompt + list(seq)])).logits[0, -1].double()
+            p = torch.softmax(logits / TEMPERATURE, -1)
+            for t in range(V_SMALL):
+                nxt[seq + (t,)] = pr * float(p[t])
+        probs = nxt
+    return probs
+
+
+def _knn_ssd_samples(lm: Any, n: int, skip: SkipSet = SKIP_SMALL) -> tuple[Counter, int, int]:
+    """``n`` seeded 3-token KNN-SSD samples: the first token from the prefill, the next two
+    drafted by the layer-skip model (sampled, with their q) and verified."""
+    cfg = NestConfig(temperature=TEMPERATURE)
+    engine = NestEngine(lm, None, InMemoryKeyStore(), cfg, decoding="knn-ssd",
+                        drafter_options={"skip": skip.to_dict(), "threshold": 0.0,
+                                         "max_draft": 2})
+    counts: Counter = Counter()
+    accepted = drafted = 0
+    for i in range(n):
+        res = engine.generate("3 1 4", max_new_tokens=3, config=cfg.replace(seed=i))
+        counts[tuple(res.token_ids)] += 1
+        accepted += res.stats.accepted_tokens
+        drafted += res.stats.drafted_tokens
+    return counts, accepted, drafted
+
+
+N_DRAWS = 1200
+
+
+def test_knn_ssd_sampling_matches_exact_enumeration(small_vocab_lm, monkeypatch):
+    """KNN-SSD sampling: the first three tokens (two drafted with a non-one-hot q) follow the
+    exact temperature-sampling distribution of the full model (chi-square), and the drafts
+    are partly accepted."""
+    from nest_integrations import loop as loop_module
+
+    real = loop_module.speculative_sampling
+    with_q = []
+
+    def spy(p, draft, q, generator):
+        with_q.append(q is not None and int(draft.numel()) > 0 and float(q.max()) < 1.0)
+        return real(p, draft, q, generator)
+
+    monkeypatch.setattr(loop_module, "speculative_sampling", spy)
+    counts, accepted, drafted = _knn_ssd_samples(small_vocab_lm, N_DRAWS)
+    probs = _exact_three_tokens(small_vocab_lm, [3, 1, 4])
+    assert sum(with_q) >= N_DRAWS  # every draft came with its non-one-hot q
+    assert 0 < accepted < drafted
+    assert chi2_pvalue(counts, probs, N_DRAWS) > 1e-3
+
+
+def test_a_broken_residual_fails_the_knn_ssd_chi_square(small_vocab_lm, monkeypatch):
+    """Drawing from p instead of norm(max(0, p - q)) after a rejection biases the output: the
+    same chi-square test rejects it."""
+    break_residual(monkeypatch)
+    counts, _, _ = _knn_ssd_samples(small_vocab_lm, N_DRAWS)
+    probs = _exact_three_tokens(small_vocab_lm, [3, 1, 4])
+    assert chi2_pvalue(counts, probs, N_DRAWS) < 1e-3
+
+
+# ------------------------------------------------------------------ confidence_guard in pick
+
+
+class _ConfidentLM(FakeLM):
+    """FakeLM whose own top token is always ``token`` with almost all the mass."""
+
+    token = 0
+
+    def forward(self, ids, cache, *, last=None):
+        logits, keys = super().forward(ids, cache, last=last)
+        logits[:, self.token] = logits.max() + 20.0
+        return logits, keys
+
+
+def test_confidence_guard_lets_a_confident_lm_overrule_the_mixture():
+    """NEST with p_M ~ p_kNN (lambda ~ 0) copies the passage; with ``confidence_guard`` the
+    LM's confident token wins every pick (``Verifier.pick``) and nothing is copied."""
+    lm = _ConfidentLM(key_dim=8, vocab_size=64, seed=1)
+    sure = lm.tokenize(" omega")[0]
+    lm.token = sure
+    text = "alpha beta gamma delta epsilon zeta eta theta"
+    passages = [Passage("a", text, doc_id="a", char_start=0, char_end=len(text))]
+    engine = NestEngine(lm, None, InMemoryKeyStore(), NestConfig())
+    base = NestConfig(rrc_offset=10.0)  # lambda ~ 0: the mixture follows the passage
+    paper = engine.generate(" alpha", max_new_tokens=6, passages=passages, config=base)
+    guarded = engine.generate(" alpha", max_new_tokens=6, passages=passages,
+                              config=base.replace(confidence_guard=0.9))
+    assert paper.stats.attributed_tokens > 0 and sure not in paper.token_ids
+    assert guarded.token_ids == [sure] * 6
+    assert guarded.stats.attributed_tokens == 0
+    assert guarded.stats.verify_steps == 0  # decided by pick, not by the acceptance veto
