@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-pytest.importorskip("faiss")
+import faiss  # noqa: E402,F401  (a required dependency: imported, so a broken install fails)
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("langchain_core")
-pytest.importorskip("llama_index.core")
+import langchain_core  # noqa: F401  (required dependencies: imported, never skipped)
+import llama_index.core  # noqa: F401
 
 from nest_integrations import output  # noqa: E402
 from nest_integrations.integrations import _common  # noqa: E402
