@@ -72,7 +72,8 @@ class KillAt:
 def run_child(script: str, kill: KillAt | None = None, timeout: float = 300, **env: str) -> None:
     """Run ``script`` in a fresh interpreter; with ``kill``, assert it died of SIGKILL (so the
     kill point was reached), else that it exited 0."""
-    child_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    child_env = {**os.environ, "PYTHONPATH": path, **env}
     child_env.pop("CRASH_AT", None)
     if kill is not None:
         child_env["CRASH_AT"] = json.dumps(asdict(kill))
