@@ -30,19 +30,8 @@ from nest_integrations.index.store import DiskKeyStore, ensure_keys
 from nest_integrations.retrieval.in_memory import InMemoryRetriever
 from nest_integrations.types import Passage
 from tests._crash import KillAt, run_child
+from tests.test_dresd import TEXTS, CountingSource  # ten one-sentence passages
 
-TEXTS = [
-    "The Roman Empire was the post-Republican state of ancient Rome.",
-    "Python is a high-level, general-purpose programming language.",
-    "The assert statement is a convenient way to insert debugging assertions into a program.",
-    "A generator function returns an iterator that yields values one at a time.",
-    "Paris is the capital and most populous city of France.",
-    "The mitochondrion is an organelle found in the cells of most eukaryotes.",
-    "The for statement is used to iterate over the elements of a sequence.",
-    "Mount Everest is Earth's highest mountain above sea level.",
-    "The lambda expression creates an anonymous function in Python.",
-    "Photosynthesis converts light energy into chemical energy in plants.",
-]
 PASSAGES = [Passage(id=f"p{i}", text=t, doc_id=f"d{i}") for i, t in enumerate(TEXTS)]
 #: Longer passages (each holds all ten texts): enough tokens to train an int8 codec.
 LONG = [Passage(id=f"long{i}", text=" ".join(TEXTS[i:] + TEXTS[:i]), doc_id=f"long{i}")
@@ -78,16 +67,6 @@ DRESD_BUILD = """
 from nest_integrations.dresd import PassageSource, build_datastore
 build_datastore(lm, PassageSource(PASSAGES, lm, batch_size=3), root)
 """
-
-
-class CountingSource(PassageSource):
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.calls: list[int] = []
-
-    def batch(self, i):
-        self.calls.append(i)
-        return super().batch(i)
 
 
 @pytest.fixture(scope="module")
