@@ -25,8 +25,10 @@ import pytest
 from nest_integrations.dresd import DatastoreError, DresdDatastore, PassageSource, build_datastore
 from nest_integrations.engine import NestEngine
 from nest_integrations.index.in_memory_store import InMemoryKeyStore
-from nest_integrations.index.lazy_cache import LazyKeyCache, configure_lazy
-from nest_integrations.index.store import DiskKeyStore, ensure_keys
+from nest_integrations.index.keys import ensure_keys
+from nest_integrations.index.lazy_cache import LazyKeyCache
+from nest_integrations.index.lazy_mode import configure_lazy
+from nest_integrations.index.store import DiskKeyStore
 from nest_integrations.retrieval.in_memory import InMemoryRetriever
 from nest_integrations.types import Passage
 from tests._crash import KillAt, run_child
@@ -132,9 +134,8 @@ def test_dresd_rebuild_killed_keeps_the_old_version_live(tiny_lm, tiny_lm_path, 
 
 
 LAZY_FILL = """
-from nest_integrations.index.in_memory_store import InMemoryKeyStore
+from nest_integrations.index.keys import ensure_keys
 from nest_integrations.index.lazy_cache import LazyKeyCache
-from nest_integrations.index.store import ensure_keys
 cache = LazyKeyCache.open(root, lm)
 for i in range(0, len(PASSAGES), 4):  # three queries' worth of passages, one put each
     ensure_keys(cache, lm, PASSAGES[i : i + 4], batch_size=2)
@@ -206,7 +207,8 @@ def test_lazy_cache_fill_killed_then_reopened_gives_identical_answers(
 
 
 STORE_FILL = """
-from nest_integrations.index.store import DiskKeyStore, ensure_keys
+from nest_integrations.index.keys import ensure_keys
+from nest_integrations.index.store import DiskKeyStore
 store = DiskKeyStore.open(root, lm, codec=os.environ.get("CODEC") or None,
                           allow_new_namespace=bool(os.environ.get("CODEC")))
 ensure_keys(store, lm, (LONG if os.environ.get("CODEC") else PASSAGES), batch_size=2)
