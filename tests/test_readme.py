@@ -367,7 +367,10 @@ def test_dresd_ask_through_the_cli(work: Workdir, preset: str) -> None:
                            "--json", "--max-new-tokens", "48"))
     assert got["token_ids"] == ref["token_ids"]  # lossless
     verbatim = [c for c in got["citations"] if c["kind"] == "verbatim"]
-    assert verbatim, got["citations"]
+    # grounded (3 passages in the prompt) copies the lead's wording; paper's chat answer (no
+    # passages in the prompt) need not, so there the completion test below forces a copy
+    assert verbatim or preset == "paper", got["citations"]
+    assert len(verbatim) == len(got["citations"])
     passages = {p["id"]: p for p in got["passages"]}
     for c in verbatim:
         assert got["text"][c["start"] : c["end"]] == c["text"]
@@ -383,10 +386,15 @@ def test_dresd_from_defaults_default_preset_and_paper(work: Workdir) -> None:
     script.write_text(f'''
 from nest_integrations import NestEngine
 messages = [{{"role": "user", "content": "{QUESTION}"}}]
-for config in (None, "paper"):
+# paper puts no passage in the prompt: a completion that repeats the lead's first words goes on
+# with the lead verbatim, so drafts come from a retrieved passage (the case that crashed)
+lead = ("Belly dance is a Middle Eastern dance It features movements of the hips and torso. "
+        "A Western-coined exonym, it is also referred to as Middle Eastern dance or Arabic "
+        "dance.\\n\\nBelly dance is a Middle Eastern dance It features")
+for config, prompt in ((None, messages), ("paper", lead)):
     engine = NestEngine.from_defaults(collection="nest", config=config)
-    res = engine.generate(messages, decoding="dresd", max_new_tokens=48)
-    ref = engine.generate(messages, decoding="greedy", max_new_tokens=48)
+    res = engine.generate(prompt, decoding="dresd", max_new_tokens=32)
+    ref = engine.generate(prompt, decoding="greedy", max_new_tokens=32)
     assert res.token_ids == ref.token_ids, (config, res.text, ref.text)
     cites = [c for c in res.citations if c.kind == "verbatim"]
     assert cites, (config, res.text)
