@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from nest_integrations.dresd import DatastoreError, DresdDatastore, PassageSource, build_datastore
+from nest_integrations.config import NestConfig
 from nest_integrations.engine import NestEngine
 from nest_integrations.index.in_memory_store import InMemoryKeyStore
 from nest_integrations.index.keys import ensure_keys
@@ -145,7 +146,7 @@ QUESTIONS = ["What is the Roman Empire?", "What does the assert statement do?",
 
 
 def _answers(lm, cache) -> list[tuple]:
-    engine = NestEngine(lm, InMemoryRetriever(PASSAGES), cache)
+    engine = NestEngine(lm, InMemoryRetriever(PASSAGES), cache, NestConfig())
     out = []
     for q in QUESTIONS:
         r = engine.generate(q, max_new_tokens=12)

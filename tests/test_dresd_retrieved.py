@@ -19,6 +19,7 @@ from nest_integrations.assembly import DEFAULT_PRESET
 from nest_integrations.config import NestConfig
 from nest_integrations.dresd import PassageSource, build_datastore
 from nest_integrations.engine import NestEngine
+from nest_integrations.index.in_memory_store import InMemoryKeyStore
 from nest_integrations.types import Passage
 
 TEXTS = [
@@ -33,7 +34,7 @@ N = 16
 @pytest.mark.parametrize("preset", [DEFAULT_PRESET, "paper"])
 def test_dresd_cites_a_retrieved_passage_exactly(tiny_lm, tmp_path, preset):
     cfg = NestConfig.from_preset(preset).replace(temperature=0.0)
-    engine = NestEngine(tiny_lm, None, config=cfg)
+    engine = NestEngine(tiny_lm, None, InMemoryKeyStore(), cfg)
     top = [Passage(id=f"p{i}", text=t, doc_id=f"d{i}") for i, t in enumerate(TEXTS)]
     ref = engine.generate(MESSAGES, passages=top, decoding="greedy", max_new_tokens=N)
     assert len(ref.token_ids) >= 8, ref.text

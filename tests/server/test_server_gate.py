@@ -22,6 +22,7 @@ import httpx
 import pytest
 import uvicorn
 
+from nest_integrations.config import NestConfig
 from nest_integrations.engine import NestEngine
 from nest_integrations.index.in_memory_store import InMemoryKeyStore
 from nest_integrations.retrieval.in_memory import InMemoryRetriever
@@ -119,7 +120,8 @@ def chat(content: str = "What is belly dance?", **extra: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def server(tiny_lm) -> Any:
-    engine = HeldEngine(NestEngine(tiny_lm, InMemoryRetriever(PASSAGES), InMemoryKeyStore()))
+    engine = HeldEngine(NestEngine(tiny_lm, InMemoryRetriever(PASSAGES), InMemoryKeyStore(),
+                                   NestConfig()))
     settings = ServerSettings(api_key=KEY, max_queue=MAX_QUEUE, max_tokens_cap=CAP,
                               default_max_tokens=8, max_body_bytes=MAX_BODY)
     app = create_app(engine, settings)
