@@ -343,3 +343,42 @@ def test_incomplete_run_is_reported(monkeypatch, tmp_path, tiny_lm):
     monkeypatch.setattr(ray_keys, "_run", lambda *a, **k: 0)  # a run that wrote nothing
     with pytest.raises(ray_keys.RayKeysIncompleteError, match="2 of 3 passages"):
         encode_keys_on_ray(store, tiny_lm, ps)
+
+
+class _LossyStore:
+    """The real key store, except that the driver's merge loses one passage's keys on the way
+    in (as a dropped row would): the run itself is real."""
+
+    def __init__(self, store: DiskKeyStore, lose: str):
+        self.store, self.lose, self.lost = store, lose, 0
+
+    def put_keys(self, passages, keys):
+        kept = [(p, k) for p, k in zip(passages, keys) if p.text != self.lose]
+        self.lost += len(passages) - len(kept)
+        if kept:
+            self.store.put_keys([p for p, _ in kept], [k for _, k in kept])
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+@pytest.mark.slow
+def test_completeness_check_on_the_cluster_names_a_lost_passage(ray_cluster, tmp_path, tiny_lm):
+    """On the real cluster, a passage whose keys never reach the store fails the run with its
+    name; the re-run encodes exactly that passage and the store equals a single-process one."""
+    ps = [Passage(f"p{i}", f"Passage number {i} of the completeness check, on Ray.")
+          for i in range(6)]
+    store = DiskKeyStore.open(tmp_path / "keys", tiny_lm)
+    lossy = _LossyStore(store, ps[3].text)
+    with pytest.raises(ray_keys.RayKeysIncompleteError, match=r"1 of 6 passages .*'p3'"):
+        encode_keys_on_ray(lossy, tiny_lm, ps, address=ray_cluster, batch_size=2)
+    assert lossy.lost == 1
+    assert [k is None for k in store.get_keys(ps)] == [i == 3 for i in range(6)]
+    result = encode_keys_on_ray(store, tiny_lm, ps, address=ray_cluster, batch_size=2)
+    assert result.passages == 1 and result.encoded == 1  # only the lost one
+    ref = DiskKeyStore.open(tmp_path / "ref", tiny_lm)
+    ensure_keys(ref, tiny_lm, ps, batch_size=2)
+    assert_same_store(store, ref, ps)

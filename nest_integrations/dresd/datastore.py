@@ -274,10 +274,10 @@ def build_datastore(
     _write_json(vdir / "meta.json", meta)
     if callback:
         callback("index", 1, 1)
-    old = (root / "CURRENT").read_text().strip() if (root / "CURRENT").exists() else None
     _atomic_text(root / "CURRENT", version)
-    if old and old != version and (root / old).is_dir():
-        shutil.rmtree(root / old, ignore_errors=True)
+    for old in root.glob("v-*"):  # the previous version, and any a killed build left half-made
+        if old.name != version and old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
     shutil.rmtree(work, ignore_errors=True)
     LOG.info("built DReSD datastore %s: %d tokens, %d passages, %s index", root, n,
              len(passages), params["kind"])  # fmt: skip

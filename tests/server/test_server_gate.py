@@ -1,0 +1,372 @@
+"""``nest serve``'s gate, queue, 429 + ``Retry-After``, disconnects, caps, auth and 404s, fast.
+
+A real uvicorn server (on a socket bound to port 0 before it starts, so no port race) runs
+``create_app`` over a real ``NestEngine`` with the tiny random Llama, the in-memory retriever and
+key store. The engine is wrapped so that a generation can be held at a point the test chooses
+(before it starts, or after its first chunk) on a ``threading.Event``: every ordering below is
+forced by events, and waits poll a condition (the gate's counters) with a generous deadline that
+only turns a hang into a failure; nothing depends on how fast the machine is. The real-model
+versions are in ``test_server_api.py`` (slow set).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import httpx
+import pytest
+import uvicorn
+
+from nest_integrations.config import NestConfig
+from nest_integrations.decoding.engine import NestEngine
+from nest_integrations.index.in_memory_store import InMemoryKeyStore
+from nest_integrations.retrieval.in_memory import InMemoryRetriever
+from nest_integrations.server import ServerSettings, create_app
+
+KEY = "gate-key"
+MAX_QUEUE = 1  # 2 places: one running, one waiting
+MAX_BODY = 4096
+CAP = 32
+WAIT = 60.0  # a deadline for conditions that must become true (a hang fails, nothing else)
+PASSAGES = [
+    "Belly dance is a Middle Eastern dance that originated in Egypt.",
+    "The assert statement is a convenient way to insert debugging assertions into a program.",
+    "Paris is the capital and most populous city of France.",
+]
+
+
+@dataclass
+class Call:
+    """One generation the engine was asked for."""
+
+    prompt: Any
+    chunks: int = 0
+    finished: bool = False  # the engine's stream ran to its end
+    closed: bool = False  # the stream was closed (finished or cancelled)
+
+
+@dataclass
+class HeldEngine:
+    """The real engine; ``start`` / ``after_first`` (Events) hold a generation before it starts
+    / after its first chunk until the test sets them. ``None``: no hold."""
+
+    engine: Any
+    start: threading.Event | None = None
+    after_first: threading.Event | None = None
+    calls: list[Call] = field(default_factory=list)
+    lock: threading.Condition = field(default_factory=threading.Condition)
+
+    def __getattr__(self, name: str) -> Any:  # lm, retriever, decoding, ...
+        return getattr(self.engine, name)
+
+    def stream(self, prompt: Any, **kwargs: Any) -> Any:
+        call = Call(prompt)
+        start, after_first = self.start, self.after_first
+        with self.lock:
+            self.calls.append(call)
+            self.lock.notify_all()
+        try:
+            if start is not None:
+                assert start.wait(WAIT)
+            for chunk in self.engine.stream(prompt, **kwargs):
+                call.chunks += 1
+                yield chunk
+                if call.chunks == 1 and after_first is not None:
+                    assert after_first.wait(WAIT)
+            call.finished = True
+        finally:
+            call.closed = True
+
+
+@dataclass
+class Server:
+    url: str
+    app: Any
+    engine: HeldEngine
+
+    @property
+    def gate(self) -> Any:
+        return self.app.state.gate
+
+    def post(self, path: str, body: Any = None, *, key: str | None = KEY,
+             content: bytes | None = None, **kw: Any) -> httpx.Response:
+        headers = {"Content-Type": "application/json", **kw.pop("headers", {})}
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key}"
+        data = content if content is not None else json.dumps(body).encode()
+        return httpx.post(self.url + path, content=data, headers=headers, timeout=WAIT, **kw)
+
+    def get(self, path: str, key: str | None = KEY) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.get(self.url + path, headers=headers, timeout=WAIT)
+
+
+def until(cond: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for: {what}"
+        time.sleep(0.005)
+
+
+def chat(content: str = "What is belly dance?", **extra: Any) -> dict[str, Any]:
+    return {"model": "nest", "messages": [{"role": "user", "content": content}],
+            "max_tokens": 8, **extra}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_lm) -> Any:
+    engine = HeldEngine(NestEngine(tiny_lm, InMemoryRetriever(PASSAGES), InMemoryKeyStore(),
+                                   NestConfig()))
+    settings = ServerSettings(api_key=KEY, max_queue=MAX_QUEUE, max_tokens_cap=CAP,
+                              default_max_tokens=8, max_body_bytes=MAX_BODY)
+    app = create_app(engine, settings)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))  # held open and handed to uvicorn: nobody else can take it
+    port = sock.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    until(lambda: srv.started or not thread.is_alive(), "uvicorn started")
+    assert srv.started
+    try:
+        yield Server(f"http://127.0.0.1:{port}", app, engine)
+    finally:
+        srv.should_exit = True
+        thread.join(WAIT)
+        sock.close()
+
+
+@pytest.fixture
+def held(server: Server) -> Any:
+    """The server with holds cleared, idle, before and after the test."""
+    server.engine.start = server.engine.after_first = None
+    until(lambda: server.gate.pending == 0, "the gate is idle")
+    yield server
+    server.engine.start = server.engine.after_first = None
+    until(lambda: server.gate.pending == 0, "the gate is idle after the test")
+
+
+def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list]:
+    out: list = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except Exception as exc:  # noqa: BLE001 - checked by the test
+            out.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def _raw_stream(server: Server, body: dict[str, Any]) -> socket.socket:
+    """A streamed request on a raw socket (so the test can drop the connection); returns once
+    the headers are sent."""
+    data = json.dumps({**body, "stream": True}).encode()
+    port = int(server.url.rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data
+    )
+    return sock
+
+
+def _read_until(sock: socket.socket, needle: bytes) -> bytes:
+    got = b""
+    sock.settimeout(WAIT)
+    while needle not in got:
+        part = sock.recv(65536)
+        assert part, got
+        got += part
+    return got
+
+
+# ------------------------------------------------------------------------------ answers
+
+
+def test_tiny_engine_answers_non_streamed_and_streamed(held: Server) -> None:
+    r = held.post("/v1/chat/completions", chat())
+    assert r.status_code == 200, r.text
+    body = r.json()
+    text = body["choices"][0]["message"]["content"]
+    assert body["usage"]["completion_tokens"] == body["nest"]["stats"]["new_tokens"] >= 1
+    with httpx.stream("POST", held.url + "/v1/chat/completions", json=chat(stream=True),
+                      headers={"Authorization": f"Bearer {KEY}"}, timeout=WAIT) as s:
+        assert s.status_code == 200
+        events = [line[6:] for line in s.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    deltas = [json.loads(e)["choices"] for e in events[:-1]]
+    streamed = "".join(c[0]["delta"].get("content", "") for c in deltas if c)
+    assert streamed == text  # greedy: the same answer both ways
+
+
+# ------------------------------------------------------------------------------ queue
+
+
+def test_queue_is_fifo_and_full_queue_gets_429_with_retry_after(held: Server) -> None:
+    gate, eng = held.gate, held.engine
+    go = threading.Event()
+    eng.start = go
+    rejected_before, n_calls = gate.rejected, len(eng.calls)
+    first, out1 = _in_thread(lambda: held.post("/v1/chat/completions", chat("first question")))
+    with eng.lock:
+        assert eng.lock.wait_for(lambda: len(eng.calls) == n_calls + 1, WAIT)  # running, held
+    second, out2 = _in_thread(lambda: held.post("/v1/chat/completions", chat("second question")))
+    until(lambda: gate.pending == 2, "the second request is queued")
+    assert gate.status()["running"] == 1 and gate.status()["queued"] == 1
+    # Every place is taken: the next requests are refused at once, streamed or not.
+    for body in (chat("third"), chat("fourth", stream=True)):
+        r = held.post("/v1/chat/completions", body)
+        assert r.status_code == 429, r.text
+        assert r.headers["retry-after"].isdigit() and int(r.headers["retry-after"]) >= 1
+        err = r.json()["error"]
+        assert err["type"] == "rate_limit_error" and err["code"] == "rate_limit_exceeded"
+        assert "busy" in err["message"]
+    assert gate.rejected == rejected_before + 2
+    assert len(eng.calls) == n_calls + 1  # the queued one has not started; the 429s never ran
+    go.set()
+    first.join(WAIT)
+    second.join(WAIT)
+    assert [r.status_code for r in out1 + out2] == [200, 200], out1 + out2
+    prompts = [c.prompt[0]["content"] for c in eng.calls[n_calls:]]
+    assert prompts == ["first question", "second question"]  # FIFO
+    assert all(c.finished for c in eng.calls[n_calls:])
+    h = held.get("/health", key=None).json()
+    assert h["running"] == 0 and h["queued"] == 0 and h["rejected"] == rejected_before + 2
+
+
+def test_retry_after_is_the_expected_drain_time() -> None:
+    from nest_integrations.server.gate import ModelGate, QueueFull
+
+    gate = ModelGate(engine=None, max_queue=1)
+    try:
+        assert gate.retry_after() == 1  # nothing measured yet: 1 s
+        gate.served, gate.busy_s = 4, 10.0  # 2.5 s per generation
+        tickets = [gate.admit(), gate.admit()]
+        with pytest.raises(QueueFull, match="capacity 2"):
+            gate.admit()
+        assert gate.retry_after() == 5  # two generations ahead
+        for t in tickets:
+            t.release()
+            t.release()  # released exactly once
+        assert gate.pending == 0 and gate.retry_after() == 2  # at least one generation
+        gate.busy_s = 0.01
+        assert gate.retry_after() == 1  # never 0
+    finally:
+        gate.close()
+
+
+def test_client_gone_mid_stream_cancels_at_the_next_chunk_and_frees_the_model(
+    held: Server,
+) -> None:
+    gate, eng = held.gate, held.engine
+    release = threading.Event()
+    eng.after_first = release
+    cancelled, n_calls = gate.cancelled, len(eng.calls)
+    sock = _raw_stream(held, chat("Write a long story.", max_tokens=CAP))
+    _read_until(sock, b'"role": "assistant"')  # the stream has started
+    until(lambda: len(eng.calls) > n_calls and eng.calls[-1].chunks == 1,
+          "the first chunk was generated")
+    call = eng.calls[-1]
+    sock.close()  # what the kernel does when the client process dies
+    until(lambda: gate.cancelled == cancelled + 1, "the server noticed the disconnect")
+    assert not call.closed  # still held after its first chunk
+    release.set()  # the worker produces one more chunk, sees the cancel flag and stops
+    until(lambda: call.closed, "the cancelled generation stopped")
+    assert not call.finished and call.chunks == 2  # one chunk after the cancel, not 32 tokens
+    until(lambda: gate.pending == 0 and not gate.running, "the model is free")
+    # The next request runs at once (no 429, nothing left running).
+    r = held.post("/v1/chat/completions", chat())
+    assert r.status_code == 200, r.text
+    assert gate.status()["running"] == 0
+
+
+def test_client_gone_while_queued_gives_back_its_place(held: Server) -> None:
+    gate, eng = held.gate, held.engine
+    go = threading.Event()
+    eng.start = go
+    n_calls = len(eng.calls)
+    first, out = _in_thread(lambda: held.post("/v1/chat/completions", chat("running")))
+    until(lambda: len(eng.calls) == n_calls + 1, "the first request runs")
+    sock = _raw_stream(held, chat("queued, then gone"))
+    until(lambda: gate.pending == 2, "the streamed request is queued")
+    assert held.post("/v1/chat/completions", chat()).status_code == 429  # really full
+    sock.close()
+    until(lambda: gate.pending == 1, "the gone client's place was given back")
+    third, out3 = _in_thread(lambda: held.post("/v1/chat/completions", chat("third")))
+    until(lambda: gate.pending == 2, "a new request takes the freed place")
+    go.set()
+    first.join(WAIT)
+    third.join(WAIT)
+    assert [r.status_code for r in out + out3] == [200, 200], out + out3
+    prompts = [c.prompt[0]["content"] for c in eng.calls[n_calls:]]
+    assert prompts == ["running", "third"]  # the gone client's generation never started
+
+
+# ------------------------------------------------------------------------------ caps, auth, 404
+
+
+def _error(r: httpx.Response, status: int, needle: str) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert needle in err["message"], err
+    return err
+
+
+def test_body_cap_413_declared_and_streamed(held: Server) -> None:
+    big = json.dumps(chat("x" * (MAX_BODY + 10))).encode()
+    err = _error(held.post("/v1/chat/completions", content=big), 413, f"cap of {MAX_BODY:,}")
+    assert err["code"] == "request_too_large"
+
+    def chunked():  # no Content-Length: the cap is checked while reading
+        for i in range(0, len(big), 1000):
+            yield big[i : i + 1000]
+
+    r = httpx.post(held.url + "/v1/chat/completions", content=chunked(), timeout=WAIT,
+                   headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    assert "content-length" not in {k.lower() for k in r.request.headers}
+    _error(r, 413, f"cap of {MAX_BODY:,}")
+    padded = {**chat(), "pad": "x" * (MAX_BODY // 2)}  # under the cap (unknown fields ignored)
+    assert held.post("/v1/chat/completions", padded).status_code == 200
+
+
+def test_max_tokens_cap(held: Server) -> None:
+    err = _error(held.post("/v1/chat/completions", chat(max_tokens=CAP + 1)), 400,
+                 f"cap of {CAP} tokens")
+    assert err["param"] == "max_tokens"
+    r = held.post("/v1/completions", {"model": "nest", "prompt": "The assert", "max_tokens": CAP})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] <= CAP
+
+
+@pytest.mark.parametrize("path, method", [
+    ("/v1/chat/completions", "post"), ("/v1/completions", "post"), ("/v1/models", "get"),
+    ("/v1/passages/anything", "get"),
+])  # fmt: skip
+def test_auth_401_on_every_api_route(held: Server, path: str, method: str) -> None:
+    body = chat() if "chat" in path else {"prompt": "x"}
+    for key, needle in ((None, "Missing API key"), ("wrong", "Incorrect API key")):
+        r = held.post(path, body, key=key) if method == "post" else held.get(path, key=key)
+        assert _error(r, 401, needle)["code"] == "invalid_api_key"
+    assert held.gate.pending == 0  # refused before taking a place
+    ok = held.post(path, body) if method == "post" else held.get(path)
+    assert ok.status_code in (200, 404), ok.text  # the right key gets through
+    assert held.get("/health", key=None).status_code == 200  # health needs no key
+
+
+def test_404s(held: Server) -> None:
+    err = _error(held.post("/v1/chat/completions", {**chat(), "model": "gpt-4o"}), 404,
+                 "The model 'gpt-4o' does not exist")
+    assert err["param"] == "model" and err["code"] == "model_not_found"
+    _error(held.get("/v1/passages/no-such-passage"), 404, "no passage 'no-such-passage'")
+    _error(held.get("/v1/nothing-here"), 404, "Not Found")
+    _error(held.get("/static/..secret"), 404, "no static file")
+    assert held.gate.pending == 0
