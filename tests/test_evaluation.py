@@ -405,10 +405,10 @@ def test_tiny_run_of_a_jsonl_task_over_a_corpus_folder(tiny_lm, tmp_path):
 
 def test_cli_settings_and_errors():
     """Overrides apply; unknown systems and a lone --corpus are errors."""
-    from nest_integrations.evaluation import cli
+    from nest_integrations.cli import eval as cli
 
     parser = argparse.ArgumentParser()
-    cli.add_eval_arguments(parser)
+    cli.add_eval_args(parser)
     args = parser.parse_args(
         [
             "--config",
@@ -432,10 +432,10 @@ def test_cli_settings_and_errors():
     with pytest.raises(ValueError, match="unknown system"):
         cli.settings_from_args(parser.parse_args(["--systems", "gpt"]))
     with pytest.raises(ValueError, match="go together"):
-        cli.run_eval(parser.parse_args(["--corpus", "x"]))
+        cli.cmd_eval(parser.parse_args(["--corpus", "x"]))
     sub = argparse.ArgumentParser().add_subparsers()
     p = cli.add_eval_parser(sub)
-    assert p.parse_args(["--config", "full"]).func is cli.run_eval
+    assert p.parse_args(["--config", "full"]).func is cli.cmd_eval
 
 
 @pytest.mark.slow
@@ -551,13 +551,13 @@ def test_paired_statistics_hand_cases():
 
 
 def test_medium_configuration():
-    from nest_integrations.evaluation import cli
+    from nest_integrations.cli import eval as cli
 
     m = SETTINGS["medium"]
     assert m.n_completion >= 50 and m.n_qa >= 50 and m.n_entity_qa >= 50
     assert "nest-cal" in m.systems and "ra" in m.systems
     parser = argparse.ArgumentParser()
-    cli.add_eval_arguments(parser)
+    cli.add_eval_args(parser)
     s = cli.settings_from_args(parser.parse_args(["--config", "medium", "--n-examples", "3"]))
     assert (s.n_completion, s.n_qa, s.n_entity_qa) == (3, 3, 3)
     s = cli.settings_from_args(parser.parse_args(["--config", "small", "--n-examples", "3"]))

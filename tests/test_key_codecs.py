@@ -311,7 +311,7 @@ def test_wanted_training_rows_are_known_for_trained_codecs() -> None:
 
 
 def test_nest_info_names_each_namespace_codec(tmp_path: Path, capsys) -> None:
-    from nest_integrations.cli import _print_info, key_store_stats
+    from nest_integrations.cli.info import _print_info, key_store_stats
 
     lm = FakeLM(key_dim=32)
     with DiskKeyStore.open(tmp_path, lm) as s:

@@ -198,7 +198,7 @@ def test_unreachable_address_fails_fast_with_the_address(tmp_path, tiny_lm, ray)
 def test_cli_unreachable_ray_fails_before_writing(tmp_path, tiny_lm, monkeypatch, capsys, ray):
     from nest_integrations import cli
 
-    monkeypatch.setattr(cli, "_load_lm", lambda: tiny_lm)
+    monkeypatch.setattr(cli.ingest, "_load_lm", lambda: tiny_lm)
     src = tmp_path / "a.txt"
     src.write_text("A short document about nothing in particular.")
     with _refusing_port() as port:
@@ -224,7 +224,8 @@ def test_model_spec_reloads_the_same_model(tiny_lm):
 
 
 def test_cli_ray_flag():
-    from nest_integrations.cli import _ray_address, build_parser
+    from nest_integrations.cli import build_parser
+    from nest_integrations.cli.ingest import _ray_address
 
     parse = build_parser().parse_args
     assert _ray_address(parse(["ingest", "docs/"])) is None
@@ -245,7 +246,7 @@ def test_cli_ingest_on_ray_equals_single_process_store(
     from nest_integrations.ingest import token_counter_for
     from nest_integrations.paths import keys_dir
 
-    monkeypatch.setattr(cli, "_load_lm", lambda: default_lm)
+    monkeypatch.setattr(cli.ingest, "_load_lm", lambda: default_lm)
     main = cli.main
 
     docs, _ = load_documents([sample_corpus_path() / "wikipedia.jsonl"])

@@ -72,7 +72,7 @@ def test_stream_complete_concatenates_to_complete(tiny_llm):
     assert all(a.text + b.delta == b.text for a, b in zip(items, items[1:]))
     assert items[-1].delta == ""
     assert items[-1].additional_kwargs["citations"] == done.additional_kwargs["citations"]
-    # the shared CitationTracker: each completed span once, complete, and in the final list
+    # the shared CitationStream: each completed span once, complete, and in the final list
     completed = [c for i in items for c in i.additional_kwargs.get("completed_citations", [])]
     assert all(c in done.additional_kwargs["citations"] for c in completed)
     assert len({(c["id"], c["start_index"]) for c in completed}) == len(completed)

@@ -92,7 +92,7 @@ def ask_spec(args: argparse.Namespace) -> assembly.EngineSpec:
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
-    from nest_integrations.formatting import render
+    from nest_integrations.cli.formatting import render
 
     engine = assembly.build_engine(ask_spec(args))
     result = engine.generate(
