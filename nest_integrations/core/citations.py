@@ -49,10 +49,7 @@ def source_runs(sources: Sequence[Source]) -> list[tuple[int, int]]:
             i += 1
             continue
         j = i + 1
-        while j < len(sources):
-            prev, cur = sources[j - 1], sources[j]
-            if cur is None or prev is None or cur[0] != prev[0] or cur[1] != prev[1] + 1:
-                break
+        while j < len(sources) and _continues(sources[j - 1], sources[j]):
             j += 1
         runs.append((i, j))
         i = j
@@ -102,15 +99,18 @@ def last_citation(
     if not j or sources[j - 1] is None:
         return None
     i = j - 1
-    while i > 0:
-        prev, cur = sources[i - 1], sources[i]
-        if prev is None or cur[0] != prev[0] or cur[1] != prev[1] + 1:  # type: ignore[index]
-            break
+    while i > 0 and _continues(sources[i - 1], sources[i]):
         i -= 1
     cites = _citations(
         sources, token_ends, passages, offsets, i, j, kind, _text_of(token_ends, text)
     )
     return cites[-1] if cites else None
+
+
+def _continues(prev: Source, cur: Source) -> bool:
+    """Whether token source ``cur`` extends the run ending at ``prev``: the same passage, the
+    next position."""
+    return prev is not None and cur is not None and cur[0] == prev[0] and cur[1] == prev[1] + 1
 
 
 def _text_of(token_ends: Sequence[int], text: str | None) -> str | None:
@@ -157,8 +157,8 @@ def exact_pieces(
     output range ``out[s:e]`` and the source range ``src[ps:pe]`` (see the module docstring)."""
     s, e = max(0, min(s, len(out))), max(0, min(e, len(out)))
     ps, pe = max(0, min(ps, len(src))), max(0, min(pe, len(src)))
-    so, eo = _trim(out, s, e)
-    sp, ep = _trim(src, ps, pe)
+    so, eo = trim_span(out, s, e)
+    sp, ep = trim_span(src, ps, pe)
     if so < eo and out[so:eo] == src[sp:ep]:
         return [(so, eo, sp, ep)]
     a_text, b_text = out[s:e], src[ps:pe]
@@ -169,7 +169,7 @@ def exact_pieces(
     for a, b, size in matcher.get_matching_blocks():
         if not size:
             continue
-        a0, a1 = _trim(a_text, a, a + size)
+        a0, a1 = trim_span(a_text, a, a + size)
         if a1 - a0 < MIN_PIECE_CHARS or not any(ch.isalnum() for ch in a_text[a0:a1]):
             continue
         b0 = b + (a0 - a)
@@ -177,7 +177,9 @@ def exact_pieces(
     return pieces
 
 
-def _trim(text: str, start: int, end: int) -> tuple[int, int]:
+def trim_span(text: str, start: int, end: int) -> tuple[int, int]:
+    """``[start, end)`` narrowed past leading and trailing whitespace (``str.isspace``) of
+    ``text``: the whitespace rule of citations, and of passages (``ingest.splitter``)."""
     while start < end and text[start].isspace():
         start += 1
     while end > start and text[end - 1].isspace():

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from nest_integrations.dresd.datastore import SourceBatch
+from nest_integrations.jsonl import jsonl_values
 from nest_integrations.types import Passage
 
 __all__ = ["read_prompts", "prompt_ids", "PromptSource", "batched_greedy", "greedy_with_keys"]
@@ -42,13 +43,7 @@ def read_prompts(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     if not p.is_file():
         raise FileNotFoundError(f"prompts file {p} does not exist")
     out: list[dict[str, Any]] = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError as e:
-            raise ValueError(f"{p}:{n}: not valid JSON ({e})") from None
+    for n, obj in jsonl_values(p, p.read_text(encoding="utf-8").splitlines()):
         if isinstance(obj, str):
             obj = {"prompt": obj}
         if not isinstance(obj, dict) or not any(

@@ -106,12 +106,7 @@ def markdown(run: EvalRun) -> str:
         cols_by_task[task.name] = cols
         label = " / ".join(_LABELS[k] for k, _ in cols)
         header.append(f"{TASK_TITLES.get(task.name, task.name)}: {label}")
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for s in run.systems:
-        row = [names[s.key]] + [
-            _cells(table[t.name][s.key], cols_by_task[t.name]) for t in run.tasks
-        ]
-        lines.append("| " + " | ".join(row) + " |")
+    lines += _system_table(run, table, names, header, cols_by_task)
     lines += [
         "",
         "PPL: corpus-level perplexity of the reference tokens under the system's distribution "
@@ -127,7 +122,6 @@ def markdown(run: EvalRun) -> str:
         f"{TASK_TITLES.get(t.name, t.name)}: Attr% / SpanLen / CitPrec% / tok/s / acc/verify"
         for t in run.tasks
     ]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     keys = [
         ("attribution_ratio", 1),
         ("mean_span_length", 1),
@@ -135,9 +129,7 @@ def markdown(run: EvalRun) -> str:
         ("tokens_per_s", 1),
         ("accepted_per_verify", 2),
     ]
-    for s in run.systems:
-        row = [names[s.key]] + [_cells(table[t.name][s.key], keys) for t in run.tasks]
-        lines.append("| " + " | ".join(row) + " |")
+    lines += _system_table(run, table, names, header, {t.name: keys for t in run.tasks})
     lines += [
         "",
         "Attr%: share of output tokens with a corpus source. SpanLen: mean length (tokens) of "
@@ -174,6 +166,19 @@ def markdown(run: EvalRun) -> str:
         ]
     lines += _protocol(run)
     return "\n".join(lines) + "\n"
+
+
+def _system_table(
+    run: EvalRun, table: dict, names: dict, header: list[str], cols_by_task: dict
+) -> list[str]:
+    """A markdown table of one row per system and one cell per task (``cols_by_task``: the
+    columns of each task's cell)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for s in run.systems:
+        row = [names[s.key]] + [_cells(table[t.name][s.key], cols_by_task[t.name])
+                                for t in run.tasks]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
 
 
 def _calibration_lines(prov: dict[str, Any]) -> list[str]:

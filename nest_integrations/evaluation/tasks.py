@@ -19,13 +19,13 @@ Examples are picked deterministically: candidates sorted by sha1 of the title.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from nest_integrations.evaluation.corpora import WikiLead, sha1_key
+from nest_integrations.jsonl import jsonl_values
 
 
 @dataclass(frozen=True)
@@ -251,13 +251,7 @@ def load_jsonl_task(
         raise ValueError(f"default_format={default_format!r} is invalid: use 'chat' or 'text'")
     examples = []
     with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{i}: not JSON ({exc.msg})") from exc
+        for i, obj in jsonl_values(path, f):
             if (
                 not isinstance(obj, dict)
                 or not isinstance(obj.get("prompt"), str)

@@ -60,7 +60,14 @@ __all__ = [
     "CodecNotTrainedError",
     "make_codec",
     "load_codec",
+    "check_key_dim",
 ]
+
+
+def check_key_dim(key_dim: Any) -> None:
+    """Raise ValueError unless ``key_dim`` is an integer >= 1 (not a bool)."""
+    if not isinstance(key_dim, int) or isinstance(key_dim, bool) or key_dim < 1:
+        raise ValueError(f"key_dim={key_dim!r} is invalid: allowed an integer >= 1")
 
 
 class CodecNotTrainedError(RuntimeError):
@@ -74,8 +81,7 @@ class KeyCodec:
     needs_training = False
 
     def __init__(self, key_dim: int, dtype: str = "float16") -> None:
-        if not isinstance(key_dim, int) or isinstance(key_dim, bool) or key_dim < 1:
-            raise ValueError(f"key_dim={key_dim!r} is invalid: allowed an integer >= 1")
+        check_key_dim(key_dim)
         self.key_dim = key_dim
         self.dtype = np.dtype(dtype).newbyteorder("<")
 

@@ -59,7 +59,7 @@ import numpy as np
 
 from nest_integrations.index import _disk
 from nest_integrations.index.base import KeyStoreMismatchError
-from nest_integrations.index.codecs import DEFAULT_CODEC
+from nest_integrations.index.codecs import DEFAULT_CODEC, check_key_dim
 from nest_integrations.index.keys import content_hash
 from nest_integrations.index.lazy_mode import (
     DEFAULT_MAX_BYTES,
@@ -125,8 +125,7 @@ class LazyKeyCache(_disk.IndexedFolder):
         codec: str = DEFAULT_CODEC,
         source: Any = None,
     ) -> None:
-        if not isinstance(key_dim, int) or isinstance(key_dim, bool) or key_dim < 1:
-            raise ValueError(f"key_dim={key_dim!r} is invalid: allowed an integer >= 1")
+        check_key_dim(key_dim)
         self.path = Path(keys_dir)
         self.fingerprint = fingerprint
         self.key_source = key_source

@@ -120,8 +120,7 @@ class DiskKeyStore(_disk.IndexedFolder):
         codec: str | KeyCodec | None = None,
         shard_bytes: int = DEFAULT_SHARD_BYTES,
     ) -> None:
-        if not isinstance(key_dim, int) or isinstance(key_dim, bool) or key_dim < 1:
-            raise ValueError(f"key_dim={key_dim!r} is invalid: allowed an integer >= 1")
+        _codecs.check_key_dim(key_dim)
         self.path = Path(path)
         self.fingerprint = fingerprint
         self.key_source = key_source

@@ -17,6 +17,7 @@ import logging
 import re
 from typing import Any, Callable, Iterable
 
+from nest_integrations.core.citations import trim_span
 from nest_integrations.ingest.documents import SourceDocument
 from nest_integrations.types import Passage
 
@@ -48,21 +49,13 @@ def passage_id(doc_id: str, char_start: int, text: str) -> str:
     return h.hexdigest()[:32]
 
 
-def _trim(text: str, lo: int, hi: int) -> tuple[int, int]:
-    while lo < hi and text[lo].isspace():
-        lo += 1
-    while hi > lo and text[hi - 1].isspace():
-        hi -= 1
-    return lo, hi
-
-
 def _units(text: str, lo: int, hi: int, level: int) -> list[tuple[int, int]]:
     """Trimmed, non-empty spans of ``text[lo:hi]`` between separators of ``level``."""
     spans, start = [], lo
     for m in _SEPARATORS[level].finditer(text, lo, hi):
-        spans.append(_trim(text, start, m.start()))
+        spans.append(trim_span(text, start, m.start()))
         start = m.end()
-    spans.append(_trim(text, start, hi))
+    spans.append(trim_span(text, start, hi))
     return [s for s in spans if s[0] < s[1]]
 
 

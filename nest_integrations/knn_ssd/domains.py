@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
+from nest_integrations.jsonl import jsonl_values
+
 LOG = logging.getLogger(__name__)
 
 DOMAINS = ("python-code", "python-docs", "wiki-en", "wiki-fr")
@@ -191,13 +193,7 @@ def read_prompts(path: str | os.PathLike[str]) -> list[str]:
     raw = path.read_text(encoding="utf-8")
     texts: list[str] = []
     if path.suffix in (".jsonl", ".json"):
-        for i, line in enumerate(raw.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{i}: not JSON ({exc.msg})") from None
+        for i, item in jsonl_values(path, raw.splitlines()):
             text = item.get("text") if isinstance(item, dict) else item
             if not isinstance(text, str):
                 raise ValueError(f"{path}:{i}: expected a string or an object with \"text\"")

@@ -332,52 +332,45 @@ def finish_reason(result: NestResult) -> str:
     return "length" if result.stats.finish_reason == "length" else "stop"
 
 
+def envelope(
+    rid: str, kind: str, created: int, model: str, choice: dict[str, Any], **extra: Any
+) -> dict[str, Any]:
+    """The body every response and chunk shares: id, ``object`` kind, creation time, model, the
+    one choice, then ``extra`` (usage, the ``nest`` extension)."""
+    return {"id": rid, "object": kind, "created": created, "model": model, "choices": [choice],
+            **extra}
+
+
 def chat_response(
     rid: str, model: str, result: NestResult, ext: dict[str, Any]
 ) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {
-                    "role": "assistant",
-                    "content": result.text,
-                    "refusal": None,
-                    "annotations": [annotation(c) for c in result.citations],
-                },
-                "logprobs": None,
-                "finish_reason": finish_reason(result),
-            }
-        ],
-        "usage": usage(result),
-        "nest": ext,
+    choice = {
+        "index": 0,
+        "message": {
+            "role": "assistant",
+            "content": result.text,
+            "refusal": None,
+            "annotations": [annotation(c) for c in result.citations],
+        },
+        "logprobs": None,
+        "finish_reason": finish_reason(result),
     }
+    return envelope(rid, "chat.completion", int(time.time()), model, choice,
+                    usage=usage(result), nest=ext)
 
 
 def completion_response(
     rid: str, model: str, result: NestResult, ext: dict[str, Any]
 ) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "text": result.text,
-                "logprobs": None,
-                "finish_reason": finish_reason(result),
-                "annotations": [annotation(c) for c in result.citations],
-            }
-        ],
-        "usage": usage(result),
-        "nest": ext,
+    choice = {
+        "index": 0,
+        "text": result.text,
+        "logprobs": None,
+        "finish_reason": finish_reason(result),
+        "annotations": [annotation(c) for c in result.citations],
     }
+    return envelope(rid, "text_completion", int(time.time()), model, choice,
+                    usage=usage(result), nest=ext)
 
 
 def chat_chunk(
@@ -388,14 +381,8 @@ def chat_chunk(
     finish: str | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-        **extra,
-    }
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return envelope(rid, "chat.completion.chunk", created, model, choice, **extra)
 
 
 def completion_chunk(
@@ -410,14 +397,7 @@ def completion_chunk(
     choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
     if annotations:
         choice["annotations"] = annotations
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-        **extra,
-    }
+    return envelope(rid, "text_completion", created, model, choice, **extra)
 
 
 class AnnotationStream:
