@@ -48,3 +48,27 @@ def tiny_lm(tiny_lm_path):
     from nest_integrations.lm.hf import HFLanguageModel
 
     return HFLanguageModel.from_pretrained(str(tiny_lm_path))
+
+
+@pytest.fixture(scope="session")
+def sample_store(tmp_path_factory) -> Path:
+    """A persist dir holding the shipped sample corpus exactly as ``nest ingest --sample``
+    writes it (Chroma passages + eager token keys of the default model), made ONCE per session:
+    the ingest takes about 2.5 min on 2 cores, and four slow modules need it. Tests that write
+    to a store, or run ``nest ingest`` on it, take a copy (``copy_sample_store``)."""
+    import subprocess
+    import sys
+
+    root = tmp_path_factory.mktemp("sample-store") / "store"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NEST_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "nest_integrations.cli", "ingest", "--sample",
+         "--persist-dir", str(root)],
+        env=env, capture_output=True, text=True, timeout=1500,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    documents = [line.split() for line in proc.stdout.splitlines() if line.split()[:1] == ["documents"]]
+    assert documents and int(documents[0][1]) > 300, proc.stdout  # the whole sample corpus
+    return root
+

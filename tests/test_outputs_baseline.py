@@ -17,20 +17,25 @@ from pathlib import Path
 
 import pytest
 
+from tests._stores import copy_sample_store
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = ROOT / "tests" / "data" / "outputs_baseline.json"
 
 
-def test_every_method_reproduces_the_recorded_token_ids(tmp_path: Path) -> None:
+def test_every_method_reproduces_the_recorded_token_ids(tmp_path: Path, sample_store: Path) -> None:
+    # the session's `nest ingest --sample` store stands for the script's own ingest step
+    store = copy_sample_store(sample_store, tmp_path / "store")
+    (store / ".record_outputs.ingested").write_text("ok\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
            "HF_HUB_OFFLINE": "1", "ANONYMIZED_TELEMETRY": "False",
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
                                          if p)}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "record_outputs.py"), "--check", str(BASELINE),
-         "--persist-dir", str(tmp_path / "store"), "--questions", "1"],
+         "--persist-dir", str(store), "--questions", "1"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
     )
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-4000:]}"

@@ -2,7 +2,8 @@
 
 The blocks are read from README.md itself (so the test follows the README), one test per
 block, sharing one ``$NEST_HOME`` in a temporary folder (the converted model is linked in, the
-sample corpus is ingested once, by the README's own ``nest ingest --sample``). Commands run as
+sample corpus comes from the session's ``sample_store``, made by the same ``nest ingest --sample``,
+which the README's block then re-runs for real and finds unchanged). Commands run as
 the user runs them (``nest`` on PATH, one subprocess per command, one torch thread); python
 blocks run in a subprocess each, in the same working folder.
 
@@ -43,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests._stores import copy_sample_store
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -292,8 +295,12 @@ def test_the_tables_match_the_readme() -> None:
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def work(tmp_path_factory: pytest.TempPathFactory, sample_store: Path) -> Any:
     w = Workdir(tmp_path_factory.mktemp("readme"))
+    # The session's `nest ingest --sample` store (tests/conftest.py) seeds $NEST_HOME/store, so
+    # the README's own `nest ingest --sample` runs for real but finds every passage unchanged
+    # (seconds instead of minutes).
+    copy_sample_store(sample_store, w.home / "store")
     try:
         yield w
     finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from nest_integrations import assembly
+from tests._stores import copy_sample_store
 from nest_integrations.evaluation.entities import SAMPLE_QUESTIONS
 from nest_integrations.evaluation.grounded import keyword_correct
 
@@ -25,13 +26,9 @@ KNOWN_WRONG: dict[str, str] = {
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory, default_lm):
-    from nest_integrations.ingest import IngestPipeline, sample_corpus_inputs
-
-    root = tmp_path_factory.mktemp("sample-store")
-    store = assembly.open_store(None, str(root), None)
-    report = IngestPipeline(store, default_lm).ingest(sample_corpus_inputs())
-    assert report.documents > 300
+def engine(tmp_path_factory, default_lm, sample_store):
+    # the session's `nest ingest --sample` store (tests/conftest.py asserts > 300 documents)
+    root = copy_sample_store(sample_store, tmp_path_factory.mktemp("sample") / "store")
     return assembly.build_engine(assembly.EngineSpec.for_store(persist_dir=str(root)),
                                  lm=default_lm)
 
