@@ -33,6 +33,7 @@ from nest_integrations.dresd.cli import DRESD_HELP, add_dresd_args, cmd_dresd
 from nest_integrations.calibrate import CALIBRATE_HELP, add_calibrate_args, cmd_calibrate
 from nest_integrations.evaluation.cli import EVAL_HELP, add_eval_arguments, run_eval
 from nest_integrations.knn_ssd.cli import KNN_SSD_HELP, add_knn_ssd_args, cmd_knn_ssd
+from nest_integrations.lm.backend import add_backend_args, apply_backend_args
 from nest_integrations.server.cli import SERVE_HELP, add_serve_args, cmd_serve
 
 LOG = logging.getLogger("nest_integrations.cli")
@@ -141,6 +142,7 @@ def _ingest_args(p: argparse.ArgumentParser) -> None:
         help="byte cap of the lazy key cache, e.g. 2GB, 500MB, 1.5GiB (default: the recorded "
         "cap, 2GB for a new one); least recently used passages' keys are evicted beyond it",
     )
+    add_backend_args(p)  # --dtype: the keys are encoded in the model's dtype
     _store_args(p)
 
 
@@ -175,6 +177,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     from nest_integrations.ingest import sample_corpus_inputs
 
     ray_address = _ray_address(args)  # first: a bare --ray may have taken a PATH
+    apply_backend_args(args)
     inputs: list[str | Path] = list(args.paths)
     if args.sample:
         inputs += sample_corpus_inputs()
