@@ -218,3 +218,65 @@ def test_tiny_model_loads_in_bf16_and_returns_fp32(tiny_lm_path) -> None:
     assert HFLanguageModel.from_pretrained(str(tiny_lm_path)).dtype == torch.float32
     with pytest.raises(ValueError, match="not supported"):
         HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="int8")
+
+
+# ------------------------------------------------------------------ key stores across dtypes
+
+
+def test_fp32_store_is_read_under_bf16_with_a_note(tiny_lm_path, tmp_path, caplog) -> None:
+    """Decision by measurement (benchmarks/results/bf16_keys.md): keys are interchangeable,
+    so the fingerprint ignores the dtype; the store records the encoding dtype and a model in
+    another dtype reads it, with a logged note."""
+    import json
+    import logging
+
+    from nest_integrations.index.keys import ensure_keys
+    from nest_integrations.index.store import DiskKeyStore
+    from nest_integrations.types import Passage
+
+    lm32 = HFLanguageModel.from_pretrained(str(tiny_lm_path))
+    lm16 = HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="bf16")
+    assert lm32.fingerprint == lm16.fingerprint
+    passages = [Passage("p1", "The quick brown fox jumps over the lazy dog.", doc_id="d")]
+    with DiskKeyStore.open(tmp_path, lm32) as store:
+        ensure_keys(store, lm32, passages)
+        (stored,) = store.get_keys(passages)
+    assert json.loads((tmp_path / "store.json").read_text())["model_dtype"] == "fp32"
+    with caplog.at_level(logging.INFO, logger="nest_integrations.index.store"):
+        store = DiskKeyStore.open(tmp_path, lm16)
+    assert "encoded by the model in fp32; this one runs in bf16" in caplog.text
+    with store:
+        (again,) = store.get_keys(passages)
+    assert again is not None and (again.token_ids == stored.token_ids).all()
+    (fresh,) = lm16.encode_passages([lm16.tokenize(passages[0].text)])
+    cos = torch.nn.functional.cosine_similarity(
+        torch.from_numpy(fresh), torch.from_numpy(again.keys.astype("float32")), dim=-1)
+    assert float(cos.min()) > 0.99  # what the measurement found, on the tiny model too
+
+
+# ------------------------------------------------------------------ lossless in bf16
+
+
+def test_lossless_methods_equal_hf_generate_in_bf16(tiny_lm_path, tmp_path) -> None:
+    """greedy, prompt-lookup, rag-copy and dresd (chain, tree) on the tiny Llama loaded in bf16
+    equal HF ``generate`` of the same bf16 model token for token (the oracle of
+    tests/test_lossless_oracles.py), with drafts really verified."""
+    from nest_integrations.config import NestConfig
+    from nest_integrations.engine import NestEngine
+    from nest_integrations.index.in_memory_store import InMemoryKeyStore
+    from nest_integrations.lm.layer_skip import SkipSet
+    from tests.test_lossless_oracles import copy_cases, corpus_cases, run_oracle
+
+    lm = HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="bf16")
+    assert lm.dtype == torch.bfloat16
+    n = 24
+    questions = ["Name three colours.", "Who was Julius Caesar?"]
+    skip = SkipSet.from_lists(len(lm.model.model.layers), [1], [])
+    cases = [c for c in corpus_cases(lm, questions, n, tmp_path / "ds", skip)
+             if c.label in ("greedy", "dresd", "dresd-tree")]
+    cases += copy_cases(lm, questions[:1], n, chat=True)
+    engine = NestEngine(lm, None, InMemoryKeyStore(), NestConfig())
+    out = run_oracle(engine, cases, n, {})
+    assert set(out.mismatches) == {"greedy", "dresd", "dresd-tree", "prompt-lookup", "rag-copy"}
+    assert all(not bad for bad in out.mismatches.values()), out.mismatches
+    assert out.drafted["dresd"] > 0 and out.drafted["dresd-tree"] > 0
