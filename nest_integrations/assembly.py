@@ -86,6 +86,15 @@ def resolve_config(config: NestConfig | str | Mapping[str, Any] | None) -> NestC
     raise TypeError(f"config must be a NestConfig, a preset name or None, not {type(config)}")
 
 
+def check_dtype(dtype: Any) -> Any:
+    """``dtype`` if ``lm.backend`` accepts it (None, ``"auto"``, ``"fp32"``, ``"bf16"``, ...),
+    else ``ValueError`` naming the accepted values: the adapters' check at construction."""
+    from nest_integrations.lm.backend import parse_dtype
+
+    parse_dtype(dtype)
+    return dtype
+
+
 def resolve_max_new_tokens(*budgets: int | None) -> int:
     """The first budget given (per call, then per model), else ``DEFAULT_MAX_NEW_TOKENS``."""
     for budget in budgets:
@@ -482,6 +491,7 @@ __all__ = [
     "SerializedLM",
     "build_engine",
     "calibrated_config",
+    "check_dtype",
     "check_sources",
     "clear_model_cache",
     "from_defaults",

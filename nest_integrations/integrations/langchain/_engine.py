@@ -93,10 +93,7 @@ class NestModelParams(BaseModel):
     @field_validator("dtype")
     @classmethod
     def _dtype(cls, value: str | None) -> str | None:
-        from nest_integrations.lm.backend import parse_dtype
-
-        parse_dtype(value)  # a bad value fails here, naming the accepted ones
-        return value
+        return assembly.check_dtype(value)  # a bad value fails here, naming the accepted ones
 
     @field_validator("temperature")
     @classmethod

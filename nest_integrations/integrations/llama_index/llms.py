@@ -158,9 +158,7 @@ class NestLLM(CustomLLM):
         if self.config is not None:
             self.config = assembly.resolve_config(self.config)  # a preset name or to_dict()
         assembly.check_sources(self.retriever, self.collection, self.chroma_url)
-        from nest_integrations.lm.backend import parse_dtype
-
-        parse_dtype(self.dtype)  # a bad value fails here, naming the accepted ones
+        assembly.check_dtype(self.dtype)  # a bad value fails here, naming the accepted ones
         # a user's engine is shared with its model calls serialised, as LangChain's adapters do
         self._engine = assembly.share_engine(engine) if engine is not None else None
 
