@@ -96,7 +96,7 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(1)
     t_all = time.perf_counter()
-    from nest_integrations.engine import NestEngine
+    from nest_integrations.decoding.engine import NestEngine
     from nest_integrations.lm.hf import HFLanguageModel
     from nest_integrations.retrieval.in_memory import InMemoryRetriever
 

@@ -44,7 +44,7 @@ from nest_integrations.dresd import (  # noqa: E402
     default_datastore_path,
     read_prompts,
 )
-from nest_integrations.engine import NestEngine  # noqa: E402
+from nest_integrations.decoding.engine import NestEngine  # noqa: E402
 from nest_integrations.index.in_memory_store import InMemoryKeyStore  # noqa: E402
 from nest_integrations.lm.hf import HFLanguageModel  # noqa: E402
 

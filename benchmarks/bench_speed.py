@@ -210,7 +210,7 @@ def engine_setting(method: str, base: Any) -> tuple[Any, str]:
 
 
 def run_method(method: str, engine: Any, retriever: Any, q: dict, max_new: int, base: Any) -> dict:
-    from nest_integrations.prompts import query_of
+    from nest_integrations.decoding.prompts import query_of
 
     lm = engine.lm
     p = [{"role": "user", "content": q["prompt"]}] if q["chat"] else q["prompt"]
@@ -384,7 +384,7 @@ def main() -> int:
     from transformers.utils import logging as hf_logging
 
     from nest_integrations.config import NestConfig
-    from nest_integrations.engine import NestEngine
+    from nest_integrations.decoding.engine import NestEngine
     from nest_integrations.evaluation.metrics import rouge, rouge_scorer
     from nest_integrations.evaluation.retrieval import BM25Retriever
     from nest_integrations.index.keys import ensure_keys

@@ -1,6 +1,6 @@
 """The NEST evaluation (Table 1 style): base LM, RA, kNN-LM, NEST, RA-NEST (and calibrated NEST).
 
-Same as ``nest eval``; see ``nest_integrations/evaluation/cli.py`` for every option.
+Same as ``nest eval``; see ``nest_integrations/cli/eval.py`` for every option.
 
     python benchmarks/eval_nest.py --config small     # ~20 min on 2 idle CPU cores
     python benchmarks/eval_nest.py --config medium    # >= 50 examples/task, entity QA,
@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("NEST_HOME", str(REPO / ".nest"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from nest_integrations.evaluation.cli import main  # noqa: E402
+from nest_integrations.cli.eval import main  # noqa: E402
 
 if __name__ == "__main__":
     argv = sys.argv[1:]

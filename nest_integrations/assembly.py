@@ -63,7 +63,7 @@ from nest_integrations.defaults import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_PRESET,
 )
-from nest_integrations.engine import NestEngine
+from nest_integrations.decoding.engine import NestEngine
 from nest_integrations.paths import persist_root
 
 LOG = logging.getLogger(__name__)

@@ -15,79 +15,102 @@ KeySource = Union[Literal["ffn_input", "block_input", "final_norm"], int]
 KEY_SOURCES = ("ffn_input", "block_input", "final_norm")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NestConfig:
-    """All NEST hyperparameters.
+    """All NEST hyperparameters, in seven groups (fields are declared in the same groups).
 
-    Attributes:
+    Pass fields by name (``NestConfig(relaxation=0.05)``; positional arguments are refused) or
+    start from a preset (``NestConfig.from_preset("grounded", n_passages=4)``); the groups are
+    documentation only.
+
+    Retrieval and prompt (stage 1, the token memory, RA-NEST):
         n_passages: b, passages retrieved in stage 1 (paper: 40).
-        n_neighbors: r, tokens retrieved from the token memory per step (paper: 1024). Fewer
-            available keys means r_eff = min(r, available).
-        knn_temperature: mu, inverse temperature of p_kNN. ``None`` means 1/sqrt(d) for key
-            dimension d (our reading of the paper; the official code uses the same).
-        rrc_offset: alpha, offset of Relative Retrieval Confidence (Eq. 4; paper 0.3).
-        rrc_scale: tau, scale of Relative Retrieval Confidence (Eq. 4; paper 0.1).
-        span_threshold: delta of Eq. 6: propose a span when lambda <= delta (paper 0.5).
-        max_span: n, draft length in tokens (paper 64).
-        relaxation: gamma of Eq. 7: accept a draft token iff p_M(w) > (gamma/2) * max p_M.
-            Smaller is more lenient (paper: 5e-4 for 7B, 5e-3 for 13B, 5e-2 for 70B).
-        lm_temperature: T_LM, p_LM = softmax(logits / T_LM). The official code hard-codes 0.7.
+        hybrid_retrieval: fuse BM25 with dense scores using the paper's sharpness weighting.
+        ra_passages: RA-NEST: put this many top passages in the prompt (0 = off; paper RA: 3).
         key_source: which LM vector is the key/query: ``"ffn_input"`` (the paper's: output of
             the last layer's pre-FFN norm), ``"block_input"`` (HF hidden_states[-2], the
             official code), ``"final_norm"`` (hidden_states[-1]) or an int index into
             hidden_states.
-        span_copying: False turns spans off (token-level two-stage kNN-LM with RRC).
-        strict_acceptance: accept only draft tokens equal to argmax p_M, and mask no keys, so
-            the output equals greedy decoding of p_M exactly (spans only save forward passes).
+        n_neighbors: r, tokens retrieved from the token memory per step (paper: 1024). Fewer
+            available keys means r_eff = min(r, available).
+
+    Mixture (p_kNN, RRC and p_M; Eqs. 2-4):
+        knn_temperature: mu, inverse temperature of p_kNN. ``None`` means 1/sqrt(d) for key
+            dimension d (our reading of the paper; the official code uses the same).
+        rrc_offset: alpha, offset of Relative Retrieval Confidence (Eq. 4; paper 0.3).
+        rrc_scale: tau, scale of Relative Retrieval Confidence (Eq. 4; paper 0.1).
+        lm_temperature: T_LM, p_LM = softmax(logits / T_LM). The official code hard-codes 0.7.
         fixed_lm_weight: if set, lambda is this constant instead of RRC (the paper's
             two-stage kNN-LM baseline uses 0.7). Weight on p_LM, not on p_kNN.
-        hybrid_retrieval: fuse BM25 with dense scores using the paper's sharpness weighting.
-        ra_passages: RA-NEST: put this many top passages in the prompt (0 = off; paper RA: 3).
-        temperature: sampling temperature on p_M; 0 means greedy (the paper's setting).
-        top_p: nucleus sampling mass (with temperature > 0).
-        seed: random seed for sampling mode.
-        cite_token_mode: attribute a token-mode token when it equals the nearest neighbour's
-            value (the official code's rule, NEST §8).
+
+    Spans (when a copy starts, how long, from where; Eqs. 5-6):
+        span_copying: False turns spans off (token-level two-stage kNN-LM with RRC).
+        span_threshold: delta of Eq. 6: propose a span when lambda <= delta (paper 0.5).
+        max_span: n, draft length in tokens (paper 64).
         span_passages: start spans only from neighbours in the top this-many stage-1 passages
             (None = any retrieved passage, the paper). Ties a copy to the passages the question
             is about instead of any document sharing the sentence frame.
+        mask_token_mode: also mask the neighbour a token-mode token was cited to (the paper
+            masks only copied spans), so one key cannot emit the same token again and again
+            ("the the the ...") while lambda is small.
+
+    Verification (which draft tokens are kept; Eq. 7):
+        relaxation: gamma of Eq. 7: accept a draft token iff p_M(w) > (gamma/2) * max p_M.
+            Smaller is more lenient (paper: 5e-4 for 7B, 5e-3 for 13B, 5e-2 for 70B).
+        strict_acceptance: accept only draft tokens equal to argmax p_M, and mask no keys, so
+            the output equals greedy decoding of p_M exactly (spans only save forward passes).
+
+    Guards (the LM's veto on a copy; ours, off in the paper):
         confidence_guard: reject a draft token where the LM alone puts more than this mass on
             another token (None = off, the paper). Stops copies that overrun an end of answer or
             swap the entity the LM is sure of.
         eos_guard: end the answer where the LM alone would end it (an end token is its top
             token, or end tokens carry more than this mass), whatever the copy proposes (None =
             off, the paper). Stops copies that run on past the answer.
-        mask_token_mode: also mask the neighbour a token-mode token was cited to (the paper
-            masks only copied spans), so one key cannot emit the same token again and again
-            ("the the the ...") while lambda is small.
+
+    Sampling (the token choice from p_M):
+        temperature: sampling temperature on p_M; 0 means greedy (the paper's setting).
+        top_p: nucleus sampling mass (with temperature > 0).
+        seed: random seed for sampling mode.
+
+    Citations (what is reported as a source):
+        cite_token_mode: attribute a token-mode token when it equals the nearest neighbour's
+            value (the official code's rule, NEST §8).
         min_citation_tokens: citations in ``NestResult.citations`` and the framework
             annotations span at least this many tokens; shorter attributions (token-mode ones)
             stay in ``token_sources`` and the stats.
     """
 
+    # -- retrieval and prompt
     n_passages: int = 40
+    hybrid_retrieval: bool = False
+    ra_passages: int = 0
+    key_source: KeySource = "ffn_input"
     n_neighbors: int = 1024
+    # -- mixture
     knn_temperature: float | None = None
     rrc_offset: float = 0.3
     rrc_scale: float = 0.1
+    lm_temperature: float = 1.0
+    fixed_lm_weight: float | None = None
+    # -- spans
+    span_copying: bool = True
     span_threshold: float = 0.5
     max_span: int = 64
+    span_passages: int | None = None
+    mask_token_mode: bool = False
+    # -- verification
     relaxation: float = 5e-4
-    lm_temperature: float = 1.0
-    key_source: KeySource = "ffn_input"
-    span_copying: bool = True
     strict_acceptance: bool = False
-    fixed_lm_weight: float | None = None
-    hybrid_retrieval: bool = False
-    ra_passages: int = 0
+    # -- guards
+    confidence_guard: float | None = None
+    eos_guard: float | None = None
+    # -- sampling
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    # -- citations
     cite_token_mode: bool = True
-    span_passages: int | None = None
-    confidence_guard: float | None = None
-    eos_guard: float | None = None
-    mask_token_mode: bool = False
     min_citation_tokens: int = 2
 
     def __post_init__(self) -> None:

@@ -17,6 +17,9 @@ os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# Skip policy, timeouts, global seeds and the Hypothesis profile (see tests/_policy.py).
+pytest_plugins = ["tests._policy"]
+
 # One intra-op thread: on a 2-core machine with anything else running, two OpenMP threads spin
 # while waiting for a busy core (a 40-token forward of SmolLM2-135M measured 1.8-3.6 s with 2
 # threads under load, 0.2 s with 1), so tests stay fast and stable. Benchmarks keep the default.

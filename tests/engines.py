@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from nest_integrations.config import NestConfig
-from nest_integrations.engine import NestEngine
+from nest_integrations.decoding.engine import NestEngine
 from nest_integrations.index.in_memory_store import InMemoryKeyStore
 
 

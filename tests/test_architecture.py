@@ -26,9 +26,12 @@ INNER = {
     "nest_integrations.config": ("nest_integrations.config", "nest_integrations.types"),
 }
 
+#: The command line is the outermost adapter: only its own modules import it.
+EDGE = "nest_integrations.cli"
+
 #: Engine-building parts that framework adapters must reach through the assembly only.
 ASSEMBLED = ("nest_integrations.lm", "nest_integrations.index", "nest_integrations.retrieval.chroma",
-             "nest_integrations.engine")
+             "nest_integrations.decoding.engine")
 
 
 def module_name(path: Path) -> str:
@@ -138,6 +141,9 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
         if _within(m, "nest_integrations.integrations"):
             bad += [f"{m} -> {t} (use nest_integrations.assembly)"
                     for t in targets if _within(t, ASSEMBLED)]
+        if not _within(m, EDGE):
+            bad += [f"{m} -> {t} (the command line is the edge)"
+                    for t in targets if _within(t, EDGE)]
     return sorted(bad)
 
 
@@ -156,7 +162,8 @@ def test_no_import_cycles_counting_lazy_imports() -> None:
 
 
 def test_inner_layers_import_no_adapter() -> None:
-    """core/, types and config import nothing outward; adapters reach engines via assembly."""
+    """core/, types and config import nothing outward; adapters reach engines via assembly;
+    nothing outside cli/ imports cli/."""
     graph = import_graph(include_lazy=True)
     assert "nest_integrations.core.mixture" in graph  # the walk sees the package
     assert layer_violations(graph) == []
@@ -176,11 +183,11 @@ def test_allowed_lazy_edges_exist_and_stay_lazy() -> None:
 def test_a_back_edge_planted_in_the_real_graph_is_a_cycle() -> None:
     """The old lazy edge engine -> assembly, planted back, makes the real graph cyclic."""
     graph = import_graph(include_lazy=True)
-    assert "nest_integrations.engine" in graph["nest_integrations.assembly"]
-    graph["nest_integrations.engine"].add("nest_integrations.assembly")
+    assert "nest_integrations.decoding.engine" in graph["nest_integrations.assembly"]
+    graph["nest_integrations.decoding.engine"].add("nest_integrations.assembly")
     cycle = find_cycle(graph)
-    assert cycle is not None and {"nest_integrations.engine", "nest_integrations.assembly"} <= set(
-        cycle)
+    assert cycle is not None and {"nest_integrations.decoding.engine",
+                                  "nest_integrations.assembly"} <= set(cycle)
 
 
 def test_cycle_finder_finds_a_planted_cycle() -> None:
@@ -197,7 +204,7 @@ def test_layer_check_flags_core_importing_an_adapter() -> None:
     graph = {
         "nest_integrations.core.mixture": {"nest_integrations.retrieval.chroma"},
         "nest_integrations.integrations.langchain.llms": {"nest_integrations.lm.hf"},
-        "nest_integrations.engine": {"nest_integrations.core.mixture"},
+        "nest_integrations.decoding.engine": {"nest_integrations.core.mixture"},
     }
     assert layer_violations(graph) == [
         "nest_integrations.core.mixture -> nest_integrations.retrieval.chroma",
@@ -211,9 +218,22 @@ def test_import_reader_sees_lazy_relative_and_submodule_imports(tmp_path: Path) 
     mods = modules()
     found = dict(imports_of(mods["nest_integrations.evaluation.runner"], set(mods)))
     assert found.get("nest_integrations.evaluation.metrics") is False
-    lazy = imports_of(mods["nest_integrations.engine"], set(mods))
+    lazy = imports_of(mods["nest_integrations.decoding.engine"], set(mods))
     assert any(t.startswith("nest_integrations.index") and is_lazy for t, is_lazy in lazy)
     assert ("nest_integrations.assembly", True) not in lazy
+
+
+def test_layer_check_flags_a_library_module_importing_the_cli() -> None:
+    """The real graph has every subcommand under cli/; a library module importing one is flagged,
+    while cli/ importing the library is fine."""
+    graph = import_graph(include_lazy=True)
+    commands = {m for m in graph["nest_integrations.cli"] if _within(m, EDGE)}
+    assert {"nest_integrations.cli.ask", "nest_integrations.cli.serve",
+            "nest_integrations.cli.dresd", "nest_integrations.cli.knn_ssd",
+            "nest_integrations.cli.calibrate", "nest_integrations.cli.eval"} <= commands
+    graph["nest_integrations.server.app"].add("nest_integrations.cli.serve")
+    assert layer_violations(graph) == [
+        "nest_integrations.server.app -> nest_integrations.cli.serve (the command line is the edge)"]
 
 
 @pytest.mark.parametrize("module", ["nest_integrations.integrations.langchain._engine",

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from nest_integrations import assembly, cli
-from nest_integrations.ask import ask_spec
-from nest_integrations.engine import NestEngine
+from nest_integrations.cli.ask import ask_spec
+from nest_integrations.decoding.engine import NestEngine
 from tests.engines import make_engine
 from nest_integrations.ingest.pipeline import IngestPipeline
 from nest_integrations.integrations.langchain import ChatNest
@@ -305,7 +305,7 @@ def test_every_entry_point_resolves_the_same_spec(
     import inspect
 
     import nest_integrations
-    from nest_integrations.server import cli as serve_cli
+    from nest_integrations.cli import serve as serve_cli
     from nest_integrations.server import protocol
     from nest_integrations.server.app import ServerSettings
 

@@ -145,9 +145,9 @@ def test_apply_backend_args_sets_threads_and_default_dtype(monkeypatch) -> None:
 
 
 def test_ask_and_serve_specs_carry_the_dtype() -> None:
-    from nest_integrations.ask import ask_spec
+    from nest_integrations.cli.ask import ask_spec
     from nest_integrations.cli import build_parser
-    from nest_integrations.server.cli import serve_spec
+    from nest_integrations.cli.serve import serve_spec
 
     parser = build_parser()
     assert ask_spec(parser.parse_args(["ask", "q", "--dtype", "bf16"])).dtype == "bfloat16"
@@ -262,7 +262,7 @@ def test_lossless_methods_equal_hf_generate_in_bf16(tiny_lm_path, tmp_path) -> N
     equal HF ``generate`` of the same bf16 model token for token (the oracle of
     tests/test_lossless_oracles.py), with drafts really verified."""
     from nest_integrations.config import NestConfig
-    from nest_integrations.engine import NestEngine
+    from nest_integrations.decoding.engine import NestEngine
     from nest_integrations.index.in_memory_store import InMemoryKeyStore
     from nest_integrations.lm.layer_skip import SkipSet
     from tests.test_lossless_oracles import copy_cases, corpus_cases, run_oracle

@@ -92,8 +92,11 @@ def test_calibrate_fits_saves_and_loads_per_model(tiny_lm, tmp_path, caplog):
     o = res["overrides"]
     assert set(o) == {"knn_temperature", "rrc_offset", "rrc_scale"}
     ppl = res["ppl"]
-    if res["feasible"]:  # the constraint holds at the chosen point ...
-        assert ppl["held_out"]["calibrated"] <= ppl["held_out"]["base"] * (1 + 1e-9)
+    # This corpus has feasible points (measured: held-out PPL 2.6e3 calibrated vs 1.9e5 base),
+    # so the constraint must hold at the chosen point, and copying must help in corpus.
+    assert res["feasible"]
+    assert ppl["held_out"]["calibrated"] <= ppl["held_out"]["base"] * (1 + 1e-9)
+    assert ppl["in_corpus"]["calibrated"] < ppl["in_corpus"]["base"]
     assert ppl["in_corpus"]["calibrated"] > 0 and math.isfinite(ppl["held_out"]["calibrated"])
     assert 0 < res["suggested"]["relaxation"] <= 1 and 0 < res["suggested"]["span_threshold"] < 1
     assert res["n_texts"] == {"in_corpus": 3, "held_out": 3}

@@ -283,9 +283,11 @@ def test_parse_url_and_unreachable_server(tmp_path: Path) -> None:
     assert parse_chroma_url("127.0.0.1:9") == ("127.0.0.1", 9, False)
     with pytest.raises(ValueError):
         parse_chroma_url("ftp://x")
-    port = free_port()
-    with pytest.raises(ChromaConnectionError) as err:
-        ChromaPassageStore.from_url(f"http://127.0.0.1:{port}", "col", persist_dir=tmp_path)
+    with socket.socket() as held:  # bound, never listening: refuses for the whole check
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        with pytest.raises(ChromaConnectionError) as err:
+            ChromaPassageStore.from_url(f"http://127.0.0.1:{port}", "col", persist_dir=tmp_path)
     assert f"http://127.0.0.1:{port}" in str(err.value) and "chroma run" in str(err.value)
 
 
@@ -298,32 +300,45 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _wait_healthy(proc: subprocess.Popen, url: str, log: Path, last: bool) -> bool:
+    """True once the server answers its heartbeat; False when it exited early (another try
+    may follow); fails the test on the last try or after 60 s."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/api/v2/heartbeat", timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            pass
+        if proc.poll() is not None and not last:
+            return False
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"chroma server did not start: {log.read_text()}")
+        time.sleep(0.3)
+
+
 @pytest.fixture
 def chroma_server(tmp_path: Path):
     """A real `chroma run` on loopback; yields its URL; stopped by its own pid."""
     binary = shutil.which("chroma") or str(Path(sys.executable).with_name("chroma"))
-    if not Path(binary).exists():
-        pytest.skip("the `chroma` CLI is not installed")
-    port = free_port()
+    # chromadb (a required dependency) installs the CLI: missing, the install is broken.
+    assert Path(binary).exists(), "the `chroma` CLI of chromadb is not installed"
     log = open(tmp_path / "chroma.log", "wb")
-    proc = subprocess.Popen(
-        [binary, "run", "--path", str(tmp_path / "server-db"), "--host", "127.0.0.1",
-         "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "ANONYMIZED_TELEMETRY": "False"},
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/api/v2/heartbeat", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"chroma server did not start: {(tmp_path / 'chroma.log').read_text()}")
-            time.sleep(0.3)
+        # The port is picked free and released before the server binds it; when another
+        # process takes it in between, the server exits and starts again on another port.
+        for attempt in range(3):
+            port = free_port()
+            proc = subprocess.Popen(
+                [binary, "run", "--path", str(tmp_path / "server-db"), "--host", "127.0.0.1",
+                 "--port", str(port)],
+                stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, "ANONYMIZED_TELEMETRY": "False"},
+            )  # fmt: skip
+            url = f"http://127.0.0.1:{port}"
+            if _wait_healthy(proc, url, tmp_path / "chroma.log", last=attempt == 2):
+                break
         yield url
     finally:
         proc.terminate()

@@ -59,6 +59,17 @@ def test_presets_are_valid_and_frozen():
         NestConfig().replace(gamma=0.1)
 
 
+def test_fields_are_passed_by_name_and_documented_in_groups():
+    """Fields are declared in documented groups, so a positional argument would land in another
+    field than it used to: it is refused. Every field appears once in the docstring."""
+    with pytest.raises(TypeError):
+        NestConfig(8)  # type: ignore[misc]
+    assert NestConfig(n_passages=8).n_passages == 8
+    doc = NestConfig.__doc__ or ""
+    for f in dataclasses.fields(NestConfig):
+        assert doc.count(f"        {f.name}: ") == 1, f.name
+
+
 def test_core_imports_no_framework():
     """The core and the engine import no framework (dependencies point inward)."""
     code = (
@@ -67,7 +78,7 @@ def test_core_imports_no_framework():
         "    sys.modules[m] = None\n"
         "import nest_integrations.core.mixture, nest_integrations.core.verification\n"
         "import nest_integrations.core.proposers, nest_integrations.core.citations\n"
-        "import nest_integrations.engine\n"
+        "import nest_integrations.decoding.engine\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

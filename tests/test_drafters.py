@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 import torch
 
-from nest_integrations import loop as loop_module
+from nest_integrations.decoding import loop as loop_module
 from nest_integrations.config import NestConfig
 from nest_integrations.core.sampling import warp
 from nest_integrations.drafters import METHODS, Draft, Method, get_method, register

@@ -23,7 +23,7 @@ from nest_integrations.dresd import (
 from nest_integrations.dresd.pca import fit_transform
 from nest_integrations.types import Passage
 
-pytest.importorskip("faiss")
+import faiss  # noqa: E402,F401  (a required dependency: imported, so a broken install fails)
 
 TEXTS = [
     "The Roman Empire was the post-Republican state of ancient Rome.",
@@ -217,7 +217,7 @@ def test_drafter_counters_land_in_the_generation_stats(tiny_lm, tmp_path):
     from nest_integrations.drafters import get_method
     from nest_integrations.drafters.base import DrafterContext
     from nest_integrations.dresd.responses import prompt_ids
-    from nest_integrations.loop import decode_ids
+    from nest_integrations.decoding.loop import decode_ids
     from nest_integrations.types import NestStats
 
     prompts = tmp_path / "prompts.jsonl"
@@ -270,7 +270,12 @@ def test_first_token_filter_and_budget(tiny_lm, built):
     drafter = DresdDrafter(ds, k=3, num_drafts=3, draft_len=5, min_score=-1.0)
     cands = drafter.candidates(state.hidden, 7, 5, tiny_lm.eos_token_ids)
     assert all(int(ds.tokens[g]) == 7 for g, _ in cands)  # the first-token filter
-    assert drafter.propose(state) is None or cands
+    assert cands == [] and drafter.propose(state) is None  # no neighbour holds token 7
+    last = toks[4]  # the true last token: exactly the neighbours holding it pass the filter
+    rows = [int(g) for g in ds.search(state.hidden, 3)[1] if g >= 0]
+    kept = drafter.candidates(state.hidden, last, 5, tiny_lm.eos_token_ids)
+    assert [g for g, _ in kept] == [g for g in rows if int(ds.tokens[g]) == last]
+    assert 0 < len(kept) < len(rows)  # some neighbours kept, some filtered out
     state = _state(tiny_lm, ds, toks[:5], torch.from_numpy(raw[4]), budget=2)
     draft = DresdDrafter(ds, shape="chain", draft_len=5).propose(state)
     assert draft is not None and len(draft) <= 2 and draft.parents is None

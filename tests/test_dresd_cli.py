@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-pytest.importorskip("faiss")
+import faiss  # noqa: E402,F401  (a required dependency: imported, so a broken install fails)
 
 
 @pytest.fixture
 def cli(tiny_lm, monkeypatch):
     from nest_integrations import cli as nest_cli
-    from nest_integrations.dresd import cli as dresd_cli
+    from nest_integrations.cli import dresd as dresd_cli
 
     monkeypatch.setattr(dresd_cli, "_load_lm", lambda: tiny_lm)
     return nest_cli.main

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-import nest_integrations.loop as loop_module
+import nest_integrations.decoding.loop as loop_module
 
 from nest_integrations.config import NestConfig
 from nest_integrations.core.token_memory import TokenMemory
@@ -418,17 +418,17 @@ def test_max_new_tokens_reached_mid_span(tiny_lm):
 
 def _spy_drafts(monkeypatch):
     """Record the memory rows of every NEST draft and the rows committed from it."""
-    from nest_integrations.drafters.nest_spans import NestSpanDrafter
+    from nest_integrations.drafters.nest import NestDrafter
 
     log: list[tuple[list[int], list[int]]] = []
-    update = NestSpanDrafter.update
+    update = NestDrafter.update
 
     def spy(self, state, draft, n_accepted):
         if self._rows is not None:
             log.append((list(self._rows), list(self._rows[:n_accepted])))
         return update(self, state, draft, n_accepted)
 
-    monkeypatch.setattr(NestSpanDrafter, "update", spy)
+    monkeypatch.setattr(NestDrafter, "update", spy)
     return log
 
 
@@ -516,7 +516,7 @@ def test_prefill_computes_logits_for_the_last_position_only(tiny_lm, monkeypatch
 def test_string_prompt_modes(tiny_lm, monkeypatch):
     """"completion" completes raw text; "chat" sends a user message; "auto" completes raw text
     and retries as a user message only when the completion ended at once with an end token."""
-    from nest_integrations.prompts import prompt_ids
+    from nest_integrations.decoding.prompts import prompt_ids
 
     seen: list[list[int]] = []
     forward = tiny_lm.forward

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nest_integrations.formatting import number_sources, render, with_markers
+from nest_integrations.cli.formatting import number_sources, render, with_markers
 from nest_integrations.types import Citation, NestResult, NestStats, Passage
 
 

@@ -310,7 +310,7 @@ def test_end_to_end_pdf_pages_reach_chroma_and_citations(
     (node,) = citation_nodes(result)
     assert node.node.metadata["page"] == 2 and node.node.metadata["source_format"] == "pdf"
     # ... the CLI's source list, the frameworks' citation extras and the server's annotation.
-    from nest_integrations.formatting import source_lines
+    from nest_integrations.cli.formatting import source_lines
     from nest_integrations.integrations._common import citation_extras
     from nest_integrations.server.protocol import annotation
 

@@ -126,8 +126,15 @@ def test_store_persists_decoded_keys_across_reopen(tmp_path: Path, name: str) ->
         np.testing.assert_array_equal(a.token_ids, b.token_ids)
         np.testing.assert_array_equal(a.offsets, b.offsets)
     exact = lm.encode_passages([lm.tokenize_with_offsets(ps[0].text)[0]])[0]
-    err = np.abs(again[0].keys.astype(np.float32) - exact).max()
-    assert err <= {"fp16": 1e-2, "int8": 0.1, "pq": 10.0}[name]
+    diff = again[0].keys.astype(np.float32) - exact
+    err = np.abs(diff).max()
+    # Measured (keys of |x| <= 3.6): fp16 1e-3, int8 0.017, pq 1.45.
+    assert err <= {"fp16": 1e-2, "int8": 0.1, "pq": 2.0}[name]
+    # Error relative to the keys' spread around their mean: measured fp16 2e-4, int8 0.007,
+    # pq 0.31. A codec that decodes every key to the mean scores 1.03, another passage's keys
+    # 1.36: a broken codec fails here.
+    rel = np.linalg.norm(diff) / np.linalg.norm(exact - exact.mean(0))
+    assert rel <= {"fp16": 1e-3, "int8": 0.02, "pq": 0.5}[name], rel
     assert name == "fp16" or err > 0  # lossy codecs are really lossy
 
 
@@ -304,7 +311,7 @@ def test_wanted_training_rows_are_known_for_trained_codecs() -> None:
 
 
 def test_nest_info_names_each_namespace_codec(tmp_path: Path, capsys) -> None:
-    from nest_integrations.cli import _print_info, key_store_stats
+    from nest_integrations.cli.info import _print_info, key_store_stats
 
     lm = FakeLM(key_dim=32)
     with DiskKeyStore.open(tmp_path, lm) as s:

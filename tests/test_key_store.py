@@ -51,9 +51,28 @@ def store(tmp_path: Path, lm: FakeLM) -> DiskKeyStore:
         yield s
 
 
-def test_store_implements_the_keystore_port(store: DiskKeyStore) -> None:
-    """DiskKeyStore satisfies the KeyStore protocol."""
+def test_store_implements_the_keystore_port(store: DiskKeyStore, lm: FakeLM) -> None:
+    """DiskKeyStore satisfies the KeyStore protocol, and behaves as it says through the port
+    alone: absent keys are None, put keys come back exactly (by text, whatever the passage id),
+    and a second put of the same text leaves the first keys untouched."""
     assert isinstance(store, KeyStore)
+    port: KeyStore = store
+    passages = make_passages(TEXTS[:3])
+    assert port.get_keys(passages) == [None, None, None]
+    keys = []
+    for p in passages[:2]:
+        k, ids, offsets = expected_keys(lm, p.text)
+        keys.append(PassageKeys(p.id, k, np.asarray(ids), np.asarray(offsets)))
+    port.put_keys(passages[:2], keys)
+    other = PassageKeys(passages[0].id, keys[0].keys + 1, keys[0].token_ids, keys[0].offsets)
+    port.put_keys(passages[:1], [other])  # already present: ignored
+    got = port.get_keys(make_passages(TEXTS[:3], prefix="renamed"))
+    assert got[2] is None
+    for want, back in zip(keys, got[:2]):
+        assert back is not None
+        np.testing.assert_array_equal(back.keys, want.keys.astype(np.float16))
+        np.testing.assert_array_equal(back.token_ids, want.token_ids)
+        np.testing.assert_array_equal(back.offsets, want.offsets)
 
 
 @pytest.mark.parametrize("dtype,tol", [("float16", 2e-3), ("float32", 0.0)])
@@ -391,13 +410,9 @@ def test_stats_describe_the_namespace(store: DiskKeyStore, lm: FakeLM) -> None:
 
 
 @pytest.mark.slow
-def test_round_trip_with_the_real_model(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def test_round_trip_with_the_real_model(tmp_path: Path, default_lm) -> None:
     """The real LM's passage keys survive the store within fp16 tolerance."""
-    pytest.importorskip("nest_integrations.lm.hf")
-    try:
-        lm = request.getfixturevalue("default_lm")
-    except pytest.FixtureLookupError:
-        pytest.skip("no default_lm fixture in tests/conftest.py")
+    lm = default_lm
     passages = make_passages(TEXTS[:4])
     with DiskKeyStore.open(tmp_path, lm) as s:
         first = ensure_keys(s, lm, passages)

@@ -24,7 +24,7 @@ from nest_integrations.knn_ssd.router import Router, kmeans_anchors
 from nest_integrations.knn_ssd.selfspec import draft_chain, self_speculative_generate
 from nest_integrations.lm.layer_skip import LayerSkipError, SkipSet, decoder_layers
 
-pytest.importorskip("faiss")
+import faiss  # noqa: E402,F401  (a required dependency: imported, so a broken install fails)
 
 CODE = "def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n"
 PROSE = "The Roman Empire was the post-Republican state of ancient Rome, ruled by emperors."
@@ -213,7 +213,7 @@ def test_routing_and_draft_counters_land_in_the_generation_stats(tiny_lm, tmp_pa
     from nest_integrations.drafters import get_method
     from nest_integrations.drafters.base import DrafterContext
     from nest_integrations.drafters.knn_ssd import KnnSsdDrafter
-    from nest_integrations.loop import decode_ids
+    from nest_integrations.decoding.loop import decode_ids
     from nest_integrations.types import NestStats
 
     domain = DOMAINS[0]
@@ -372,7 +372,7 @@ def test_prompt_files(tmp_path):
 def test_cli_search_anchors_show(tiny_lm, tmp_path, monkeypatch, capsys):
     pytest.importorskip("optuna")
     from nest_integrations import cli
-    from nest_integrations.knn_ssd import cli as kcli
+    from nest_integrations.cli import knn_ssd as kcli
 
     monkeypatch.setattr(kcli, "_load_lm", lambda model: tiny_lm)
     prompts = tmp_path / "code.jsonl"

@@ -16,7 +16,7 @@ import pytest
 
 from nest_integrations import assembly, cli
 from nest_integrations.config import NestConfig
-from nest_integrations.engine import NestEngine
+from nest_integrations.decoding.engine import NestEngine
 from tests.engines import make_engine
 from nest_integrations.index.base import KeyStore
 from nest_integrations.index.keys import ensure_keys

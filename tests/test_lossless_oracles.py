@@ -44,11 +44,11 @@ import torch
 from nest_integrations.config import NestConfig
 from nest_integrations.dresd import SourceBatch, build_datastore
 from nest_integrations.dresd.responses import keys_in_context
-from nest_integrations.engine import NestEngine
+from nest_integrations.decoding.engine import NestEngine
 from nest_integrations.index.in_memory_store import InMemoryKeyStore
 from nest_integrations.lm.hf import HFLanguageModel
 from nest_integrations.lm.layer_skip import SkipSet
-from nest_integrations.prompts import RA_CHAT_TEMPLATE, RA_TEXT_TEMPLATE
+from nest_integrations.decoding.prompts import RA_CHAT_TEMPLATE, RA_TEXT_TEMPLATE
 from nest_integrations.types import Passage
 from tests.fakes import FakeLM
 from tests.invariants import chi2_pvalue, hf_greedy
@@ -68,7 +68,7 @@ def break_verification(monkeypatch: pytest.MonkeyPatch) -> None:
     the strict acceptance count of a chain returns ``m + 1`` when ``m < len(draft)``, and a
     token-tree verification takes the first child of the last accepted node although it is not
     the target's argmax (feeding it so the KV cache stays consistent)."""
-    from nest_integrations import loop as loop_module
+    from nest_integrations.decoding import loop as loop_module
 
     real_count = loop_module.strict_accept_count
 
@@ -95,7 +95,7 @@ def break_residual(monkeypatch: pytest.MonkeyPatch) -> None:
     """Speculative sampling with the right acceptance test (``min(1, p/q)``) but a wrong
     residual: after a rejection the next token is drawn from ``p`` instead of
     ``norm(max(0, p - q))``."""
-    from nest_integrations import loop as loop_module
+    from nest_integrations.decoding import loop as loop_module
 
     def wrong_residual(p, draft, q, generator):
         n = int(draft.numel())
@@ -479,7 +479,7 @@ def test_knn_ssd_sampling_matches_exact_enumeration(small_vocab_lm, monkeypatch)
     """KNN-SSD sampling: the first three tokens (two drafted with a non-one-hot q) follow the
     exact temperature-sampling distribution of the full model (chi-square), and the drafts
     are partly accepted."""
-    from nest_integrations import loop as loop_module
+    from nest_integrations.decoding import loop as loop_module
 
     real = loop_module.speculative_sampling
     with_q = []

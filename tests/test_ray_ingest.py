@@ -7,6 +7,7 @@ The oracle is the single-process store built by ``ensure_keys`` from the same pa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -32,11 +34,8 @@ from nest_integrations.ingest import (
 )
 from nest_integrations.types import Passage
 
-ray = pytest.importorskip("ray")
-pytest.importorskip("ray.data")
-
-from nest_integrations.ingest import ray_keys  # noqa: E402
-from nest_integrations.ingest.ray_keys import (  # noqa: E402
+from nest_integrations.ingest import ray_keys
+from nest_integrations.ingest.ray_keys import (
     ModelSpec,
     RayConnectionError,
     RayKeysError,
@@ -50,6 +49,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def _refusing_port() -> Iterator[int]:
+    """A loopback port that refuses connections for the whole block: bound here (so nothing
+    else can take it) and never listening."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray():
+    """Ray itself (in the test extra): only the tests that need a real Ray ask for it; the
+    rest of this file runs without Ray."""
+    pytest.importorskip("ray.data", reason="ray[data] is not installed (it is in the test extra)")
+    import ray
+
+    return ray
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -58,38 +76,50 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _wait_for_head(proc: subprocess.Popen, port: int, log: Path, last: bool) -> bool:
+    """True once the head accepts connections on ``port``; False when ``ray start`` exited
+    (e.g. the port was taken) and another attempt may follow; raises on the last attempt."""
+    deadline = time.monotonic() + 90
+    while True:
+        if proc.poll() is not None:
+            if last:
+                raise RuntimeError(f"ray start exited: {log.read_text()}")
+            return False
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
 @pytest.fixture(scope="module")
-def ray_cluster():
-    """Address of a 2-CPU Ray head on 127.0.0.1, killed (its whole process group) at teardown."""
+def ray_cluster(ray):
+    """Address of a 2-CPU Ray head on 127.0.0.1, killed (its whole process group) at teardown.
+
+    The head's port is picked free and released before ``ray start`` binds it: when another
+    process takes it in between, ``ray start`` exits and is retried on another port."""
     tmp = tempfile.mkdtemp(prefix="nray")  # short: Ray's unix socket paths have a length limit
-    port = _free_port()
     # Token auth off on both sides (loopback only): a ~/.ray/auth_token left by any earlier
     # local `ray.init()` would otherwise turn it on for `ray start` but not for this driver.
     saved_auth = os.environ.get("RAY_AUTH_MODE")
     os.environ["RAY_AUTH_MODE"] = "disabled"
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     ray_bin = Path(sys.executable).with_name("ray")
-    cmd = [str(ray_bin), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
-           "--port", str(port), "--num-cpus", "2", "--num-gpus", "0",
-           "--include-dashboard=false", "--disable-usage-stats",
-           "--object-store-memory", str(300 * 1024 * 1024), "--temp-dir", tmp]  # fmt: skip
     log = open(Path(tmp) / "ray-start.log", "wb")
-    proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
-    address = f"127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"ray start exited: {(Path(tmp) / 'ray-start.log').read_text()}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        for attempt in range(3):
+            port = _free_port()
+            cmd = [str(ray_bin), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
+                   "--port", str(port), "--num-cpus", "2", "--num-gpus", "0",
+                   "--include-dashboard=false", "--disable-usage-stats",
+                   "--object-store-memory", str(300 * 1024 * 1024), "--temp-dir", tmp]  # fmt: skip
+            proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)  # fmt: skip
+            if _wait_for_head(proc, port, Path(tmp) / "ray-start.log", last=attempt == 2):
                 break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.3)
-        yield address
+        yield f"127.0.0.1:{port}"
     finally:
         for sig, wait in ((signal.SIGTERM, 3), (signal.SIGKILL, 5)):
             try:
@@ -152,27 +182,29 @@ def test_missing_ray_is_a_clear_import_error(monkeypatch, tmp_path, tiny_lm):
         encode_keys_on_ray(store, tiny_lm, [Passage("a", "Some text.")])
 
 
-def test_unreachable_address_fails_fast_with_the_address(tmp_path, tiny_lm):
+def test_unreachable_address_fails_fast_with_the_address(tmp_path, tiny_lm, ray):
     store = DiskKeyStore.open(tmp_path, tiny_lm)
-    address = f"127.0.0.1:{_free_port()}"  # nothing listens there
     start = time.monotonic()
-    with pytest.raises(RayConnectionError, match=f"no Ray cluster at {address}.*ray start"):
-        encode_keys_on_ray(store, tiny_lm, [Passage("a", "Some text.")], address=address)
+    with _refusing_port() as port:  # nothing listens there
+        address = f"127.0.0.1:{port}"
+        with pytest.raises(RayConnectionError, match=f"no Ray cluster at {address}.*ray start"):
+            encode_keys_on_ray(store, tiny_lm, [Passage("a", "Some text.")], address=address)
     assert time.monotonic() - start < 10
     with pytest.raises(ValueError, match="Ray address 'nohost' is invalid"):
         encode_keys_on_ray(store, tiny_lm, [Passage("a", "Some text.")], address="nohost")
     assert len(store) == 0 and not ray.is_initialized()
 
 
-def test_cli_unreachable_ray_fails_before_writing(tmp_path, tiny_lm, monkeypatch, capsys):
+def test_cli_unreachable_ray_fails_before_writing(tmp_path, tiny_lm, monkeypatch, capsys, ray):
     from nest_integrations import cli
 
-    monkeypatch.setattr(cli, "_load_lm", lambda: tiny_lm)
+    monkeypatch.setattr(cli.ingest, "_load_lm", lambda: tiny_lm)
     src = tmp_path / "a.txt"
     src.write_text("A short document about nothing in particular.")
-    address = f"127.0.0.1:{_free_port()}"
-    argv = ["ingest", str(src), "--persist-dir", str(tmp_path / "s"), "--ray", address]
-    assert cli.main(argv) == 1
+    with _refusing_port() as port:
+        address = f"127.0.0.1:{port}"
+        argv = ["ingest", str(src), "--persist-dir", str(tmp_path / "s"), "--ray", address]
+        assert cli.main(argv) == 1
     err = capsys.readouterr().err
     assert f"nest: error: no Ray cluster at {address}" in err and "Traceback" not in err
     import chromadb
@@ -192,7 +224,8 @@ def test_model_spec_reloads_the_same_model(tiny_lm):
 
 
 def test_cli_ray_flag():
-    from nest_integrations.cli import _ray_address, build_parser
+    from nest_integrations.cli import build_parser
+    from nest_integrations.cli.ingest import _ray_address
 
     parse = build_parser().parse_args
     assert _ray_address(parse(["ingest", "docs/"])) is None
@@ -213,7 +246,7 @@ def test_cli_ingest_on_ray_equals_single_process_store(
     from nest_integrations.ingest import token_counter_for
     from nest_integrations.paths import keys_dir
 
-    monkeypatch.setattr(cli, "_load_lm", lambda: default_lm)
+    monkeypatch.setattr(cli.ingest, "_load_lm", lambda: default_lm)
     main = cli.main
 
     docs, _ = load_documents([sample_corpus_path() / "wikipedia.jsonl"])
@@ -297,8 +330,6 @@ def test_killed_worker_loses_nothing(
 
 def test_incomplete_run_is_reported(monkeypatch, tmp_path, tiny_lm):
     """The completeness check names how many passages lack keys (Ray run stubbed out)."""
-    import contextlib
-
     store = DiskKeyStore.open(tmp_path, tiny_lm)
     ps = [Passage(str(i), f"Passage number {i}.") for i in range(3)]
     ensure_keys(store, tiny_lm, ps[:1])
@@ -307,6 +338,7 @@ def test_incomplete_run_is_reported(monkeypatch, tmp_path, tiny_lm):
         def cluster_resources(self):
             return {"CPU": 1}
 
+    monkeypatch.setattr(ray_keys, "_require_ray", lambda: None)  # runs without Ray installed
     monkeypatch.setattr(ray_keys, "_ray_session", lambda a: contextlib.nullcontext(FakeRay()))
     monkeypatch.setattr(ray_keys, "_run", lambda *a, **k: 0)  # a run that wrote nothing
     with pytest.raises(ray_keys.RayKeysIncompleteError, match="2 of 3 passages"):

@@ -36,20 +36,14 @@ def engine(tmp_path_factory, default_lm):
                                  lm=default_lm)
 
 
-@pytest.mark.parametrize(
-    "q",
-    [
-        pytest.param(q, marks=pytest.mark.xfail(reason=KNOWN_WRONG[q.id], strict=False))
-        if q.id in KNOWN_WRONG else q
-        for q in SAMPLE_QUESTIONS
-    ],
-    ids=[q.id for q in SAMPLE_QUESTIONS],
-)
-def test_sample_question_is_answered_right(engine, q) -> None:
+@pytest.mark.parametrize("q", SAMPLE_QUESTIONS, ids=[q.id for q in SAMPLE_QUESTIONS])
+def test_sample_question_is_answered_right(engine, q, request) -> None:
     res = engine.generate([{"role": "user", "content": q.question}], max_new_tokens=48)
     by_id = {p.id: p for p in res.passages}
-    for c in res.citations:
+    for c in res.citations:  # exact citations for every question, known-wrong ones too
         assert res.text[c.start : c.end] == c.text
         p = by_id[c.passage_id]
         assert p.text[c.passage_start : c.passage_end] == c.text
+    if q.id in KNOWN_WRONG:  # strict: an answer that turns right must leave KNOWN_WRONG
+        request.applymarker(pytest.mark.xfail(reason=KNOWN_WRONG[q.id], strict=True))
     assert keyword_correct(res.text, q.must, q.must_not), res.text

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from nest_integrations.text_stream import OutputText
+from nest_integrations.decoding.text_stream import OutputText
 
 TEXT = (
     "The Roman Empire was the post-Republican state of ancient Rome. 東京は日本の首都です。"

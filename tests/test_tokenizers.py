@@ -28,8 +28,8 @@ from nest_integrations.config import NestConfig
 from nest_integrations.core.citations import build_citations
 from tests.engines import make_engine
 from nest_integrations.lm.hf import HFLanguageModel
-from nest_integrations.prompts import prompt_ids
-from nest_integrations.text_stream import OutputText
+from nest_integrations.decoding.prompts import prompt_ids
+from nest_integrations.decoding.text_stream import OutputText
 from nest_integrations.types import Passage
 from tests._tiny import tiny_llama
 

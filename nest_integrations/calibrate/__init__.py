@@ -40,12 +40,12 @@ Usage::
 
 Modules: ``splitting`` (held-out / in-corpus texts), ``scoring`` (teacher-forced p_LM and
 nearest keys), ``fitting`` (the grid and the suggestions), ``runs`` (a corpus or a collection end
-to end), ``cli`` (``nest calibrate``); results are stored by ``calibration_store``.
+to end); results are stored by ``calibration_store``; ``nest calibrate`` is
+``nest_integrations/cli/calibrate.py``.
 """
 
 from __future__ import annotations
 
-from nest_integrations.calibrate.cli import CALIBRATE_HELP, add_calibrate_args, cmd_calibrate
 from nest_integrations.calibrate.fitting import fit_calibration
 from nest_integrations.calibrate.runs import calibrate_collection, calibrate_passages
 from nest_integrations.calibrate.scoring import score_text
@@ -59,13 +59,10 @@ from nest_integrations.calibration_store import (
 )
 
 __all__ = [
-    "CALIBRATE_HELP",
     "CalibrationText",
-    "add_calibrate_args",
     "calibrate_collection",
     "calibrate_passages",
     "calibration_path",
-    "cmd_calibrate",
     "fit_calibration",
     "load_calibration",
     "load_calibration_record",

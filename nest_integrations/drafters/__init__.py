@@ -1,4 +1,4 @@
-"""Decoding methods: one drafter per method, all consumed by the one loop in ``loop.py``.
+"""Decoding methods: one drafter per method, all consumed by the one loop in ``decoding/loop.py``.
 
 A new method is one drafter file plus one ``register(Method(...))`` line below.
 
@@ -45,9 +45,9 @@ def get_method(name: str) -> Method:
 
 
 def _nest(ctx: DrafterContext) -> Drafter:
-    from nest_integrations.drafters.nest_spans import NestSpanDrafter
+    from nest_integrations.drafters.nest import NestDrafter
 
-    return NestSpanDrafter(ctx)
+    return NestDrafter(ctx)
 
 
 def _prompt_lookup(ctx: DrafterContext) -> Drafter:

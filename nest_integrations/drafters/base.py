@@ -1,4 +1,4 @@
-"""The drafter port: what ONE verify-and-commit loop (``nest_integrations.loop``) needs from a
+"""The drafter port: what ONE verify-and-commit loop (``nest_integrations.decoding.loop``) needs from a
 drafting method, shaped like Hugging Face's candidate generators.
 
 A drafter proposes tokens; the loop verifies them in one forward pass of the target LM and

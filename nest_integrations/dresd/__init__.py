@@ -1,6 +1,6 @@
 """DReSD (Dense Retrieval for Speculative Decoding): a corpus-wide datastore of 64-d token keys
 drafts continuations that the LM verifies exactly (lossless). See ``datastore`` for the layout
-and key convention, ``drafters/dresd.py`` for drafting, ``dresd/cli.py`` for ``nest dresd``.
+and key convention, ``drafters/dresd.py`` for drafting, ``cli/dresd.py`` for ``nest dresd``.
 
 Usage::
 

@@ -16,7 +16,7 @@ Module map:
 - ``runner``: ``EvalSettings`` (``small``/``medium``/``full``), ``run_eval``, aggregation;
 - ``report``: markdown (Table 1 style), JSON, JSONL, PNG plots;
 - ``suite``: end to end (model + datastore + tasks -> files);
-- ``cli``: ``nest eval``.
+- ``nest eval`` is ``nest_integrations/cli/eval.py``.
 
 Tests: ``tests/test_evaluation.py``, ``tests/test_qa_dev.py``.
 """

@@ -110,19 +110,3 @@ def messages_to_dicts(messages: Any) -> list[dict[str, str]]:
         role, content = (m["role"], m["content"]) if isinstance(m, Mapping) else m
         out.append({"role": roles.get(str(role), str(role)), "content": str(content)})
     return out
-
-
-class CitationTracker(output.CitationStream):
-    """``output.CitationStream`` in ``"completed"`` mode: each citation once, complete (what
-    LangChain chunks carry, since they are merged by concatenation).
-
-    Usage::
-
-        tracker = CitationTracker()
-        for chunk in engine.stream(prompt):
-            done = tracker.finish(chunk.result) if chunk.result else tracker.step(chunk.citation)
-            send(chunk.text, [citation_payload(c) for c in done])
-    """
-
-    def __init__(self) -> None:
-        super().__init__("completed")

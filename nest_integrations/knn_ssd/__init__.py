@@ -11,7 +11,7 @@ Modules:
 - ``profile``: per-model JSON profiles (skip sets, anchors) with the model fingerprint;
 - ``search``: optuna TPE search of a domain's skip set, K-means anchors;
 - ``router``: 1-NN cosine routing with a documented fallback;
-- ``cli``: ``nest knn-ssd prompts | search | anchors | show``.
+- ``nest knn-ssd prompts | search | anchors | show`` is ``nest_integrations/cli/knn_ssd.py``.
 
 The decoding method itself, with the draft loop ``draft_chain``, is
 ``nest_integrations.drafters.knn_ssd`` (``decoding="knn-ssd"``).

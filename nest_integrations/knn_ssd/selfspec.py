@@ -28,7 +28,7 @@ from nest_integrations.drafters.knn_ssd import (
     draft_chain,
 )
 from nest_integrations.lm.layer_skip import SkipSet
-from nest_integrations.loop import decode_ids
+from nest_integrations.decoding.loop import decode_ids
 
 __all__ = ["ChainDraft", "SpecStats", "draft_chain", "self_speculative_generate"]
 

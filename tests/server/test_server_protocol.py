@@ -118,7 +118,7 @@ def test_annotation_stream_merges_to_the_final_list() -> None:
 def test_serve_rejects_bad_options_before_loading_the_model(monkeypatch, capsys) -> None:
     """Bad `nest serve` options are one clear line, and no engine is built."""
     from nest_integrations import cli
-    from nest_integrations.server import cli as serve_cli
+    from nest_integrations.cli import serve as serve_cli
 
     pytest.importorskip("uvicorn")
     monkeypatch.setattr(serve_cli, "build_engine", lambda args: pytest.fail("built an engine"))

@@ -15,7 +15,6 @@ from pydantic import ConfigDict, Field, SecretStr
 
 from nest_integrations import output
 from nest_integrations.integrations._common import (
-    CitationTracker,
     citation_payload,
     messages_to_dicts,
     stats_payload,
@@ -153,7 +152,7 @@ class ChatNest(NestModelParams, BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         block_id = f"lc_{uuid.uuid4()}"  # one id and index: chunks merge into one text block
-        tracker = CitationTracker()
+        tracker = output.CitationStream("completed")
         for item in self._nest_stream(to_chat_messages(messages), stop, kwargs):
             if item.result is not None:
                 done = tracker.finish(item.result)

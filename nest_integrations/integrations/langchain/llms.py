@@ -11,7 +11,7 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from pydantic import ConfigDict
 
 from nest_integrations import output
-from nest_integrations.integrations._common import CitationTracker, citation_payload, stats_payload
+from nest_integrations.integrations._common import citation_payload, stats_payload
 from nest_integrations.integrations.langchain._engine import NestModelParams
 from nest_integrations.types import NestResult
 
@@ -105,7 +105,7 @@ class NestLLM(NestModelParams, LLM):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[GenerationChunk]:
-        tracker = CitationTracker()
+        tracker = output.CitationStream("completed")
         for item in self._nest_stream(prompt, stop, kwargs):
             if item.result is not None:
                 done = tracker.finish(item.result)

@@ -389,7 +389,8 @@ def test_verbatim_citations_are_annotated_with_their_kind() -> None:
     in ``extras``, and the shared tracker streams it once (LangChain and LlamaIndex alike)."""
     import dataclasses
 
-    from nest_integrations.integrations._common import CitationTracker, citation_payload
+    from nest_integrations import output
+    from nest_integrations.integrations._common import citation_payload
     from nest_integrations.integrations.langchain.chat_models import citation_annotation
 
     result = fake_engine().generate(PROMPT, max_new_tokens=20)
@@ -402,6 +403,6 @@ def test_verbatim_citations_are_annotated_with_their_kind() -> None:
     }
     docs = citations_to_documents([citation_payload(verbatim)])
     assert docs[0].metadata["citation_kind"] == "verbatim"
-    tracker = CitationTracker()
+    tracker = output.CitationStream("completed")
     assert tracker.step(verbatim) == [] and tracker.step(None) == [verbatim]
     assert tracker.finish(dataclasses.replace(result, citations=[verbatim])) == []

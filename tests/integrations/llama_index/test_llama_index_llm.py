@@ -41,6 +41,13 @@ def check_blocks(message: ChatMessage, cites: list[dict]) -> None:
         assert doc[loc["source_start_char"] : loc["source_end_char"]] == b.cited_content.text
 
 
+def _open_at_end(items: list) -> list[dict]:
+    """The span the last text delta is part of (complete by then), if that delta is copied: a
+    stream reports it only there and in the final list, never in ``completed_citations``."""
+    last = items[-2].additional_kwargs if len(items) > 1 else {}
+    return [last["citation"]] if "citation" in last else []
+
+
 def test_construction_is_cheap_and_config_presets(index, offline_settings):
     """Building a NestLLM (and setting it globally) loads nothing; presets become NestConfigs."""
     llm = NestLLM(retriever=index, config="lossless", max_new_tokens=8)
@@ -65,11 +72,13 @@ def test_stream_complete_concatenates_to_complete(tiny_llm):
     assert all(a.text + b.delta == b.text for a, b in zip(items, items[1:]))
     assert items[-1].delta == ""
     assert items[-1].additional_kwargs["citations"] == done.additional_kwargs["citations"]
-    # the shared CitationTracker: each completed span once, complete, and in the final list
+    # the shared CitationStream: each completed span once, complete, and in the final list
     completed = [c for i in items for c in i.additional_kwargs.get("completed_citations", [])]
     assert all(c in done.additional_kwargs["citations"] for c in completed)
     assert len({(c["id"], c["start_index"]) for c in completed}) == len(completed)
-    check_citations(done.text, done.additional_kwargs)
+    cites = check_citations(done.text, done.additional_kwargs)
+    assert cites  # the tiny model copies a span of the retrieved passages (measured: 1)
+    assert completed + _open_at_end(items) == cites  # each span reported complete, in order
     usage = done.raw["usage"]
     assert usage["completion_tokens"] == len(done.raw["nest_result"].token_ids) > 0
 
@@ -79,6 +88,9 @@ def test_stream_chat_concatenates_to_chat(tiny_llm):
     done = tiny_llm.chat(USER)
     assert "".join(r.delta for r in items) == items[-1].message.content == done.message.content
     cites = check_citations(done.message.content, done.additional_kwargs)
+    assert cites  # measured: 1 copied span
+    completed = [c for i in items for c in i.additional_kwargs.get("completed_citations", [])]
+    assert completed + _open_at_end(items) == cites
     check_blocks(done.message, cites)
     check_blocks(items[-1].message, cites)
     assert done.message.additional_kwargs["citations"] == cites

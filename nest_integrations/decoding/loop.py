@@ -53,7 +53,7 @@ from nest_integrations.drafters.base import (
     as_sources,
     validate_draft,
 )
-from nest_integrations.text_stream import OutputText
+from nest_integrations.decoding.text_stream import OutputText
 from nest_integrations.types import NestStats, StreamChunk
 
 

@@ -22,8 +22,8 @@ from nest_integrations.core.citations import build_citations, last_citation
 from nest_integrations.core.token_memory import TokenMemory
 from nest_integrations.defaults import DEFAULT_DECODING, DEFAULT_MAX_NEW_TOKENS
 from nest_integrations.drafters import DrafterContext, get_method
-from nest_integrations.loop import DecodeLoop
-from nest_integrations.prompts import (
+from nest_integrations.decoding.loop import DecodeLoop
+from nest_integrations.decoding.prompts import (
     Prompt,
     chat_retry,
     check_string_prompts,

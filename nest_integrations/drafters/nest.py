@@ -20,7 +20,7 @@ from nest_integrations.core.proposers import span_draft, span_start, use_span
 from nest_integrations.drafters.base import DecodeState, Draft, DrafterContext, Source
 
 
-class NestSpanDrafter:
+class NestDrafter:
     """Span drafts from the per-query token memory (one instance per generation)."""
 
     def __init__(self, ctx: DrafterContext) -> None:
@@ -79,4 +79,4 @@ class NestSpanDrafter:
         return memory.source(row) if memory.value(row) == w else None
 
 
-__all__ = ["NestSpanDrafter"]
+__all__ = ["NestDrafter"]

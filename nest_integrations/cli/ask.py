@@ -95,7 +95,7 @@ def ask_spec(args: argparse.Namespace) -> assembly.EngineSpec:
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
-    from nest_integrations.formatting import render
+    from nest_integrations.cli.formatting import render
 
     apply_backend_args(args)
     engine = assembly.build_engine(ask_spec(args))

@@ -1,7 +1,7 @@
 """``nest eval``: the evaluation harness from the command line.
 
 Register it in the main CLI with either ``add_eval_parser(subparsers)`` or, in ``COMMANDS``,
-``"eval": (add_eval_arguments, run_eval, EVAL_HELP)``. ``main(argv)`` runs it standalone
+``"eval": (add_eval_args, cmd_eval, EVAL_HELP)``. ``main(argv)`` runs it standalone
 (``benchmarks/eval_nest.py`` does).
 
 Usage::
@@ -25,7 +25,7 @@ EVAL_HELP = "compare base LM, RA, kNN-LM, NEST and RA-NEST (Table 1 style report
 DEFAULT_OUT = os.path.join("benchmarks", "results")
 
 
-def add_eval_arguments(p: argparse.ArgumentParser) -> None:
+def add_eval_args(p: argparse.ArgumentParser) -> None:
     """The options of ``nest eval``."""
     from nest_integrations.evaluation.retrieval import RETRIEVERS
     from nest_integrations.evaluation.runner import SETTINGS
@@ -120,8 +120,8 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
 def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``eval`` subcommand to an ``argparse`` subparsers object."""
     p = subparsers.add_parser("eval", help=EVAL_HELP, description=EVAL_HELP)
-    add_eval_arguments(p)
-    p.set_defaults(func=run_eval)
+    add_eval_args(p)
+    p.set_defaults(func=cmd_eval)
     return p
 
 
@@ -173,7 +173,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
     return out
 
 
-def run_eval(args: argparse.Namespace) -> int:
+def cmd_eval(args: argparse.Namespace) -> int:
     """Run ``nest eval``; returns the exit status."""
     from nest_integrations.evaluation.suite import evaluate
 
@@ -215,11 +215,11 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Standalone entry point (``python -m nest_integrations.evaluation.cli``)."""
+    """Standalone entry point (``python -m nest_integrations.cli.eval``)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parser = argparse.ArgumentParser(prog="nest eval", description=EVAL_HELP)
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more")
-    add_eval_arguments(parser)
+    add_eval_args(parser)
     args = parser.parse_args(argv)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("nest: %(levelname)s: %(message)s"))
@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING
     )
     try:
-        return run_eval(args)
+        return cmd_eval(args)
     except (ValueError, OSError, ImportError) as exc:
         sys.stderr.write(f"nest eval: error: {exc}\n")
         return 1

@@ -1,0 +1,129 @@
+"""``nest info``: collections, passages, tokens and the key store's size."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from nest_integrations import assembly
+from nest_integrations.cli.common import open_store, out, store_args
+
+INFO_HELP = "show collections, passages, tokens and key-store size"
+
+
+def add_info_args(p: argparse.ArgumentParser) -> None:
+    store_args(p, "also show this collection's passages, documents and tokens "
+                "(default: list every collection)")
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    if not args.chroma_url:
+        from nest_integrations import paths
+
+        root = assembly.persist_root(args.persist_dir)
+        if not paths.chroma_dir(root).is_dir():  # do not create an empty store just to look
+            raise FileNotFoundError(
+                f"no store at {root}; create one with `nest ingest PATH...` or "
+                "`nest ingest --sample`"
+            )
+    store = open_store(args)
+    collections = {name: store.with_collection(name).count() for name in store.list_collections()}
+    info: dict[str, Any] = {"chroma": store.location, "collections": collections}
+    if args.collection in collections:
+        info["collection"] = store.stats()
+    keys_dir = store.keys_dir
+    info["key_store"] = {"path": str(keys_dir), "namespaces": key_store_stats(keys_dir)}
+    from nest_integrations.index.lazy_cache import lazy_cache_stats
+
+    info["key_store"]["mode"] = "eager"
+    lazy = lazy_cache_stats(keys_dir)
+    if lazy is not None:
+        info["key_store"].update(mode="lazy", lazy=lazy)
+    if args.json:
+        out(json.dumps(info, indent=2, default=str))
+    else:
+        _print_info(info, args.collection)
+    if args.collection is not None and args.collection not in collections:
+        listed = ", ".join(repr(c) for c in collections) or "none"
+        sys.stderr.write(
+            f"nest: error: no collection {args.collection!r} (existing: {listed}); create it "
+            f"with `nest ingest PATH... --collection {args.collection}` or `nest ingest --sample`\n"
+        )
+        return 1
+    return 0
+
+
+def key_store_stats(keys_dir: Path) -> list[dict[str, Any]]:
+    """``stats()`` of every namespace of the key store at ``keys_dir``, without loading a model."""
+    from nest_integrations.index.codecs import load_codec
+    from nest_integrations.index.namespaces import list_namespaces
+    from nest_integrations.index.store import DiskKeyStore
+
+    out = []
+    for ns in list_namespaces(keys_dir):
+        with DiskKeyStore(
+            keys_dir,
+            fingerprint=ns["fingerprint"],
+            key_source=ns["key_source"],
+            key_dim=ns["key_dim"],
+            codec=load_codec({**ns.get("codec", {}), "key_dim": ns["key_dim"]})
+            if isinstance(ns.get("codec"), dict)
+            else None,
+            dtype=None if isinstance(ns.get("codec"), dict) else ns["dtype"],
+        ) as ks:
+            out.append(ks.stats())
+    return out
+
+
+def _print_info(info: dict[str, Any], collection: str | None) -> None:
+    out(f"Chroma:       {info['chroma']}")
+    cols = info["collections"]
+    listed = ", ".join(f"{n} ({c:,} passages)" for n, c in cols.items()) if cols else "none"
+    out(f"Collections:  {listed}")
+    if "collection" in info:
+        c = info["collection"]
+        out(
+            f"Collection {collection!r}: {c['passages']:,} passages, {c['documents']:,} "
+            f"documents, {c['tokens']:,} tokens ({c['space']} space)"
+        )
+    ks = info["key_store"]
+    out(f"Key store:    {ks['path']} (shared by the collections of this persist dir)")
+    if ks.get("mode") == "lazy":
+        _print_lazy_info(ks["lazy"])
+    if not ks["namespaces"] and ks.get("mode") != "lazy":
+        out("  (empty: keys are computed by `nest ingest` or on first use)")
+    for s in ks["namespaces"]:
+        out(
+            f"  model       {s['fingerprint']} (key source {s['key_source']!r}, "
+            f"d={s['key_dim']})"
+        )
+        codec = s.get("codec", s["dtype"])
+        detail = ", ".join(f"{k}={v}" for k, v in s.get("codec_params", {}).items()
+                           if k not in ("codec", "key_dim"))
+        out(
+            f"  key codec   {codec}{f' ({detail})' if detail else ''}: "
+            f"{s.get('code_bytes', 0):,} bytes/key, decoded as {s['dtype']}"
+            + ("" if s.get("codec_fingerprint") or codec in ("fp16", "fp32")
+               else " (not trained yet)")
+        )
+        out(f"  passages    {s['n_passages']:,} with keys, {s['n_tokens']:,} tokens")
+        out(
+            f"  size        {s['bytes_on_disk'] / 1e6:,.1f} MB, "
+            f"{s['bytes_per_token']:,.1f} bytes/token"
+        )
+
+
+def _print_lazy_info(lazy: dict[str, Any]) -> None:
+    out(
+        f"  mode        lazy (keys encoded at query time), cap {lazy['max_bytes'] / 1e6:,.1f} MB, "
+        f"codec {lazy['codec']}"
+    )
+    for s in lazy["namespaces"]:
+        out(f"  cache       {s['fingerprint']} (key source {s['key_source']!r}, {s['codec']})")
+        out(
+            f"  used        {s['bytes_used'] / 1e6:,.1f} MB of {lazy['max_bytes'] / 1e6:,.1f} MB"
+            f", {s['n_entries']:,} passages, {s['n_tokens']:,} tokens"
+        )
