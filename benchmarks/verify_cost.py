@@ -1,9 +1,9 @@
 """Cost c(T) of one verify forward over T new tokens after a 120-token cache, per model dtype
 side by side (SmolLM2-135M on CPU): what bounds every speculative method's speed-up.
 
-For each dtype the embedded model is loaded once; for each T the median of ``--repeats`` timed
-forwards (a fresh 120-token cache each, random-looking fixed ids) is reported, with the ratio
-c(T)/c(1). ``--tree`` adds the token-tree forward (4 branches) beside the chain.
+Every dtype's model is loaded once; the timed forwards (a fresh 120-token cache each, fixed ids)
+are interleaved across dtypes and T, and for each T the median of ``--repeats`` is reported,
+with the ratio c(T)/c(1). ``--tree`` adds the token-tree forward (4 branches) beside the chain.
 
 Usage:
     python benchmarks/verify_cost.py                                # fp32 and bf16, T 1 2 9 17
@@ -58,17 +58,26 @@ def main() -> None:
     args = ap.parse_args()
     threads = backend.configure_threads(args.threads)
     tokens = sorted(set(args.tokens) | {1})
-    results: dict[str, dict[int, tuple[float, float | None]]] = {}
+    lms = {}
     for name in args.dtype:
         lm = HFLanguageModel.from_default(dtype=name)
-        label = backend.dtype_label(name, lm.device)
+        lms[backend.dtype_label(name, lm.device)] = lm
         verify_ms(lm, 2, 1, False)  # warm-up
-        results[label] = {
-            t: (verify_ms(lm, t, args.repeats, False),
-                verify_ms(lm, t, args.repeats, True) if args.tree and t > 4 else None)
-            for t in tokens
-        }
-        del lm
+    # Interleaved: each repeat times every dtype in turn, so load from other jobs on a shared
+    # machine falls on all of them alike.
+    chain: dict[str, dict[int, list[float]]] = {d: {t: [] for t in tokens} for d in lms}
+    trees: dict[str, dict[int, list[float]]] = {d: {t: [] for t in tokens} for d in lms}
+    for _ in range(args.repeats):
+        for t in tokens:
+            for d, lm in lms.items():
+                chain[d][t].append(verify_ms(lm, t, 1, False))
+                if args.tree and t > 4:
+                    trees[d][t].append(verify_ms(lm, t, 1, True))
+    results = {
+        d: {t: (statistics.median(chain[d][t]),
+                statistics.median(trees[d][t]) if trees[d][t] else None) for t in tokens}
+        for d in lms
+    }
     print(f"machine: {platform.processor() or platform.machine()}, torch threads {threads}, "
           f"native bf16: {backend.cpu_has_native_bf16()}; median of {args.repeats}, "
           f"after a {len(PROMPT)}-token cache\n")
