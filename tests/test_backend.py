@@ -95,10 +95,13 @@ def test_process_default_dtype_is_what_none_means() -> None:
 
 def test_thread_count_honours_argument_then_env_then_physical_cores(monkeypatch) -> None:
     monkeypatch.delenv(backend.THREADS_ENV, raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(backend, "_cpu_capabilities", lambda: {"num_physical_cores": 6})
     assert backend.thread_count() == 6
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")  # OpenMP's own variable is a user choice too
+    assert backend.thread_count() == 4
     monkeypatch.setenv(backend.THREADS_ENV, "3")
-    assert backend.thread_count() == 3
+    assert backend.thread_count() == 3  # NEST_THREADS wins over OMP_NUM_THREADS
     assert backend.thread_count(2) == 2  # --threads wins over the environment
     assert backend.configure_threads() == 3 and torch.get_num_threads() == 3
     monkeypatch.setenv(backend.THREADS_ENV, "many")

@@ -10,8 +10,8 @@ One place decides them for every entry point (``HFLanguageModel.from_pretrained`
   ``cpu_has_native_bf16``), else fp32. ``None`` is the process default (``set_default_dtype``;
   initially fp32 on CPU and bf16 on CUDA). The mixture, RRC, distances and verification always
   run in fp32: ``HFLanguageModel`` upcasts logits and keys where they leave the model.
-- **threads** (``configure_threads``): ``--threads``, else ``$NEST_THREADS``, else the number of
-  physical cores (``physical_cores``); applied with ``torch.set_num_threads``.
+- **threads** (``configure_threads``): ``--threads``, else ``$NEST_THREADS``, else
+  ``$OMP_NUM_THREADS``, else the number of physical cores (``physical_cores``); applied with ``torch.set_num_threads``.
 
 Usage::
 
@@ -149,14 +149,16 @@ def physical_cores() -> int:
 
 
 def thread_count(threads: int | None = None) -> int:
-    """``threads`` if given, else ``$NEST_THREADS``, else ``physical_cores()``."""
+    """``threads`` if given, else ``$NEST_THREADS``, else ``$OMP_NUM_THREADS`` (a user who set
+    OpenMP's own variable has chosen), else ``physical_cores()``."""
     source = "--threads"
-    if threads is None and os.environ.get(THREADS_ENV, "").strip():
-        raw, source = os.environ[THREADS_ENV].strip(), THREADS_ENV
-        try:
-            threads = int(raw)
-        except ValueError:
-            raise ValueError(f"{THREADS_ENV}={raw!r} is not a whole number of threads") from None
+    for env in (THREADS_ENV, "OMP_NUM_THREADS"):
+        if threads is None and os.environ.get(env, "").strip():
+            raw, source = os.environ[env].strip(), env
+            try:
+                threads = int(raw)
+            except ValueError:
+                raise ValueError(f"{env}={raw!r} is not a whole number of threads") from None
     if threads is None:
         return physical_cores()
     if int(threads) < 1:
@@ -188,7 +190,8 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--threads", type=int, default=None, metavar="N",
-        help=f"torch threads (default: ${THREADS_ENV}, else the number of physical cores)",
+        help=f"torch threads (default: ${THREADS_ENV}, else $OMP_NUM_THREADS, else the number "
+        "of physical cores)",
     )
 
 
