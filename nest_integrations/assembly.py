@@ -25,8 +25,9 @@ LangChain's ``ChatNest``/``NestLLM``, LlamaIndex's
   default) whenever a persist dir or the Chroma store is used, else in memory.
 - **Hybrid retrieval** (``NestConfig.hybrid_retrieval``, ``nest ask --hybrid``) fuses the
   Chroma store's dense scores with BM25 over the same collection (``retrieval.hybrid``).
-- **Models** are loaded once per process per ``(model, device, key_source)``
-  (``shared_model``; thread-safe).
+- **Models** are loaded once per process per ``(model, device, key_source, dtype)``
+  (``shared_model``; thread-safe). The dtype is the resolved one (``lm.backend``): an fp32 and a
+  bf16 load of the same checkpoint are two models; ``None`` and ``"fp32"`` on CPU are one.
 - **Serialising model calls.** One policy for every engine built here and every engine handed
   to an adapter: its model's method calls run one at a time per model, process-wide
   (``serialized``). LangChain ``batch``/``astream`` and LlamaIndex ``achat``/``astream_*`` run
@@ -85,6 +86,15 @@ def resolve_config(config: NestConfig | str | Mapping[str, Any] | None) -> NestC
     raise TypeError(f"config must be a NestConfig, a preset name or None, not {type(config)}")
 
 
+def check_dtype(dtype: Any) -> Any:
+    """``dtype`` if ``lm.backend`` accepts it (None, ``"auto"``, ``"fp32"``, ``"bf16"``, ...),
+    else ``ValueError`` naming the accepted values: the adapters' check at construction."""
+    from nest_integrations.lm.backend import parse_dtype
+
+    parse_dtype(dtype)
+    return dtype
+
+
 def resolve_max_new_tokens(*budgets: int | None) -> int:
     """The first budget given (per call, then per model), else ``DEFAULT_MAX_NEW_TOKENS``."""
     for budget in budgets:
@@ -104,6 +114,9 @@ class EngineSpec:
             ``opens_store``), the collection defaulting to ``DEFAULT_COLLECTION``.
         model: a Hugging Face id or folder; None = the embedded SmolLM2-135M-Instruct.
         device: torch device (None = CPU).
+        dtype: model weights (``lm.backend.DTYPE_CHOICES``: ``"auto"``, ``"fp32"``, ``"bf16"``,
+            ...); None = the process default (fp32 on CPU, bf16 on CUDA unless
+            ``backend.set_default_dtype`` or ``--dtype`` set it). Validated here.
         config: a ``NestConfig``, preset name or None (``DEFAULT_PRESET``); resolved here.
         decoding: a ``drafters.METHODS`` name (None = ``DEFAULT_DECODING``); the engine
             validates it.
@@ -127,8 +140,11 @@ class EngineSpec:
     drafter_options: Any = None
     hybrid: bool | None = None
     calibrated: bool | None = None
+    dtype: str | None = None
 
     def __post_init__(self) -> None:
+        from nest_integrations.lm.backend import parse_dtype
+
         cfg = resolve_config(self.config)
         if self.hybrid is not None and self.hybrid != cfg.hybrid_retrieval:
             cfg = cfg.replace(hybrid_retrieval=bool(self.hybrid))
@@ -138,6 +154,9 @@ class EngineSpec:
         set_("decoding", self.decoding or DEFAULT_DECODING)
         if self.persist_dir is not None:
             set_("persist_dir", os.fspath(self.persist_dir))
+        if self.dtype is not None:  # a torch dtype or any spelling -> its canonical name
+            value = parse_dtype(self.dtype)
+            set_("dtype", value if isinstance(value, str) else str(value).removeprefix("torch."))
         if self.drafter_options is not None:
             set_("drafter_options", tuple(sorted(dict(self.drafter_options).items())))
 
@@ -171,42 +190,55 @@ class EngineSpec:
 
 # --------------------------------------------------------------------------------- models
 
-_MODELS: dict[tuple[str | None, str | None, str], Any] = {}
+_MODELS: dict[tuple[str | None, str | None, str, str], Any] = {}
 _MODELS_LOCK = threading.Lock()
 
 
-def load_model(model: str | None = None, device: str | None = None, key_source: Any = None) -> Any:
+def load_model(
+    model: str | None = None, device: str | None = None, key_source: Any = None,
+    dtype: Any = None,
+) -> Any:
     """Load a language model (uncached): None is the embedded default, anything else goes to
     ``HFLanguageModel.from_pretrained`` (a local folder, or a Hub id in the HF cache)."""
     from nest_integrations.lm.hf import HFLanguageModel
 
     key_source = NestConfig().key_source if key_source is None else key_source
     if model is None:
-        return HFLanguageModel.from_default(device=device, key_source=key_source)
-    return HFLanguageModel.from_pretrained(model, device=device, key_source=key_source)
+        return HFLanguageModel.from_default(device=device, dtype=dtype, key_source=key_source)
+    return HFLanguageModel.from_pretrained(
+        model, device=device, dtype=dtype, key_source=key_source
+    )
 
 
-def shared_model(model: str | None = None, device: str | None = None, key_source: Any = None) -> Any:
-    """The process-wide model for ``(model, device, key_source)``, loaded once (thread-safe).
+def shared_model(
+    model: str | None = None, device: str | None = None, key_source: Any = None,
+    dtype: Any = None,
+) -> Any:
+    """The process-wide model for ``(model, device, key_source, dtype)``, loaded once
+    (thread-safe). The key holds the resolved dtype (``backend.dtype_label``), so a bf16 and an
+    fp32 model are never shared by mistake.
 
     ``model=None`` or the default's name is the embedded SmolLM2-135M-Instruct.
     """
+    from nest_integrations.lm.backend import dtype_label
     from nest_integrations.lm.default import DEFAULT_MODEL_NAME
+    from nest_integrations.lm.hf import resolve_device
 
     name = None if model in (None, DEFAULT_MODEL_NAME) else model
     key_source = NestConfig().key_source if key_source is None else key_source
-    key = (name, device, str(key_source))
+    key = (name, device, str(key_source), dtype_label(dtype, resolve_device(device)))
     with _MODELS_LOCK:  # one load at a time: a second caller waits for the first's model
         if key not in _MODELS:
-            _MODELS[key] = load_model(name, device, key_source)
+            extra = () if dtype is None else (dtype,)  # None: the process default, at load
+            _MODELS[key] = load_model(name, device, key_source, *extra)
         return _MODELS[key]
 
 
 def spec_model(spec: EngineSpec) -> Any:
-    """The shared model of ``spec`` (its model, device and config's key source): what
+    """The shared model of ``spec`` (its model, device, dtype and config's key source): what
     ``build_engine`` decodes with and what the DReSD and KNN-SSD CLIs build their datastores
     and profiles with."""
-    return shared_model(spec.model, spec.device, spec.config.key_source)
+    return shared_model(spec.model, spec.device, spec.config.key_source, spec.dtype)
 
 
 def model_name(model: str | None = None) -> str:
@@ -392,19 +424,20 @@ def from_defaults(
     decoding: str | None = None,
     drafter_options: dict[str, Any] | None = None,
     hybrid: bool | None = None,
+    dtype: str | None = None,
 ) -> NestEngine:
     """The embedded default engine: SmolLM2-135M-Instruct + the Chroma store + its key store.
 
     ``collection`` defaults to ``DEFAULT_COLLECTION`` in ``persist_dir`` (default
     ``$NEST_HOME/store``, filled by ``nest ingest``); with ``chroma_url`` passages come from a
     Chroma server and keys stay in ``persist_dir``. ``config`` is a ``NestConfig`` or a preset
-    name (default ``DEFAULT_PRESET``). Also reachable as ``nest_integrations.from_defaults``
+    name (default ``DEFAULT_PRESET``); ``dtype`` as in ``EngineSpec``. Also reachable as ``nest_integrations.from_defaults``
     and ``NestEngine.from_defaults``.
     """
     spec = EngineSpec.for_store(
         collection, persist_dir=persist_dir, chroma_url=chroma_url, config=config,
         model=model, device=device, decoding=decoding, drafter_options=drafter_options,
-        hybrid=hybrid,
+        hybrid=hybrid, dtype=dtype,
     )
     return build_engine(spec)
 
@@ -458,6 +491,7 @@ __all__ = [
     "SerializedLM",
     "build_engine",
     "calibrated_config",
+    "check_dtype",
     "check_sources",
     "clear_model_cache",
     "from_defaults",

@@ -13,6 +13,8 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("NEST_HOME", str(REPO / ".nest"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
+# CLI jobs (in-process or child processes) follow the tests' one torch thread (see below).
+os.environ.setdefault("NEST_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

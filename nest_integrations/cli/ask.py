@@ -12,6 +12,7 @@ import sys
 
 from nest_integrations import assembly
 from nest_integrations.config import PRESETS, NestConfig
+from nest_integrations.lm.backend import add_backend_args, apply_backend_args
 
 #: One-line help of the subcommand (shown by `nest --help`).
 ASK_HELP = "answer a question with NEST; every copied span is cited"
@@ -66,6 +67,7 @@ def add_ask_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--passages", type=int, default=None, help="passages retrieved (b; default 40)")
     p.add_argument("--model", default=None, help="a Hugging Face model id or folder (default: embedded SmolLM2)")
     p.add_argument("--json", action="store_true", help="print the whole NestResult as JSON")
+    add_backend_args(p)
 
 
 def ask_spec(args: argparse.Namespace) -> assembly.EngineSpec:
@@ -88,12 +90,14 @@ def ask_spec(args: argparse.Namespace) -> assembly.EngineSpec:
         config=NestConfig.from_preset(preset, **overrides),
         decoding=args.decoding,
         hybrid=True if args.hybrid else None,
+        dtype=getattr(args, "dtype", None),
     )
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
     from nest_integrations.cli.formatting import render
 
+    apply_backend_args(args)
     engine = assembly.build_engine(ask_spec(args))
     result = engine.generate(
         [{"role": "user", "content": args.question}], max_new_tokens=args.max_new_tokens

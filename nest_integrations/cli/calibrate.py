@@ -7,6 +7,7 @@ import json
 import sys
 
 from nest_integrations.calibrate.runs import calibrate_collection
+from nest_integrations.lm.backend import add_backend_args, apply_backend_args
 
 __all__ = ["CALIBRATE_HELP", "add_calibrate_args", "cmd_calibrate"]
 
@@ -23,6 +24,7 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="split seed")
     p.add_argument("--dry-run", action="store_true", help="fit and print, store nothing")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_backend_args(p)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -30,6 +32,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise ValueError("--n-texts and --passages must be at least 1")
     from nest_integrations.assembly import shared_model
 
+    apply_backend_args(args)
     lm = shared_model()
     res = calibrate_collection(
         args.persist_dir, args.collection, lm, n_texts=args.n_texts, n_passages=args.passages,

@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nest_integrations.lm.backend import add_backend_args, apply_backend_args
+
 DRESD_HELP = "build or inspect a DReSD datastore (lossless dense-retrieval drafts)"
 
 
@@ -39,6 +41,7 @@ def add_dresd_args(p: argparse.ArgumentParser) -> None:
     b.add_argument("--pca-sample", type=int, default=1_000_000,
                    help="at most this many key vectors fit the PCA (default 1M)")
     _common(b)
+    add_backend_args(b)
     i = sub.add_parser("info", help="show a datastore's size, fingerprint and index")
     i.add_argument("--datastore", metavar="DIR", help="datastore folder")
     _common(i)
@@ -77,6 +80,7 @@ def cmd_dresd(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
+    apply_backend_args(args)
     from nest_integrations.dresd import (
         PassageSource,
         PromptSource,

@@ -10,6 +10,7 @@ from typing import Any
 
 from nest_integrations import assembly
 from nest_integrations.cli.common import UsageError, open_store, out, quiet_transformers, store_args
+from nest_integrations.lm.backend import add_backend_args, apply_backend_args
 
 INGEST_HELP = "load, split, embed and store documents (and their token keys)"
 
@@ -75,6 +76,7 @@ def add_ingest_args(p: argparse.ArgumentParser) -> None:
         help="byte cap of the lazy key cache, e.g. 2GB, 500MB, 1.5GiB (default: the recorded "
         "cap, 2GB for a new one); least recently used passages' keys are evicted beyond it",
     )
+    add_backend_args(p)  # --dtype: the keys are encoded in the model's dtype
     store_args(p)
 
 
@@ -109,6 +111,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from nest_integrations.ingest import sample_corpus_inputs
 
     ray_address = _ray_address(args)  # first: a bare --ray may have taken a PATH
+    apply_backend_args(args)
     inputs: list[str | Path] = list(args.paths)
     if args.sample:
         inputs += sample_corpus_inputs()

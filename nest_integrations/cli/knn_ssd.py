@@ -21,6 +21,8 @@ import sys
 from itertools import zip_longest
 from typing import Any
 
+from nest_integrations.lm.backend import add_backend_args, apply_backend_args
+
 KNN_SSD_HELP = "build KNN-SSD skip-set profiles: domain prompts, skip-set search, anchors"
 
 
@@ -39,6 +41,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="PATH",
                    help="a Hugging Face model folder or id (default: the embedded SmolLM2)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_backend_args(p)
 
 
 def add_knn_ssd_args(parser: argparse.ArgumentParser) -> None:
@@ -98,6 +101,7 @@ def cmd_knn_ssd(args: argparse.Namespace) -> int:
                                      tuple(args.domains or DOMAINS))
         sys.stdout.write("\n".join(str(p) for p in paths) + "\n")
         return 0
+    apply_backend_args(args)
     texts = _texts(args.prompts) if hasattr(args, "prompts") else []
     lm = _load_lm(args.model)
     if args.knn_command == "search":

@@ -9,6 +9,7 @@ from typing import Any
 
 from nest_integrations import assembly
 from nest_integrations.config import PRESETS
+from nest_integrations.lm.backend import add_backend_args, apply_backend_args
 from nest_integrations.defaults import (
     DEFAULT_COLLECTION,
     DEFAULT_DECODING,
@@ -54,6 +55,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="largest max_tokens accepted (default 1024)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20,
                    help="largest request body accepted (default 1 MiB)")
+    add_backend_args(p)
 
 
 def serve_spec(args: argparse.Namespace) -> assembly.EngineSpec:
@@ -65,6 +67,7 @@ def serve_spec(args: argparse.Namespace) -> assembly.EngineSpec:
         model=args.model,
         config=args.preset,
         decoding=args.decoding,
+        dtype=getattr(args, "dtype", None),
     )
 
 
@@ -100,6 +103,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from nest_integrations.server.app import create_app
 
     settings = settings_from_args(args)  # bad options fail before the model loads
+    apply_backend_args(args)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         LOG.warning("binding %s without --api-key: anyone who can reach it can use it", args.host)
     app = create_app(build_engine(args), settings)

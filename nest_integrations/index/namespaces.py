@@ -183,10 +183,12 @@ def mismatch_message(path: str | os.PathLike[str], built: dict[str, Any], lm: An
 
 
 def open_root(
-    path: Path, fingerprint: str, key_source: str | int, codec: dict[str, Any]
+    path: Path, fingerprint: str, key_source: str | int, codec: dict[str, Any],
+    model_dtype: str | None = None,
 ) -> dict[str, Any]:
     """Read ``store.json``, creating it for a new store (this namespace is then 'built with',
-    and its codec is the store's ``key_codec``)."""
+    and its codec is the store's ``key_codec``; ``model_dtype``, e.g. ``"fp32"``, is the dtype
+    the model that encodes its first keys runs in, recorded when known)."""
     built = read_store_manifest(path)
     if built is not None:
         return built
@@ -201,7 +203,8 @@ def open_root(
     manifest = {"format_version": version, "fingerprint": fingerprint}
     _disk.write_json_atomic(
         path / "store.json",
-        {**manifest, "key_source": key_source, "key_codec": codec_id(codec)},
+        {**manifest, "key_source": key_source, "key_codec": codec_id(codec),
+         **({"model_dtype": model_dtype} if model_dtype else {})},
         exclusive=True,
     )
     return read_store_manifest(path) or manifest

@@ -7,7 +7,15 @@ hash); the same text under two passage ids is stored once.
 Layout under ``path``::
 
     store.json                     the model fingerprint + key source the store was built with,
-                                   and its key codec (``key_codec``; absent in v1 stores: fp16)
+                                   its key codec (``key_codec``; absent in v1 stores: fp16) and
+                                   the model's dtype (``model_dtype``: fp32, bf16, ...; absent
+                                   in older stores)
+
+The fingerprint does not depend on the dtype (``HFLanguageModel.fingerprint``), so a store
+encoded in fp32 is read by the same model loaded in bf16 and vice versa. That was measured:
+bf16 keys agree with fp32 ones to cosine 0.9999 and a bf16 model on an fp32 store finds the
+fp32 neighbours better than on a store it encoded itself, with the same RRC lambda
+(``benchmarks/results/bf16_keys.md``). ``open`` logs a note when the dtypes differ.
     ns/<namespace>/manifest.json   one namespace per (fingerprint, key source, codec): key_dim,
                                    codec params and, once trained, the codec fingerprint
     ns/<namespace>/codec.npz       trained codec tables (int8, pq only)
@@ -119,6 +127,7 @@ class DiskKeyStore(_disk.IndexedFolder):
         dtype: str | None = None,
         codec: str | KeyCodec | None = None,
         shard_bytes: int = DEFAULT_SHARD_BYTES,
+        model_dtype: str | None = None,
     ) -> None:
         _codecs.check_key_dim(key_dim)
         self.path = Path(path)
@@ -131,7 +140,7 @@ class DiskKeyStore(_disk.IndexedFolder):
         self.namespace_dir = self.path / "ns" / _ns.namespace_name(
             fingerprint, key_source, _ns.codec_tag(wanted)
         )
-        self.built_with = _ns.open_root(self.path, fingerprint, key_source, wanted)
+        self.built_with = _ns.open_root(self.path, fingerprint, key_source, wanted, model_dtype)
         manifest = _ns.open_namespace(
             self.namespace_dir, fingerprint, key_source, key_dim, wanted, requested is not None
         )
@@ -181,6 +190,14 @@ class DiskKeyStore(_disk.IndexedFolder):
                         "persist dir with "
                         f"`nest ingest ... --key-codec {want['codec']}`"
                     )
+        lm_dtype = model_dtype_name(lm)
+        recorded_dtype = (built or {}).get("model_dtype")
+        if lm_dtype and recorded_dtype and recorded_dtype != lm_dtype:
+            LOG.info(
+                "key store at %s was encoded by the model in %s; this one runs in %s. The keys "
+                "are interchangeable (measured: benchmarks/results/bf16_keys.md); passages "
+                "encoded from now on use %s", path, recorded_dtype, lm_dtype, lm_dtype,
+            )
         return cls(
             path,
             fingerprint=lm.fingerprint,
@@ -189,6 +206,7 @@ class DiskKeyStore(_disk.IndexedFolder):
             dtype=dtype,
             codec=codec,
             shard_bytes=shard_bytes,
+            model_dtype=lm_dtype,
         )
 
     # -- the codec ----------------------------------------------------------------------------
@@ -484,3 +502,10 @@ class _ShardMap(NamedTuple):
             np.memmap(paths[1], dtype=_ID_DTYPE, mode="r", shape=(rows,)),
             np.memmap(paths[2], dtype=_OFF_DTYPE, mode="r", shape=(rows, 2)),
         )
+
+
+def model_dtype_name(lm: Any) -> str | None:
+    """``"fp32"``, ``"bf16"`` or ``"fp16"`` for a model with a torch ``dtype`` (else None)."""
+    from nest_integrations.lm.backend import SHORT_NAMES
+
+    return SHORT_NAMES.get(str(getattr(lm, "dtype", "")).removeprefix("torch."))

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from nest_integrations.config import KEY_SOURCES
+from nest_integrations.lm.backend import resolve_dtype
 
 LOG = logging.getLogger(__name__)
 
@@ -121,6 +122,8 @@ class HFLanguageModel:
         self.key_source = _check_key_source(key_source)
         config = model.config
         self.device: torch.device = next(model.parameters()).device
+        #: The weights' dtype; logits and keys leave ``forward`` in fp32 whatever it is.
+        self.dtype: torch.dtype = next(model.parameters()).dtype
         self.key_dim = int(config.get_text_config().hidden_size)
         out = model.get_output_embeddings()
         self.vocab_size = int(out.weight.shape[0]) if out is not None else int(config.vocab_size)
@@ -154,7 +157,10 @@ class HFLanguageModel:
             model_id_or_path: a Hub id (needs network or the HF cache) or a local folder.
             device: ``None``/``"cpu"`` (default), ``"cuda"``, ``"cuda:1"``, or ``"auto"`` (CUDA
                 when available).
-            dtype: default fp32 on CPU and bf16 on CUDA; ``"auto"`` keeps the checkpoint's.
+            dtype: ``None`` = the process default (``backend.set_default_dtype``; fp32 on CPU
+                and bf16 on CUDA unless set); ``"auto"``: bf16 on CUDA and on CPUs that
+                multiply bf16 natively, else fp32; ``"fp32"``, ``"bf16"``, ``"fp16"`` or a
+                ``torch.dtype``; ``"checkpoint"`` keeps the checkpoint's (see ``lm.backend``).
             key_source: see the class docstring.
             **hf_kwargs: passed to ``AutoModelForCausalLM.from_pretrained`` (``revision``,
                 ``trust_remote_code``, ``token``, ... also go to the tokenizer).
@@ -163,17 +169,19 @@ class HFLanguageModel:
 
         _check_key_source(key_source)  # fail before a long load
         dev = resolve_device(device)
+        load_dtype = resolve_dtype(dtype, dev)  # a bad dtype fails before the load too
         start = time.perf_counter()
         tok_kwargs = {k: hf_kwargs[k] for k in _SHARED_LOAD_KWARGS if k in hf_kwargs}
         tokenizer = AutoTokenizer.from_pretrained(model_id_or_path, **tok_kwargs)
         if dev.type != "cpu":
             hf_kwargs.setdefault("device_map", str(dev))
         model = AutoModelForCausalLM.from_pretrained(
-            model_id_or_path, dtype=_resolve_dtype(dtype, dev), **hf_kwargs
+            model_id_or_path, dtype=load_dtype, **hf_kwargs
         )
         if "device_map" not in hf_kwargs:
             model.to(dev)
-        LOG.info("loaded %s on %s in %.1f s", model_id_or_path, dev, time.perf_counter() - start)
+        LOG.info("loaded %s on %s (%s) in %.1f s", model_id_or_path, dev,
+                 next(model.parameters()).dtype, time.perf_counter() - start)
         return cls(model, tokenizer, name=str(model_id_or_path), key_source=key_source)
 
     @classmethod
@@ -407,7 +415,11 @@ class HFLanguageModel:
         tokenizer vocabulary and strided samples of every parameter.
 
         Samples are rounded to bf16 before hashing, so the same checkpoint loaded in fp32,
-        fp16 or bf16, on any device, has the same fingerprint.
+        fp16 or bf16, on any device, has the same fingerprint: key stores, DReSD datastores,
+        KNN-SSD profiles and calibrations are shared across dtypes. That was measured for the
+        keys (``benchmarks/results/bf16_keys.md``: cosine 0.9999, the same neighbours and RRC
+        lambda within bf16 numerics); the key store records the encoding dtype and logs a note
+        when it differs (``index.store``).
         """
         h = hashlib.sha256()
         config = {
@@ -482,14 +494,6 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
-
-
-def _resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> Any:
-    if dtype is None:
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
-    if isinstance(dtype, str) and dtype != "auto":
-        return getattr(torch, dtype)
-    return dtype
 
 
 def _check_key_source(key_source: str | int) -> str | int:

@@ -59,6 +59,10 @@ class NestModelParams(BaseModel):
     """A ``NestConfig`` or a preset name (``"paper"``, ``"lossless"``, ...)."""
     device: str | None = None
     """Torch device for the model (``"cpu"`` by default, ``"cuda"``, ``"auto"``)."""
+    dtype: str | None = None
+    """Model weights: ``"auto"`` (bf16 where the CPU multiplies bf16 natively, and on CUDA),
+    ``"fp32"``, ``"bf16"``, ``"fp16"`` or ``"checkpoint"``; default fp32 on CPU, bf16 on CUDA
+    (``nest_integrations.lm.backend``). Ignored when ``engine`` is given."""
     decoding: str | None = None
     """Decoding method (``nest_integrations.drafters.METHODS``): ``"nest"`` (the default),
     ``"greedy"``, ``"prompt-lookup"``, ... Lossless methods cite nothing (except verbatim
@@ -86,6 +90,11 @@ class NestModelParams(BaseModel):
     def _preset(cls, value: NestConfig | str | None) -> NestConfig | None:
         return assembly.resolve_config(value) if isinstance(value, str) else value
 
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, value: str | None) -> str | None:
+        return assembly.check_dtype(value)  # a bad value fails here, naming the accepted ones
+
     @field_validator("temperature")
     @classmethod
     def _temperature(cls, value: float | None) -> float | None:
@@ -106,7 +115,7 @@ class NestModelParams(BaseModel):
             given = [
                 n
                 for n in ("retriever", "collection", "persist_dir", "chroma_url", "device",
-                          "decoding", "drafter_options", "hybrid")
+                          "dtype", "decoding", "drafter_options", "hybrid")
                 if getattr(self, n) is not None
             ]
             if given:

@@ -118,6 +118,10 @@ class NestLLM(CustomLLM):
     )
     chroma_url: str | None = Field(default=None, description="A Chroma server URL.")
     device: str | None = Field(default=None, description="Torch device (default CPU).")
+    dtype: str | None = Field(
+        default=None, description="Model weights: auto (bf16 where the CPU multiplies bf16 "
+        "natively, and on CUDA), fp32, bf16, fp16 or checkpoint; None = fp32 on CPU, bf16 on CUDA."
+    )
     config: Any = Field(
         default=None,
         description="NestConfig or preset name; None = assembly.DEFAULT_PRESET (grounded).",
@@ -154,6 +158,7 @@ class NestLLM(CustomLLM):
         if self.config is not None:
             self.config = assembly.resolve_config(self.config)  # a preset name or to_dict()
         assembly.check_sources(self.retriever, self.collection, self.chroma_url)
+        assembly.check_dtype(self.dtype)  # a bad value fails here, naming the accepted ones
         # a user's engine is shared with its model calls serialised, as LangChain's adapters do
         self._engine = assembly.share_engine(engine) if engine is not None else None
 

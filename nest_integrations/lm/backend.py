@@ -1,0 +1,221 @@
+"""The CPU/GPU backend settings of a process: model dtype and torch's thread count.
+
+One place decides them for every entry point (``HFLanguageModel.from_pretrained``,
+``assembly.shared_model``, the ``nest`` subcommands and the server):
+
+- **dtype** (``parse_dtype`` / ``resolve_dtype``): ``"fp32"``/``"float32"``, ``"bf16"``/
+  ``"bfloat16"``, ``"fp16"``/``"float16"``, a ``torch.dtype``, ``"checkpoint"`` (the
+  checkpoint's own dtype, what ``transformers`` calls ``dtype="auto"``) or ``"auto"``: bf16 on
+  CUDA, and on CPU bf16 only where the CPU multiplies bf16 natively (AVX512-BF16 or AMX-BF16,
+  ``cpu_has_native_bf16``), else fp32. ``None`` is the process default (``set_default_dtype``;
+  initially fp32 on CPU and bf16 on CUDA). The mixture, RRC, distances and verification always
+  run in fp32: ``HFLanguageModel`` upcasts logits and keys where they leave the model.
+- **threads** (``configure_threads``): ``--threads``, else ``$NEST_THREADS``, else
+  ``$OMP_NUM_THREADS``, else the number of physical cores (``physical_cores``); applied with ``torch.set_num_threads``.
+
+Usage::
+
+    from nest_integrations.lm import backend
+
+    backend.resolve_dtype("auto", torch.device("cpu"))   # torch.bfloat16 on an AVX512-BF16 CPU
+    backend.configure_threads()                          # NEST_THREADS or the physical cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # torch is imported on use: the CLI parsers need none of it
+    import torch
+
+LOG = logging.getLogger(__name__)
+
+#: Accepted spellings -> the torch dtype's name (``"auto"`` and ``"checkpoint"`` apart).
+DTYPE_NAMES: dict[str, str] = {
+    "fp32": "float32", "float32": "float32",
+    "bf16": "bfloat16", "bfloat16": "bfloat16",
+    "fp16": "float16", "float16": "float16",
+}  # fmt: skip
+#: Every value ``--dtype`` and ``dtype=`` accept.
+DTYPE_CHOICES: tuple[str, ...] = ("auto", *DTYPE_NAMES, "checkpoint")
+#: Short names of the torch dtypes, for manifests, cache keys and logs.
+SHORT_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+#: Environment variable with torch's thread count for CLI jobs and the server.
+THREADS_ENV = "NEST_THREADS"
+
+_default_dtype: str | None = None
+
+
+def parse_dtype(dtype: "str | torch.dtype | None") -> "str | torch.dtype | None":
+    """Validate ``dtype``: None, ``"auto"``, ``"checkpoint"`` or a torch dtype (a name becomes
+    its ``torch.dtype``). Raises ``ValueError`` naming the accepted values."""
+    if dtype is None:
+        return None
+    import torch
+
+    if isinstance(dtype, torch.dtype) and str(dtype).removeprefix("torch.") in SHORT_NAMES:
+        return dtype
+    if isinstance(dtype, str):
+        name = dtype.strip().lower().removeprefix("torch.")
+        if name in ("auto", "checkpoint"):
+            return name
+        if name in DTYPE_NAMES:
+            return getattr(torch, DTYPE_NAMES[name])
+    raise ValueError(
+        f"dtype={dtype!r} is not supported: use one of {', '.join(DTYPE_CHOICES)} "
+        "(or torch.float32 / torch.bfloat16 / torch.float16)"
+    )
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX-BF16), as torch's
+    cpuinfo reports it (``torch.cpu.get_capabilities``), else the Linux ``/proc/cpuinfo`` flags.
+    Without native bf16 a bf16 matmul is emulated and slower than fp32."""
+    caps = _cpu_capabilities()
+    if caps is not None:
+        return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _cpu_capabilities() -> Any:
+    import torch
+
+    get = getattr(getattr(torch, "cpu", None), "get_capabilities", None)
+    if get is None:
+        return None
+    try:
+        return get()
+    except Exception:  # noqa: BLE001 - an old torch or an unknown CPU: fall back
+        return None
+
+
+def resolve_dtype(dtype: "str | torch.dtype | None", device: "torch.device | str") -> Any:
+    """The dtype to load with on ``device``: a ``torch.dtype``, or the string ``"auto"`` for
+    the checkpoint's own dtype (what ``transformers`` expects for that)."""
+    import torch
+
+    device = torch.device(device)
+    value = parse_dtype(dtype if dtype is not None else _default_dtype)
+    if value is None:  # the default: fp32 on CPU, bf16 on accelerators
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if value == "checkpoint":
+        return "auto"
+    if value == "auto":
+        if device.type != "cpu":
+            return torch.bfloat16
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    return value
+
+
+def dtype_label(dtype: "str | torch.dtype | None", device: "torch.device | str") -> str:
+    """A short name of what ``resolve_dtype`` gives (``"fp32"``, ``"bf16"``, ``"fp16"`` or
+    ``"checkpoint"``): the model cache's key and the logs' word."""
+    value = resolve_dtype(dtype, device)
+    return "checkpoint" if value == "auto" else SHORT_NAMES[str(value).removeprefix("torch.")]
+
+
+def set_default_dtype(dtype: "str | torch.dtype | None") -> None:
+    """The dtype that ``dtype=None`` means in this process (None: back to fp32 on CPU, bf16 on
+    CUDA). ``nest ... --dtype`` sets it, so every model the job loads uses it."""
+    global _default_dtype
+    parse_dtype(dtype)
+    _default_dtype = None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def default_dtype() -> str | None:
+    """The process default set by ``set_default_dtype`` (None when unset)."""
+    return _default_dtype
+
+
+# --------------------------------------------------------------------------------- threads
+
+
+def physical_cores() -> int:
+    """Physical CPU cores (torch's cpuinfo; else ``os.cpu_count()``), at least 1."""
+    caps = _cpu_capabilities()
+    n = caps.get("num_physical_cores") if caps is not None else None
+    if not isinstance(n, int) or n < 1:
+        n = os.cpu_count() or 1
+    return max(1, int(n))
+
+
+def thread_count(threads: int | None = None) -> int:
+    """``threads`` if given, else ``$NEST_THREADS``, else ``$OMP_NUM_THREADS`` (a user who set
+    OpenMP's own variable has chosen), else ``physical_cores()``."""
+    source = "--threads"
+    for env in (THREADS_ENV, "OMP_NUM_THREADS"):
+        if threads is None and os.environ.get(env, "").strip():
+            raw, source = os.environ[env].strip(), env
+            try:
+                threads = int(raw)
+            except ValueError:
+                raise ValueError(f"{env}={raw!r} is not a whole number of threads") from None
+    if threads is None:
+        return physical_cores()
+    if int(threads) < 1:
+        raise ValueError(f"{source} must be at least 1, got {threads}")
+    return int(threads)
+
+
+def configure_threads(threads: int | None = None) -> int:
+    """Set torch's intra-op thread count (``thread_count``) and return it."""
+    import torch
+
+    n = thread_count(threads)
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    LOG.info("torch threads: %d", n)
+    return n
+
+
+# --------------------------------------------------------------------------------- CLI
+
+
+def add_backend_args(p: argparse.ArgumentParser) -> None:
+    """``--dtype`` and ``--threads`` of the CLI jobs."""
+    p.add_argument(
+        "--dtype", default=None, type=str.lower, choices=DTYPE_CHOICES, metavar="DTYPE",
+        help="model weights: auto (bf16 where the CPU multiplies bf16 natively, e.g. "
+        "AVX512-BF16/AMX, else fp32; bf16 on CUDA), fp32, bf16, fp16 or checkpoint (the "
+        "checkpoint's own); default fp32 on CPU, bf16 on CUDA",
+    )
+    p.add_argument(
+        "--threads", type=int, default=None, metavar="N",
+        help=f"torch threads (default: ${THREADS_ENV}, else $OMP_NUM_THREADS, else the number "
+        "of physical cores)",
+    )
+
+
+def apply_backend_args(args: argparse.Namespace) -> None:
+    """Apply ``--threads`` and ``--dtype`` (the process's default dtype) of a CLI job."""
+    configure_threads(getattr(args, "threads", None))
+    dtype = getattr(args, "dtype", None)
+    if dtype is not None:
+        set_default_dtype(dtype)
+
+
+__all__ = [
+    "DTYPE_CHOICES",
+    "DTYPE_NAMES",
+    "THREADS_ENV",
+    "add_backend_args",
+    "apply_backend_args",
+    "configure_threads",
+    "cpu_has_native_bf16",
+    "default_dtype",
+    "dtype_label",
+    "parse_dtype",
+    "physical_cores",
+    "resolve_dtype",
+    "set_default_dtype",
+    "thread_count",
+]
