@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="only the sample-corpus questions (e.g. --collection nest after "
                     "`nest ingest --sample`)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    ap.add_argument("--dtype", default=None,
+                    help="model weights (auto, fp32, bf16, ...; default: the engine's default)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--tag", default="qa_dev", help="output file stem")
     args = ap.parse_args(argv)
@@ -118,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({k: cal[k] for k in ("overrides", "suggested", "ppl")}, indent=2))
 
     names = [s for s in args.systems.split(",") if s.strip()]
-    engine = NestEngine.from_defaults(collection=args.collection, persist_dir=str(persist))
+    engine = NestEngine.from_defaults(collection=args.collection, persist_dir=str(persist),
+                                      dtype=args.dtype)
     specs = []
     for name in names:
         if name == "calibrated":
@@ -155,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         f"# Grounded-QA dev set\n\n{len(questions)} questions (corpus seed {args.seed}, "
         f"question seed {args.question_seed}), k = {args.k} passages (gold document retrieved: "
         f"{100 * recall:.0f}%, in the top 3: {100 * top3:.0f}%), max_new_tokens = "
-        f"{args.max_new_tokens}, chat messages, embedded model, {torch.get_num_threads()} "
+        f"{args.max_new_tokens}, chat messages, embedded model ({str(engine.lm.dtype).removeprefix('torch.')}), "
+        f"{torch.get_num_threads()} "
         f"torch thread(s), wall {wall:.0f} s, load {os.getloadavg()[0]:.1f}.\n\n"
         f"Command: `python benchmarks/qa_dev.py {' '.join(cmd)}`\n\n"
     )

@@ -178,6 +178,8 @@ def run_oracle(engine: NestEngine, cases: list[Case], n: int, refs: dict) -> Out
         res = engine.generate(case.prompt, max_new_tokens=n, decoding=case.method,
                               passages=case.passages, drafter_options=case.options)
         assert res.stats.prompt_tokens == len(case.ids), (case.label, case.prompt)
+        # every verify pass commits at least one token: drafting never costs extra passes
+        assert res.stats.forward_passes <= len(res.token_ids) + 1, (case.label, res.stats)
         bad = out.mismatches.setdefault(case.label, [])
         if res.token_ids != refs[key]:
             bad.append(str(case.prompt)[:60])
@@ -220,11 +222,15 @@ class AlteredAnswers:
 
 
 def corpus_cases(lm: Any, questions: list[str], n: int, root: Any, knn_skip: SkipSet,
-                 knn_options: dict | None = None) -> list[Case]:
-    """greedy, rest, dresd (chain, tree) and knn-ssd cases on chat ``questions``; the
-    datastore holds the model's altered HF answers."""
+                 knn_options: dict | None = None, refs: dict | None = None,
+                 labels: tuple[str, ...] = LOSSLESS) -> list[Case]:
+    """greedy, rest (chain, tree), dresd (chain, tree) and knn-ssd cases (those in ``labels``)
+    on chat ``questions``; the datastore holds the model's altered HF answers (each also
+    cached in ``refs``, the HF reference of ``run_oracle``)."""
     ids = [chat_ids(lm, q) for q in questions]
     answers = [hf_greedy(lm, i, n) for i in ids]
+    if refs is not None:
+        refs.update({tuple(i): a for i, a in zip(ids, answers)})
     ds = build_datastore(lm, AlteredAnswers(lm, ids, answers), root)
     store = {"datastore": str(ds.root)}
     dresd = {**store, "min_score": -1.0}  # always draft: every step is verified
@@ -240,7 +246,7 @@ def corpus_cases(lm: Any, questions: list[str], n: int, root: Any, knn_skip: Ski
             Case("dresd-tree", msgs, i, options={**dresd, "shape": "tree"}),
             Case("knn-ssd", msgs, i, options=knn),
         ]
-    return cases
+    return [c for c in cases if c.label in labels]
 
 
 def copy_cases(lm: Any, prompts: list[str], n: int, chat: bool) -> list[Case]:
@@ -364,6 +370,9 @@ def test_the_oracle_fails_when_verification_accepts_one_wrong_token(tiny_cases, 
 # ------------------------------------------------------------------ slow: SmolLM2-135M-Instruct
 
 N_REAL = 48
+#: rest's token tree shares dresd-tree's tree verification (both run on the tiny models); on
+#: SmolLM2 it is left out for time (about 25 s of the CI budget).
+REAL_LOSSLESS = tuple(label for label in LOSSLESS if label != "rest-tree")
 ASSERT_TEXT = (
     "The assert statement is a convenient way to insert debugging assertions into a program. "
     "The simple form, assert expression, is equivalent to: if __debug__: if not expression: "
@@ -402,18 +411,20 @@ def test_every_lossless_method_equals_hf_generate_on_smollm2(default_lm, tmp_pat
     lm = default_lm
     n_layers = len(lm.model.model.layers)
     skip = SkipSet.from_lists(n_layers, range(6, n_layers - 4, 2), range(9, n_layers - 4, 4))
+    refs: dict = {}
     cases = corpus_cases(lm, REAL_QUESTIONS, N_REAL, tmp_path / "ds", skip,
-                         {"threshold": 0.6})
+                         {"threshold": 0.6}, refs, REAL_LOSSLESS)
     for q, passages in zip(REAL_QUESTIONS, RAG_PASSAGES):
         msgs = [{"role": "user", "content": q}]
         cases += [Case("prompt-lookup", msgs, chat_ids(lm, q)),
                   Case("rag-copy", msgs, chat_ids(lm, q, passages), passages=passages)]
-    out = run_oracle(NestEngine(lm, None, InMemoryKeyStore(), NestConfig()), cases, N_REAL, {})
-    assert set(out.mismatches) == set(LOSSLESS)
+    out = run_oracle(NestEngine(lm, None, InMemoryKeyStore(), NestConfig()), cases, N_REAL, refs)
+    assert set(out.mismatches) == set(REAL_LOSSLESS)
     assert {k: v for k, v in out.mismatches.items() if v} == {}
-    for label in DRAFTING:  # every method drafted and had drafts accepted
-        assert out.accepted[label] > 0, (label, out.drafted[label])
-    assert_partial(out, ("rest", "dresd", "knn-ssd"))
+    for label in REAL_LOSSLESS:  # every method drafted and had drafts accepted
+        if label != "greedy":
+            assert out.accepted[label] > 0, (label, out.drafted[label])
+    assert_partial(out, ("rest", "dresd", "knn-ssd", "prompt-lookup"))
 
 
 # ------------------------------------------------------------------ KNN-SSD sampling (q not one-hot)

@@ -16,8 +16,9 @@ What is changed to run here (``ADAPT``), each a textual substitution on the bloc
   in the snippets that continue an earlier one;
 - servers run locally: ``--chroma-url`` points at a ``chroma run`` on loopback, ``nest serve`` is
   started in the background on a free port (its curl and openai blocks use that port);
-- the skip-set searches run 3 trials (``--trials 32`` and the default 40 become ``--trials 3``:
-  the same code path, minutes less).
+- the skip-set searches run 2 trials of 2 prompts x 16 tokens (``--trials 32`` and the default
+  40 become ``--trials 2 --n-prompts 2 --max-new-tokens 16``), and ``nest ask`` /
+  ``engine.generate`` answers are capped at 48 tokens: the same code paths, minutes less.
 
 Excluded (``EXCLUDED``), with the reason: ``bash scripts/quickstart.sh`` (it runs
 ``scripts/install.sh``, which reinstalls the package from the network; its ingest/info/ask steps
@@ -52,6 +53,11 @@ README = REPO / "README.md"
 pytestmark = pytest.mark.slow
 
 QUESTION = "What is belly dance?"
+#: Answers are capped at 48 tokens and the skip-set searches at 2 trials of 2 prompts x 16
+#: tokens: the same code paths as the README's, minutes less (see ADAPT).
+N_CAP = 48
+ASK_CAP = f"--max-new-tokens {N_CAP}"
+SEARCH_CAP = "--trials 2 --n-prompts 2 --max-new-tokens 16"
 
 
 @dataclass
@@ -89,7 +95,8 @@ EXCLUDED = {
 #: A substring that identifies the block -> [(old, new)] substitutions ({name} from the state).
 ADAPT: dict[str, list[tuple[str, str]]] = {
     "nest ingest docs/ notes.jsonl": [
-        ('nest ask "..." --json', f'nest ask "{QUESTION}" --json'),
+        ('--collection mydocs   # answer', f'--collection mydocs {ASK_CAP}  # answer'),
+        ('nest ask "..." --json', f'nest ask "{QUESTION}" --json {ASK_CAP}'),
         ("http://localhost:8000", "{chroma_url}"),
     ],
     "ChatNest(retriever=my_vectorstore": [("", "{langchain_prelude}")],
@@ -97,15 +104,19 @@ ADAPT: dict[str, list[tuple[str, str]]] = {
     "nest ingest --sample && nest serve": [("nest serve", "nest serve --port {port}")],
     "curl -s http://127.0.0.1:8000": [("127.0.0.1:8000", "127.0.0.1:{port}")],
     "from openai import OpenAI": [("127.0.0.1:8000", "127.0.0.1:{port}")],
-    "nest dresd build --collection nest": [],
-    'default_datastore_path("prompts-prompts")': [("", "{engine_prelude}")],
+    "nest dresd build --collection nest": [("--decoding dresd", f"--decoding dresd {ASK_CAP}")],
+    'default_datastore_path("prompts-prompts")': [
+        ("", "{engine_prelude}"),
+        ('decoding="dresd"', f'decoding="dresd", max_new_tokens={N_CAP}'),
+    ],
     "nest knn-ssd prompts --out prompts/": [
-        ("--trials 32", "--trials 3"),
-        ("--prompts ...", "--prompts prompts/wiki-en.train.jsonl --trials 3"),
-        ('nest ask "..."', f'nest ask "{QUESTION}"'),
+        ("--trials 32", f"{SEARCH_CAP}"),
+        ("--prompts ...", f"--prompts prompts/wiki-en.train.jsonl {SEARCH_CAP}"),
+        ('nest ask "..."', f'nest ask "{QUESTION}" {ASK_CAP}'),
     ],
     'engine.generate(prompt, decoding="knn-ssd")': [
         ("", "{engine_prelude}"),
+        ("engine.generate(prompt, ", f"engine.generate(prompt, max_new_tokens={N_CAP}, "),
         ("path/to/profile.json", "{knn_profile}"),
     ],
 }
