@@ -261,9 +261,14 @@ def test_fp32_store_is_read_under_bf16_with_a_note(tiny_lm_path, tmp_path, caplo
 
 
 def test_lossless_methods_equal_hf_generate_in_bf16(tiny_lm_path, tmp_path) -> None:
-    """greedy, prompt-lookup, rag-copy and dresd (chain, tree) on the tiny Llama loaded in bf16
-    equal HF ``generate`` of the same bf16 model token for token (the oracle of
-    tests/test_lossless_oracles.py), with drafts really verified."""
+    """The bf16 code path: greedy, prompt-lookup, rag-copy and dresd (chain, tree) on the tiny
+    Llama loaded in bf16 equal HF ``generate`` of the same bf16 model token for token (the
+    oracle of tests/test_lossless_oracles.py), with drafts really verified.
+
+    This holds on the tiny model, whose next-token margins are wide. On SmolLM2 it does not
+    hold for every prompt: a multi-token bf16 verify pass rounds differently from 1-token
+    steps, and near-ties flip (benchmarks/results/bf16_exactness.md: prompt-lookup 3/6, HF's
+    own prompt lookup 5/6). That is why the default dtype stays fp32 (README, "Model dtype")."""
     from nest_integrations.config import NestConfig
     from nest_integrations.decoding.engine import NestEngine
     from nest_integrations.index.in_memory_store import InMemoryKeyStore
