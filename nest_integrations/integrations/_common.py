@@ -59,6 +59,7 @@ EXTRAS_KEYS = {
     "n_tokens": "n_tokens",
     "kind": "kind",
     "copied": "copied",
+    "score": "score",
     "page": "page",
 }
 #: ``output.citation_fields`` key -> top-level payload key (``title``/``url`` only when known).
