@@ -184,12 +184,21 @@ def no_passages_error(who: str) -> ValueError:
 #: ``output.attribution_fields``' unsupported-sentence keys -> the payload's (the answer offsets
 #: named as in ``citation_payload``).
 UNSUPPORTED_KEYS = {"text": "text", "start": "start_index", "end": "end_index", "score": "score"}
+#: The same for its per-sentence verdicts.
+SENTENCE_KEYS = {**UNSUPPORTED_KEYS, "verdict": "verdict", "passage_id": "passage_id"}
 
 
 def unsupported_payload(attribution: Any) -> list[dict[str, Any]]:
     """The sentences nothing supports, as LangChain/LlamaIndex payloads (``UNSUPPORTED_KEYS``)."""
     return [output.renamed(u, UNSUPPORTED_KEYS)
             for u in output.attribution_fields(attribution)["unsupported"]]
+
+
+def sentences_payload(attribution: Any) -> list[dict[str, Any]]:
+    """Each sentence's verdict (``"verbatim"``, ``"support"``, ``"unsupported"``), score and
+    passage, as LangChain/LlamaIndex payloads (``SENTENCE_KEYS``)."""
+    return [output.renamed(u, SENTENCE_KEYS)
+            for u in output.attribution_fields(attribution)["sentences"]]
 
 
 def attribution_summary(attribution: Any, citations: list[Citation]) -> dict[str, int]:

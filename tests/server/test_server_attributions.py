@@ -97,7 +97,7 @@ def check_shape(body: dict[str, Any], text: str, passages: dict[str, str]) -> No
 
 
 def test_attributes_against_the_served_corpus(held: Server) -> None:
-    r = held.post("/v1/attributions", {"text": TEXT, "question": "Tell me about Paris."})
+    r = held.post("/v1/attributions", {"text": TEXT})  # retrieved with the text itself
     assert r.status_code == 200, r.text
     body = r.json()
     by_id = {p.id: p.text for p in held.engine.retriever.passages}
@@ -115,6 +115,10 @@ def test_attributes_against_the_served_corpus(held: Server) -> None:
     assert p.status_code == 200 and p.json()["text"] == PASSAGES[2]
     ok = held.post("/v1/attributions", {"text": TEXT, "collection": "docs"})
     assert ok.status_code == 200 and ok.json()["annotations"] == body["annotations"]
+    # with a question, passages are retrieved for it: here only the Paris one
+    asked = held.post("/v1/attributions", {"text": TEXT, "question": "Tell me about Paris."})
+    assert [a["url_citation"]["kind"] for a in asked.json()["annotations"]] == ["support"]
+    assert [s["text"] for s in asked.json()["unsupported"]] == [VERBATIM, MADE_UP]
 
 
 def test_request_passages_replace_retrieval(held: Server) -> None:

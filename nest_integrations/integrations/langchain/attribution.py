@@ -30,6 +30,7 @@ from nest_integrations.integrations._common import (
     attribution_summary,
     citation_payload,
     no_passages_error,
+    sentences_payload,
     unsupported_payload,
 )
 from nest_integrations.integrations.langchain.chat_models import citation_annotation
@@ -81,7 +82,8 @@ class NestAttributor(RunnableSerializable[Any, AIMessage]):
                 c["extras"]["kind"], c["extras"]["score"]      # "verbatim"/"support", float|None
                 msg.text[c["start_index"]:c["end_index"]]      # the answer span it cites
                 c["cited_text"]                                # the passage text it cites
-            msg.response_metadata["unsupported"]               # [{"text", "start_index", ...}]
+            msg.response_metadata["unsupported"]    # [{"text", "start_index", "end_index", "score"}]
+            msg.response_metadata["sentences"]      # each sentence's verdict, score, passage_id
 
     For ``"verbatim"`` citations ``cited_text`` is also the answer slice; for ``"support"`` it
     is the supporting passage sentence and ``start_index``/``end_index`` span the answer
@@ -208,8 +210,8 @@ def attribution_message(attribution: Any, message: BaseMessage | None = None) ->
     """An ``Attribution`` as an ``AIMessage``: one text block with the citations as
     annotations (after ``message``'s own, whose answer spans win over overlapping verbatim
     ones), ``additional_kwargs["citations"]`` and ``response_metadata["citations"]``
-    (payloads), ``response_metadata["unsupported"]`` and ``response_metadata["attribution"]``
-    (counts). ``message`` (the answer's message) lends its id, usage and metadata."""
+    (payloads), ``response_metadata["unsupported"]``, ``response_metadata["sentences"]`` (each
+    sentence's verdict) and ``response_metadata["attribution"]`` (counts). ``message`` (the answer's message) lends its id, usage and metadata."""
     kept = _own_annotations(message)
     taken = [(a["start_index"], a["end_index"]) for a in kept if "start_index" in a]
     citations = [c for c in attribution.citations if not _inside_copy(c, taken)]
@@ -225,8 +227,9 @@ def attribution_message(attribution: Any, message: BaseMessage | None = None) ->
         "additional_kwargs": {**(message.additional_kwargs if message else {}),
                               "citations": payloads},
         "response_metadata": {**(message.response_metadata if message else {}),
-                              "citations": payloads, "unsupported": unsupported_payload(
-                                  attribution), "attribution": summary},
+                              "citations": payloads, "unsupported": unsupported_payload(attribution),
+                              "sentences": sentences_payload(attribution),
+                              "attribution": summary},
     }
     if isinstance(message, AIMessage):
         data = message.model_dump(exclude={"type", "content", "additional_kwargs",

@@ -8,7 +8,7 @@ score, and the sentences nothing supports. These come back in LlamaIndex's nativ
 - ``Response``: ``source_nodes`` = the cited spans (``TextNode.start_char_idx``/``end_char_idx``
   index the source document; ``span_nodes``), ``metadata["citations"]`` (payloads),
   ``metadata["citation_blocks"]`` (``CitationBlock``s), ``metadata["unsupported"]``,
-  ``metadata["attribution"]`` (counts) and ``metadata["retrieved_nodes"]`` (the nodes the
+  ``metadata["sentences"]`` (each sentence's verdict), ``metadata["attribution"]`` (counts) and ``metadata["retrieved_nodes"]`` (the nodes the
   answer was given);
 - ``ChatResponse``: ``CitationBlock``s after the message's text, the same payloads in
   ``additional_kwargs``;
@@ -40,6 +40,7 @@ from nest_integrations.integrations._common import (
     attribution_summary,
     citation_payload,
     no_passages_error,
+    sentences_payload,
     unsupported_payload,
 )
 from nest_integrations.integrations.llama_index.llms import citation_block
@@ -130,6 +131,7 @@ def _extras(attribution: Any) -> dict[str, Any]:
     return {
         "citations": [citation_payload(c) for c in attribution.citations],
         "unsupported": unsupported_payload(attribution),
+        "sentences": sentences_payload(attribution),
         "attribution": attribution_summary(attribution, attribution.citations),
     }
 
