@@ -182,7 +182,8 @@ function render() {
 // ``chars`` with one <mark> per citation: sentence-level marks (``mark.support``, and
 // ``span.unsupported`` for sentences nothing supports) hold the exact spans (``mark.cite``:
 // copied or verbatim) that fall inside them. Marks of one level never overlap (a later one is
-// cut to start where the previous ended). Each mark is numbered in answer order.
+// cut to start where the previous ended; an exact span that crosses a sentence edge is drawn
+// in pieces). Each citation is numbered once, in answer order.
 function renderInto(out, area, chars, annotations, unsupported) {
   out.textContent = "";
   const all = byStart(annotations.values());
@@ -203,7 +204,10 @@ function renderInto(out, area, chars, annotations, unsupported) {
     if (state.active === area + "|" + m.dataset.key) m.classList.add("active");
     return m;
   }
+  const numbered = new Set(); // a span cut by a sentence edge is numbered on its first piece
   function sup(m, u) {
+    if (numbered.has(annotationKey(u))) return;
+    numbered.add(annotationKey(u));
     const s = document.createElement("sup");
     s.textContent = String(numbers.get(annotationKey(u)));
     m.appendChild(s);
