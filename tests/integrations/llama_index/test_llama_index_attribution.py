@@ -81,7 +81,11 @@ def check_nodes(response: Response, sentences: tuple[str, ...] | None = None) ->
         loc = b.additional_location_info
         assert (loc["response_start_char"], loc["response_end_char"]) == (
             c["start_index"], c["end_index"])
-        assert set(loc) <= set(LOCATION_KEYS.values()) | {"copied"}
+        assert set(loc) <= set(LOCATION_KEYS.values()) | {"copied", "support", "score_permille"}
+        if c["extras"]["kind"] == "support":
+            assert loc["support"] == 1 and loc["score_permille"] == round(1000 * c["extras"]["score"])
+        else:
+            assert "support" not in loc
 
 
 def check_answer(response: Response) -> None:
