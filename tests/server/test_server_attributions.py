@@ -202,7 +202,8 @@ def test_parse_attribution_without_a_server() -> None:
     assert req.passages[1].metadata["title"] == "T"
     with pytest.raises(P.ApiError, match="cap of 2"):
         P.parse_attribution({"text": "A.", "passages": ["a", "b", "c"]}, limits)
-    assert P.parse_attribution({"text": "A.", "nest": {"collection": "c"}}, limits).collection == "c"
+    nested = P.parse_attribution({"text": "A.", "nest": {"collection": "c"}}, limits)
+    assert nested.collection == "c"
 
 
 def test_no_corpus_needs_passages(tiny_lm) -> None:

@@ -82,7 +82,7 @@ class NestAttributor(RunnableSerializable[Any, AIMessage]):
                 c["extras"]["kind"], c["extras"]["score"]      # "verbatim"/"support", float|None
                 msg.text[c["start_index"]:c["end_index"]]      # the answer span it cites
                 c["cited_text"]                                # the passage text it cites
-            msg.response_metadata["unsupported"]    # [{"text", "start_index", "end_index", "score"}]
+            msg.response_metadata["unsupported"]    # [{"text", "start_index", "end_index", ...}]
             msg.response_metadata["sentences"]      # each sentence's verdict, score, passage_id
 
     For ``"verbatim"`` citations ``cited_text`` is also the answer slice; for ``"support"`` it
@@ -211,7 +211,8 @@ def attribution_message(attribution: Any, message: BaseMessage | None = None) ->
     annotations (after ``message``'s own, whose answer spans win over overlapping verbatim
     ones), ``additional_kwargs["citations"]`` and ``response_metadata["citations"]``
     (payloads), ``response_metadata["unsupported"]``, ``response_metadata["sentences"]`` (each
-    sentence's verdict) and ``response_metadata["attribution"]`` (counts). ``message`` (the answer's message) lends its id, usage and metadata."""
+    sentence's verdict) and ``response_metadata["attribution"]`` (counts). ``message`` (the
+    answer's message) lends its id, usage and metadata."""
     kept = _own_annotations(message)
     taken = [(a["start_index"], a["end_index"]) for a in kept if "start_index" in a]
     citations = [c for c in attribution.citations if not _inside_copy(c, taken)]
@@ -227,7 +228,8 @@ def attribution_message(attribution: Any, message: BaseMessage | None = None) ->
         "additional_kwargs": {**(message.additional_kwargs if message else {}),
                               "citations": payloads},
         "response_metadata": {**(message.response_metadata if message else {}),
-                              "citations": payloads, "unsupported": unsupported_payload(attribution),
+                              "citations": payloads,
+                              "unsupported": unsupported_payload(attribution),
                               "sentences": sentences_payload(attribution),
                               "attribution": summary},
     }

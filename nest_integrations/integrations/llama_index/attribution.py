@@ -8,8 +8,8 @@ score, and the sentences nothing supports. These come back in LlamaIndex's nativ
 - ``Response``: ``source_nodes`` = the cited spans (``TextNode.start_char_idx``/``end_char_idx``
   index the source document; ``span_nodes``), ``metadata["citations"]`` (payloads),
   ``metadata["citation_blocks"]`` (``CitationBlock``s), ``metadata["unsupported"]``,
-  ``metadata["sentences"]`` (each sentence's verdict), ``metadata["attribution"]`` (counts) and ``metadata["retrieved_nodes"]`` (the nodes the
-  answer was given);
+  ``metadata["sentences"]`` (each sentence's verdict), ``metadata["attribution"]`` (counts)
+  and ``metadata["retrieved_nodes"]`` (the nodes the answer was given);
 - ``ChatResponse``: ``CitationBlock``s after the message's text, the same payloads in
   ``additional_kwargs``;
 - ``CompletionResponse``: the payloads in ``additional_kwargs``.

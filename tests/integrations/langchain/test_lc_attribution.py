@@ -223,3 +223,36 @@ def test_a_single_document_or_string_context() -> None:
     (b,) = _annotations(text_only)
     assert b["extras"].get("source_start_char") is None  # a bare string: no source offsets
     assert b["extras"]["passage_start_char"] == start
+
+
+@pytest.mark.slow
+def test_after_chat_nest_with_the_real_model(default_lm) -> None:
+    """The real SmolLM2 ChatNest | NestAttributor (retrieving from the same store, verbatim runs
+    cut at the model's own tokens): ChatNest's copies stay, every added citation is exact, and
+    every sentence of the answer gets a verdict."""
+    from nest_integrations.attribution import Attributor
+    from nest_integrations.integrations.langchain.passages import LangChainPassageRetriever
+    from tests.integrations.langchain.corpus import GROUNDED
+
+    store = memory_store()
+    chat = ChatNest(retriever=store, max_tokens=32)
+    core = Attributor(lm=default_lm, retriever=LangChainPassageRetriever(store))
+    first = chat.invoke(GROUNDED)
+    copies = _annotations(first)
+    assert copies and first.response_metadata["nest"]["attributed_tokens"] > 0
+    msg = (chat | NestAttributor(attributor=core)).invoke(GROUNDED)
+    assert msg.text == first.text  # greedy: the same answer
+    notes = _annotations(msg)
+    assert notes[: len(copies)] == copies
+    for a in notes:
+        x = a["extras"]
+        assert SOURCES[x["doc_id"]][x["source_start_char"] : x["source_end_char"]] == (
+            a["cited_text"])
+        if x["kind"] != "support":
+            assert msg.text[a["start_index"] : a["end_index"]] == a["cited_text"]
+    sentences = msg.response_metadata["sentences"]
+    assert sentences and {s["verdict"] for s in sentences} <= {
+        "verbatim", "support", "unsupported"}
+    for s in sentences:
+        assert msg.text[s["start_index"] : s["end_index"]] == s["text"]
+    assert msg.response_metadata["model_name"] == first.response_metadata["model_name"]

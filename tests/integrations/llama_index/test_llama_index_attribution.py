@@ -83,7 +83,8 @@ def check_nodes(response: Response, sentences: tuple[str, ...] | None = None) ->
             c["start_index"], c["end_index"])
         assert set(loc) <= set(LOCATION_KEYS.values()) | {"copied", "support", "score_permille"}
         if c["extras"]["kind"] == "support":
-            assert loc["support"] == 1 and loc["score_permille"] == round(1000 * c["extras"]["score"])
+            assert loc["support"] == 1
+            assert loc["score_permille"] == round(1000 * c["extras"]["score"])
         else:
             assert "support" not in loc
 
