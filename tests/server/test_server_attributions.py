@@ -6,29 +6,27 @@ queue is full), auth and the 4xx errors."""
 
 from __future__ import annotations
 
-import socket
 import threading
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from nest_integrations.config import NestConfig
 from nest_integrations.decoding.engine import NestEngine
 from nest_integrations.index.in_memory_store import InMemoryKeyStore
-from nest_integrations.retrieval.in_memory import InMemoryRetriever
 from nest_integrations.server import ServerSettings, create_app
 from nest_integrations.server import protocol as P
 from tests.server.test_server_gate import (
     KEY,
     PASSAGES,
     WAIT,
-    HeldEngine,
     Server,
     _error,
     _in_thread,
     chat,
+    idle,
+    running,
     until,
 )
 
@@ -41,35 +39,16 @@ TEXT = f"{VERBATIM} {PARAPHRASE} {MADE_UP}"
 
 @pytest.fixture(scope="module")
 def server(tiny_lm) -> Any:
-    engine = HeldEngine(NestEngine(tiny_lm, InMemoryRetriever(PASSAGES), InMemoryKeyStore(),
-                                   NestConfig()))
     settings = ServerSettings(api_key=KEY, max_queue=1, max_tokens_cap=32, default_max_tokens=8,
                               max_body_bytes=8192, collection="docs",
                               max_attribution_chars=MAX_CHARS)
-    app = create_app(engine, settings)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    until(lambda: srv.started or not thread.is_alive(), "uvicorn started")
-    assert srv.started
-    try:
-        yield Server(f"http://127.0.0.1:{port}", app, engine)
-    finally:
-        srv.should_exit = True
-        thread.join(WAIT)
-        sock.close()
+    with running(tiny_lm, settings) as srv:
+        yield srv
 
 
 @pytest.fixture
 def held(server: Server) -> Any:
-    server.engine.start = server.engine.after_first = None
-    until(lambda: server.gate.pending == 0, "the gate is idle")
-    yield server
-    server.engine.start = server.engine.after_first = None
-    until(lambda: server.gate.pending == 0, "the gate is idle after the test")
+    yield from idle(server)
 
 
 def _span(sentence: str) -> tuple[int, int]:
