@@ -12,7 +12,8 @@ each unit:
   says which. The char ranges are made exact with ``core.citations.exact_pieces``, so by
   construction ``text[c.start:c.end] == c.text == passage.text[c.passage_start:c.passage_end]``
   (and ``== source[c.source_start:c.source_end]``).
-- **Support**: a unit that is not (almost) all verbatim is compared with every sentence and
+- **Support**: a unit that is not (almost) all verbatim (or holds a value, with
+  ``check_values``, outside its verbatim runs) is compared with every sentence and
   clause of the passages by the ``scorer``; the best one, when its score reaches the
   threshold, becomes ``Citation(kind="support", score=...)``: ``c.text`` is the *passage*
   sentence (``passage.text[c.passage_start:c.passage_end] == c.text``), ``c.start``/``c.end``
@@ -412,7 +413,9 @@ class Attributor:
         tokenize = self._lm_tokens if use_lm else word_tokens
         verbatim = self._verbatim(text, plist, tokenize)
         coverage = [_coverage(text, s, e, verbatim) for s, e in units]
-        todo = [i for i, c in enumerate(coverage) if c < cfg.verbatim_coverage]
+        todo = [i for i, ((s, e), c) in enumerate(zip(units, coverage))
+                if c < cfg.verbatim_coverage
+                or (cfg.check_values and _uncovered_value(text, s, e, verbatim))]
         scores = self._support(text, [units[i] for i in todo], plist) if todo and plist else {}
         support: list[Citation] = []
         position = {i: n for n, i in enumerate(todo)}
@@ -657,6 +660,19 @@ def _value_overlap(units: Sequence[str], cands: Sequence[_Candidate]) -> np.ndar
             hits = sum(1 for v in vals if re.search(rf"(?<!\w){re.escape(v.lower())}(?!\w)", ct))
             out[i, j] = hits / len(vals)
     return out
+
+
+def _uncovered_value(text: str, s: int, e: int, cites: Sequence[Citation]) -> bool:
+    """Whether a value of ``text[s:e]`` (``_values``: a number, a name) lies outside every
+    verbatim citation: a copied sentence with a changed year is not a verbatim one."""
+    unit = text[s:e]
+    first = re.match(r"\W*(\w+)", unit)
+    spans = [m.span() for m in _NUMBER.finditer(unit)]
+    spans += [m.span() for m in _NAME.finditer(unit) if not (first and m.start() == first.start(1))]
+    for a, b in spans:
+        if not any(c.start <= s + a and s + b <= c.end for c in cites):
+            return True
+    return False
 
 
 def _coverage(text: str, s: int, e: int, cites: Iterable[Citation]) -> float:

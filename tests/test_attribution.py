@@ -262,3 +262,72 @@ def test_attributor_from_defaults_uses_the_chroma_store(small_store: Path) -> No
     assert src[c.source_start : c.source_end] == c.text
     with pytest.raises(LookupError, match="no collection .missing.*existing: .attr."):
         attributor_from_defaults("missing", persist_dir=str(small_store))
+
+
+def test_nest_attribute_cli(small_store: Path, capsys) -> None:
+    from nest_integrations import cli
+
+    where = ["--collection", "attr", "--persist-dir", str(small_store)]
+    text = "Xenophon, a Greek soldier, wrote the Anabasis. Penguins live on Mars."
+    assert cli.main(["attribute", text, "--question", "Who wrote the Anabasis?", *where]) == 0
+    shown = capsys.readouterr().out
+    assert "[~] support" in shown and "[!] unsupported" in shown and "1/2 sentences supported" in shown
+    answer = small_store.parent / "answer.txt"
+    answer.write_text(text, encoding="utf-8")
+    assert cli.main(["attribute", "--file", str(answer), "--json", *where]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert [s["verdict"] for s in payload["sentences"]] == ["support", "unsupported"]
+    assert payload["unsupported"][0]["text"] == "Penguins live on Mars."
+    assert payload["passages"] and payload["scorer"] == "embedding"
+    assert cli.main(["attribute", *where]) == 2  # nothing to attribute
+    assert "nothing to attribute" in capsys.readouterr().err
+    assert cli.main(["attribute", "text", "--collection", "absent", "--persist-dir",
+                     str(small_store)]) == 1
+    assert "no collection 'absent'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ engine
+
+
+def test_engine_attribute_adds_support_and_unsupported(tiny_lm) -> None:
+    """With ``NestConfig.attribute`` the result gains support citations (exact) and the
+    unsupported sentences; copies keep kind "copy"; off, the result is the same as before."""
+    from nest_integrations.config import NestConfig
+    from tests.engines import make_engine
+
+    ps = _passages()
+    cfg = NestConfig(span_threshold=1.0, min_citation_tokens=1)
+    prompt = ANABASIS[:60]
+    plain = make_engine(tiny_lm, config=cfg).generate(prompt, max_new_tokens=24, passages=ps)
+    engine = make_engine(tiny_lm, config=cfg.replace(attribute=True, attribute_scorer="fuzzy"))
+    res = engine.generate(prompt, max_new_tokens=24, passages=ps)
+    assert res.token_ids == plain.token_ids and plain.unsupported == []
+    copies = [c for c in res.citations if c.kind == "copy"]
+    assert copies == plain.citations and copies  # the tiny model copies with span_threshold 1
+    assert res.mean_span_length == plain.mean_span_length
+    from nest_integrations.attribution import SentenceAttribution
+
+    units = split_units(res.text)
+    a = Attribution(text=res.text, citations=[c for c in res.citations if c.kind != "copy"],
+                    unsupported=res.unsupported, passages=res.passages,
+                    sentences=[SentenceAttribution(res.text[s:e], s, e, "?") for s, e in units],
+                    threshold=AttributionConfig(scorer="fuzzy").threshold)
+    assert_exact(a)
+    assert res.unsupported == []  # the copied answer is verbatim: nothing to flag
+    assert res.to_dict()["citations"] == [c.to_dict() for c in res.citations]
+    # plain greedy decoding of the random model: noise, that nothing supports
+    noisy = make_engine(tiny_lm, config=NestConfig(attribute=True, attribute_scorer="fuzzy"),
+                        decoding="greedy")
+    res = noisy.generate("Tell me about the Anabasis.", max_new_tokens=24, passages=ps)
+    units = split_units(res.text)
+    assert res.unsupported and {(u.start, u.end) for u in res.unsupported} <= set(units)
+    assert all(res.text[u.start : u.end] == u.text for u in res.unsupported)
+    with pytest.raises(ValueError, match="attribute_scorer"):
+        NestConfig(attribute_scorer="bleu")
+
+
+def test_config_scorer_names_are_the_attribution_scorers() -> None:
+    from nest_integrations.attribution import SCORERS
+    from nest_integrations.config import ATTRIBUTE_SCORERS
+
+    assert ATTRIBUTE_SCORERS == SCORERS
