@@ -256,3 +256,36 @@ def test_after_chat_nest_with_the_real_model(default_lm) -> None:
     for s in sentences:
         assert msg.text[s["start_index"] : s["end_index"]] == s["text"]
     assert msg.response_metadata["model_name"] == first.response_metadata["model_name"]
+
+
+def test_store_wiring(monkeypatch) -> None:
+    """``collection=``/``persist_dir=`` build the core attributor through
+    ``assembly.attributor_from_defaults`` (once, on first use); ``retriever=`` goes there as
+    NEST's passage port; passages-only attributors open no store."""
+    from nest_integrations import assembly
+    from nest_integrations.attribution import Attributor, AttributionConfig
+    from nest_integrations.integrations.langchain.passages import LangChainPassageRetriever
+    from nest_integrations.retrieval.in_memory import InMemoryRetriever
+
+    calls: list[tuple] = []
+
+    def fake(collection=None, **kwargs):
+        calls.append((collection, kwargs))
+        return Attributor(kwargs["config"], retriever=InMemoryRetriever(
+            [d.page_content for d in documents()]))
+
+    monkeypatch.setattr(assembly, "attributor_from_defaults", fake)
+    cfg = AttributionConfig(k=6)
+    cite = NestAttributor(collection="docs", persist_dir="/tmp/x", config=cfg)
+    assert not calls  # nothing built at construction
+    cite.invoke(ANSWER)
+    cite.invoke(ANSWER)
+    assert calls == [("docs", {"persist_dir": "/tmp/x", "config": cfg, "retriever": None})]
+    store = memory_store()
+    NestAttributor(retriever=store, collection="ignored").invoke(ANSWER)
+    collection, kwargs = calls[-1]
+    assert collection is None and isinstance(kwargs["retriever"], LangChainPassageRetriever)
+    assert kwargs["retriever"].source is store
+    n = len(calls)
+    NestAttributor(documents=documents()).invoke(ANSWER)  # no store: a plain Attributor
+    assert len(calls) == n

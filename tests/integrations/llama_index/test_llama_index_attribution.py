@@ -173,3 +173,28 @@ def test_retriever_fallback_and_errors(index) -> None:
         attribute_response(42, [])
     with pytest.raises(TypeError, match="query engine"):
         NestAttributionQueryEngine.from_args(object())
+
+
+def test_collection_wiring(monkeypatch, index) -> None:
+    """With no source nodes, ``collection=`` attributes through the store's attributor
+    (``assembly.attributor_from_defaults``, built once)."""
+    from nest_integrations import assembly
+    from nest_integrations.attribution import AttributionConfig, Attributor
+    from nest_integrations.llama_index import LlamaIndexPassageRetriever
+
+    calls: list = []
+
+    def fake(collection=None, **kwargs):  # every node of the index: the store's stand-in
+        calls.append(collection)
+        return Attributor(AttributionConfig(k=10), retriever=LlamaIndexPassageRetriever(index))
+
+    monkeypatch.setattr(assembly, "attributor_from_defaults", fake)
+
+    class NoSources:
+        def query(self, q):
+            return Response(response=ANSWER)
+
+    engine = NestAttributionQueryEngine.from_args(NoSources(), collection="nest")
+    check_answer(engine.query("q"))
+    check_answer(engine.query("q"))
+    assert calls == ["nest"]
