@@ -333,3 +333,17 @@ def test_config_scorer_names_are_the_attribution_scorers() -> None:
     from nest_integrations.config import ATTRIBUTE_SCORERS
 
     assert ATTRIBUTE_SCORERS == SCORERS
+
+
+@pytest.mark.slow
+def test_keys_scorer_with_the_real_model(default_lm) -> None:
+    """The real SmolLM2's keys rank the paraphrase's passage sentence above a fabrication's best
+    match, and the support citation is exact."""
+    ps = _passages()
+    att = Attributor(AttributionConfig(scorer="keys", support_threshold=-1.0), lm=default_lm)
+    para = att("The Ten Thousand were Greek mercenaries that Cyrus the Younger hired.", ps)
+    fab = att("The Great Wall of China was painted green by the emperor.", ps)
+    assert_exact(para)
+    (sup,) = [c for c in para.citations if c.kind == "support"]
+    assert sup.passage_id == "p-ana" and "Ten Thousand" in sup.text
+    assert para.sentences[0].score > fab.sentences[0].score
