@@ -329,6 +329,48 @@ def verbatim_sweep(items: list[Item], lengths: range) -> list[dict[str, Any]]:
     return out
 
 
+def generator_answers(path: Path, attributor: Attributor, systems: tuple[str, ...]) -> dict:
+    """Attribute the recorded answers of ``benchmarks/qa_dev.py`` (``qa_dev.jsonl``: the
+    embedded model without retrieval, ``base``, and RAG greedy, ``rag``) to the top-4 BM25
+    passages of their question, and relate the verdicts to the QA metric's correctness. An
+    answer is **flagged** when a sentence is unsupported, or every cited passage belongs to
+    another entity's document."""
+    from nest_integrations.evaluation.entities import generate_corpus
+    from nest_integrations.retrieval.in_memory import InMemoryRetriever
+
+    corpus = generate_corpus(seed=0)
+    retriever = InMemoryRetriever([_doc_passage(d.id, d.text, d.name) for d in corpus.documents])
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+               if line.strip()]
+    out: dict[str, Any] = {}
+    for system in systems:
+        rows = []
+        for r in (r for r in records if r["system"] == system):
+            t0 = time.perf_counter()
+            a = attributor(r["text"], retriever.retrieve(r["question"], 4))
+            dt = time.perf_counter() - t0
+            docs = {c.doc_id for c in a.citations}
+            other_only = bool(docs) and r["gold_doc_id"] not in docs
+            rows.append({"correct": r["correct"], "flagged": bool(a.unsupported) or other_only,
+                         "supported": a.supported_ratio, "time": dt,
+                         "split": "dev" if int(hashlib.sha1(r["gold_doc_id"].encode())
+                                               .hexdigest(), 16) % 2 == 0 else "test",
+                         "gen_time": r.get("time_total"), "new_tokens": r.get("new_tokens")})
+        right = [x for x in rows if x["correct"]]
+        wrong = [x for x in rows if not x["correct"]]
+        out[system] = {
+            "n": len(rows), "right": len(right), "wrong": len(wrong),
+            "wrong_flagged": sum(x["flagged"] for x in wrong) / len(wrong) if wrong else None,
+            "right_flagged": sum(x["flagged"] for x in right) / len(right) if right else None,
+            "supported_sentences": sum(x["supported"] for x in rows) / max(len(rows), 1),
+            "ms_per_answer": 1000 * sum(x["time"] for x in rows) / max(len(rows), 1),
+            "gen_s_per_answer": sum(x["gen_time"] or 0 for x in rows) / max(len(rows), 1),
+            "tokens_per_answer": sum(x["new_tokens"] or 0 for x in rows) / max(len(rows), 1),
+            "test_n": sum(x["split"] == "test" for x in rows),
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--per-corpus", type=int, default=100,
@@ -336,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scorers", default="fuzzy,embedding,embedding-novalues,keys,combined")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(RESULTS / "attribution"))
+    ap.add_argument("--qa-records", default=str(RESULTS / "qa_dev.jsonl"),
+                    help="recorded qa_dev.py outputs whose base/rag answers are attributed")
     args = ap.parse_args(argv)
     import torch
 
@@ -393,6 +437,14 @@ def main(argv: list[str] | None = None) -> int:
               f"R {m['support_recall']:.3f}  unsupported P {m['unsupported_precision']:.3f} "
               f"R {m['unsupported_recall']:.3f}  {res['ms_per_sentence']:.1f} ms/sentence",
               flush=True)
+    qa = Path(args.qa_records)
+    if qa.is_file() and "embedding" in report["scorers"]:
+        cfg = AttributionConfig(support_threshold=report["scorers"]["embedding"]["threshold"])
+        report["generators"] = generator_answers(qa, Attributor(cfg, embedder=embedder),
+                                                 ("base", "rag"))
+        report["generators_source"] = str(qa.relative_to(REPO) if qa.is_relative_to(REPO) else qa)
+        for system, g in report["generators"].items():
+            print(f"{system}: {g}", flush=True)
     report["load_before"] = load0
     report["load_after"] = os.getloadavg()
     report["cores"] = os.cpu_count()
@@ -455,6 +507,21 @@ def render(r: dict[str, Any]) -> str:
     for row in r["verbatim_sweep"]:
         lines.append(f"| {row['min_tokens']} | {row['unrelated']:.0%} | {row['fabricated']:.0%} | "
                      f"{row['positive']:.0%} |")
+    if r.get("generators"):
+        lines += ["", f"Answers of two generators (recorded in `{r['generators_source']}` by "
+                  "`benchmarks/qa_dev.py`: the embedded SmolLM2-135M without retrieval, `base`, "
+                  "and RAG greedy, `rag`), attributed with the embedding scorer at its dev "
+                  "threshold to the question's top-4 BM25 passages. Flagged: a sentence "
+                  "unsupported, or every citation on another entity's document.", "",
+                  "| generator | answers (right / wrong) | wrong answers flagged | right answers "
+                  "flagged | supported sentences | attribution ms / answer | generation s / "
+                  "answer (recorded) |", "|---|---|---|---|---|---|---|"]
+        for name, g in r["generators"].items():
+            wf = "n/a" if g["wrong_flagged"] is None else f"{g['wrong_flagged']:.0%}"
+            rf = "n/a" if g["right_flagged"] is None else f"{g['right_flagged']:.0%}"
+            lines.append(f"| {name} | {g['n']} ({g['right']} / {g['wrong']}) | {wf} | {rf} | "
+                         f"{g['supported_sentences']:.0%} | {g['ms_per_answer']:.0f} | "
+                         f"{g['gen_s_per_answer']:.1f} ({g['tokens_per_answer']:.0f} tokens) |")
     return "\n".join(lines) + "\n"
 
 

@@ -32,8 +32,8 @@ Scorers (``AttributionConfig.scorer``):
   characters of the unit within the candidate, over the unit's length.
 
 With ``check_values`` (default on) a candidate's score is multiplied by the share of the unit's
-*values* (numbers and capitalised words past the first) that the candidate also holds, so "in
-1912" is not supported by "in 1921". Thresholds per scorer (``DEFAULT_THRESHOLDS``) are chosen
+*values* (numbers and capitalised words past the first) that the candidate's passage also
+holds, so "in 1912" is not supported by "in 1921", nor "X's CEO is Y" by a passage on Z. Thresholds per scorer (``DEFAULT_THRESHOLDS``) are chosen
 on the dev split of ``benchmarks/bench_attribution.py``.
 
 Usage::
@@ -70,10 +70,10 @@ VERDICTS = ("verbatim", "support", "unsupported")
 #: Support thresholds per scorer, chosen on the dev split of ``bench_attribution.py`` (the
 #: lowest threshold whose dev support precision is >= 90%); see benchmarks/results/attribution.md.
 DEFAULT_THRESHOLDS: dict[str, float] = {
-    "embedding": 0.60,
-    "keys": 0.50,
-    "combined": 0.55,
-    "fuzzy": 0.75,
+    "embedding": 0.813,
+    "keys": 0.694,
+    "combined": 0.75,
+    "fuzzy": 0.826,
 }
 
 __all__ = [
@@ -102,7 +102,7 @@ class AttributionConfig:
         support_threshold: lowest support score; None = ``DEFAULT_THRESHOLDS[scorer]``.
         scorer: ``"embedding"``, ``"keys"``, ``"combined"`` or ``"fuzzy"`` (module docstring).
         check_values: scale scores by the share of the unit's values (numbers, names) that the
-            candidate holds.
+            candidate's passage holds.
         verbatim_coverage: a unit whose non-space characters are at least this much covered by
             verbatim citations has the verdict ``"verbatim"`` (no support search).
         max_clause_chars: sentences longer than this are split into clauses.
@@ -527,7 +527,7 @@ class Attributor:
             m = 0.5 * (self._embedding_scores(utexts, cands)
                        + self._key_scores(utexts, cands, passages))
         if cfg.check_values:
-            m = m * _value_overlap(utexts, cands)
+            m = m * _value_overlap(utexts, cands, passages)
         best = m.argmax(axis=1)
         return {i: (float(m[i, b]), cands[int(b)]) for i, b in enumerate(best)}
 
@@ -647,18 +647,29 @@ def _values(text: str) -> set[str]:
     return vals
 
 
-def _value_overlap(units: Sequence[str], cands: Sequence[_Candidate]) -> np.ndarray:
-    """Per (unit, candidate): share of the unit's values found in the candidate (1 without
-    values)."""
+def _value_overlap(
+    units: Sequence[str], cands: Sequence[_Candidate], passages: Sequence[Passage]
+) -> np.ndarray:
+    """Per (unit, candidate): share of the unit's values found in the candidate's passage (1
+    without values). Numbers must appear as they are; a name may differ in its ending
+    ("Persian" / "Persia": the first ``max(5, len - 3)`` letters)."""
     out = np.ones((len(units), len(cands)), dtype=np.float32)
-    cand_text = [c.text.lower() for c in cands]
+    texts = [p.text.lower() for p in passages]
+    found: dict[tuple[str, int], bool] = {}
+
+    def holds(v: str, pi: int) -> bool:
+        if (v, pi) not in found:
+            stem = v if v[:1].isdigit() else v[: max(5, len(v) - 3)]
+            tail = r"(?!\w)" if v[:1].isdigit() or stem == v else r""
+            found[(v, pi)] = re.search(rf"(?<!\w){re.escape(stem)}{tail}", texts[pi]) is not None
+        return found[(v, pi)]
+
     for i, u in enumerate(units):
         vals = _values(u)
         if not vals:
             continue
-        for j, ct in enumerate(cand_text):
-            hits = sum(1 for v in vals if re.search(rf"(?<!\w){re.escape(v.lower())}(?!\w)", ct))
-            out[i, j] = hits / len(vals)
+        for j, c in enumerate(cands):
+            out[i, j] = sum(holds(v, c.passage) for v in vals) / len(vals)
     return out
 
 

@@ -147,8 +147,8 @@ def attributor() -> Attributor:
 
 def test_paraphrase_is_supported_and_fabrications_are_flagged(attributor: Attributor) -> None:
     ps = _passages()
-    text = ("The Anabasis tells how Cyrus the Younger hired ten thousand Greek mercenaries to "
-            "take the throne of Persia. "
+    text = ("The Anabasis tells of the expedition of the Ten Thousand, Greek mercenaries hired by "
+            "Cyrus the Younger to seize the Persian throne. "
             "The Great Wall of China was finished by Napoleon in 1850. "
             "Xenophon wrote it while he was living in Brazil.")
     a = attributor(text, ps)
@@ -163,8 +163,10 @@ def test_paraphrase_is_supported_and_fabrications_are_flagged(attributor: Attrib
 
 def test_a_wrong_value_is_not_supported(attributor: Attributor) -> None:
     ps = _passages()
-    right = attributor("Cyrus the Younger hired the Ten Thousand in 401 BC.", ps)
-    wrong = attributor("Cyrus the Younger hired the Ten Thousand in 1066 BC.", ps)
+    frame = ("In {}, Cyrus the Younger hired the Ten Thousand, Greek mercenaries, to seize the "
+             "Persian throne from his brother.")
+    right = attributor(frame.format("401 BC"), ps)
+    wrong = attributor(frame.format("1066 BC"), ps)
     assert right.sentences[0].verdict == "support"
     assert wrong.sentences[0].verdict == "unsupported"
 
@@ -331,3 +333,17 @@ def test_config_scorer_names_are_the_attribution_scorers() -> None:
     from nest_integrations.config import ATTRIBUTE_SCORERS
 
     assert ATTRIBUTE_SCORERS == SCORERS
+
+
+@pytest.mark.slow
+def test_keys_scorer_with_the_real_model(default_lm) -> None:
+    """The real SmolLM2's keys rank the paraphrase's passage sentence above a fabrication's best
+    match, and the support citation is exact."""
+    ps = _passages()
+    att = Attributor(AttributionConfig(scorer="keys", support_threshold=-1.0), lm=default_lm)
+    para = att("The Ten Thousand were Greek mercenaries that Cyrus the Younger hired.", ps)
+    fab = att("The Great Wall of China was painted green by the emperor.", ps)
+    assert_exact(para)
+    (sup,) = [c for c in para.citations if c.kind == "support"]
+    assert sup.passage_id == "p-ana" and "Ten Thousand" in sup.text
+    assert para.sentences[0].score > fab.sentences[0].score
