@@ -442,6 +442,58 @@ def from_defaults(
     return build_engine(spec)
 
 
+def attributor_from_defaults(
+    collection: str | None = None,
+    *,
+    persist_dir: str | None = None,
+    config: Any = None,
+    retriever: Any = None,
+    embedder: Any = None,
+    lm: Any = None,
+    **spec: Any,
+) -> Any:
+    """An ``attribution.Attributor`` over the same parts the engine uses: the Chroma store of
+    ``collection`` (default ``DEFAULT_COLLECTION`` in ``persist_dir``; or a ready
+    ``retriever``, with ``hybrid`` fusion as the engine's), the shared MiniLM embedder, and,
+    for the ``"keys"``/``"combined"`` scorers (or ``tokenizer="lm"``), the shared model of the
+    spec with the persist dir's key store.
+
+    Args:
+        config: an ``AttributionConfig`` (default: its defaults).
+        **spec: other ``EngineSpec`` fields (``chroma_url``, ``model``, ``device``, ``dtype``,
+            ``hybrid``, ``config`` is the attribution's, so the engine config is
+            ``engine_config=``).
+    """
+    from nest_integrations.attribution import AttributionConfig, Attributor
+
+    acfg = config if config is not None else AttributionConfig()
+    if not isinstance(acfg, AttributionConfig):
+        raise TypeError(f"config must be an AttributionConfig, not {type(acfg).__name__}")
+    engine_config = spec.pop("engine_config", None)
+    check_sources(retriever, collection, spec.get("chroma_url"))
+    es = (EngineSpec(persist_dir=persist_dir, config=engine_config, **spec) if retriever is not None
+          else EngineSpec.for_store(collection, persist_dir=persist_dir, config=engine_config,
+                                    **spec))
+    if retriever is None:
+        retriever = open_store(es.store_collection, es.persist_dir, es.chroma_url)
+        retriever.count()  # a missing collection fails here, with the existing ones listed
+    if es.hybrid:
+        retriever = hybrid_retriever(retriever)
+    key_store = None
+    if lm is None and (acfg.scorer in ("keys", "combined") or acfg.tokenizer == "lm"):
+        lm = spec_model(es)
+    if lm is not None:
+        lm = serialized(lm)
+        if acfg.scorer in ("keys", "combined"):
+            key_store = (open_key_store(es.persist_dir, lm) if es.opens_store
+                         or es.persist_dir is not None else memory_key_store())
+    if embedder is None and acfg.scorer in ("embedding", "combined"):
+        from nest_integrations.embeddings import shared_embedder
+
+        embedder = shared_embedder()
+    return Attributor(acfg, embedder=embedder, lm=lm, key_store=key_store, retriever=retriever)
+
+
 def _engine_from_defaults(cls: type, *args: Any, **kwargs: Any) -> NestEngine:
     return from_defaults(*args, **kwargs)
 
@@ -488,6 +540,7 @@ __all__ = [
     "DEFAULT_PRESET",
     "EngineSpec",
     "NestEngine",
+    "attributor_from_defaults",
     "SerializedLM",
     "build_engine",
     "calibrated_config",

@@ -13,6 +13,8 @@ from typing import Any, Literal, Union
 
 KeySource = Union[Literal["ffn_input", "block_input", "final_norm"], int]
 KEY_SOURCES = ("ffn_input", "block_input", "final_norm")
+#: ``attribution.SCORERS`` (config is an inner layer: the names are repeated, a test pins them).
+ATTRIBUTE_SCORERS = ("embedding", "keys", "combined", "fuzzy")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +81,12 @@ class NestConfig:
         min_citation_tokens: citations in ``NestResult.citations`` and the framework
             annotations span at least this many tokens; shorter attributions (token-mode ones)
             stay in ``token_sources`` and the stats.
+        attribute: after generation, attribute the answer to its passages
+            (``attribution.attribute``): support citations (kind ``"support"``) for sentences
+            the engine did not copy, and ``NestResult.unsupported``. Off by default: see
+            benchmarks/results/attribution.md for its precision and cost.
+        attribute_scorer: the support scorer when ``attribute`` is on: ``"embedding"`` (the
+            MiniLM embedder), ``"keys"`` (the LM's own keys), ``"combined"`` or ``"fuzzy"``.
     """
 
     # -- retrieval and prompt
@@ -112,6 +120,8 @@ class NestConfig:
     # -- citations
     cite_token_mode: bool = True
     min_citation_tokens: int = 2
+    attribute: bool = False
+    attribute_scorer: str = "embedding"
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> None:
@@ -165,6 +175,8 @@ class NestConfig:
             self.min_citation_tokens, int
         ) or self.min_citation_tokens < 1:
             bad("min_citation_tokens", "an integer >= 1")
+        if self.attribute_scorer not in ATTRIBUTE_SCORERS:
+            bad("attribute_scorer", f"one of {ATTRIBUTE_SCORERS}")
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> "NestConfig":

@@ -1,5 +1,6 @@
 """What every edge reports about a ``NestResult``: one citation dict, usage, stats, and one
-streaming citation tracker. Framework-free (imports only ``types``).
+streaming citation tracker; and about an ``attribution.Attribution`` (``attribution_fields``).
+Framework-free (imports only ``types``; an ``Attribution`` is read by duck typing).
 
 The edges are thin renames of these:
 
@@ -20,8 +21,11 @@ Citation fields (``citation_fields``)::
     source_start, source_end the span in the source document (None when not known)
     passage_start, passage_end  the span in the passage text
     n_tokens                 tokens in the span
-    kind, copied             "copy" (NEST copied it; copied=True) or "verbatim" (a lossless
-                             method generated text that matches the passage: provenance)
+    kind, copied             "copy" (NEST copied it; copied=True), "verbatim" (text that
+                             matches the passage verbatim: provenance) or "support" (a passage
+                             sentence that supports an answer sentence written in other words:
+                             cited_text is the PASSAGE sentence, start/end_index the answer's)
+    score                    the support score ("support" only; None for copy/verbatim)
     page                     only when the passage metadata has one (PDF ingest)
 
 Formats that need a non-empty title or link (OpenAI's ``url_citation``, LlamaIndex's
@@ -58,10 +62,35 @@ def citation_fields(c: Citation) -> dict[str, Any]:
         "n_tokens": c.n_tokens,
         "kind": c.kind,
         "copied": c.kind == "copy",
+        "score": c.score,
     }
     if meta.get("page") is not None:
         fields["page"] = meta["page"]
     return fields
+
+
+def attribution_fields(a: Any) -> dict[str, Any]:
+    """What the edges report about an ``attribution.Attribution``::
+
+        text          the attributed text
+        citations     ``citation_fields`` of each verbatim and support citation, in text order
+        unsupported   ``{"text", "start", "end", "score"}`` per sentence nothing supports
+        sentences     ``{"text", "start", "end", "verdict", "score", "passage_id"}`` per
+                      sentence (or clause): verdict "verbatim", "support" or "unsupported"
+    """
+    return {
+        "text": a.text,
+        "citations": [citation_fields(c) for c in a.citations],
+        "unsupported": [
+            {"text": u.text, "start": u.start, "end": u.end, "score": u.score}
+            for u in a.unsupported
+        ],
+        "sentences": [
+            {"text": s.text, "start": s.start, "end": s.end, "verdict": s.verdict,
+             "score": s.score, "passage_id": s.passage_id}
+            for s in a.sentences
+        ],
+    }
 
 
 def citation_label(fields: Mapping[str, Any]) -> str:
@@ -162,6 +191,7 @@ __all__ = [
     "STREAM_MODES",
     "CitationStream",
     "add_usage",
+    "attribution_fields",
     "citation_fields",
     "citation_label",
     "citation_link",

@@ -82,8 +82,32 @@ class Citation:
     n_tokens: int
     metadata: dict[str, Any] = field(default_factory=dict)
     #: ``"copy"``: text NEST copied from the passage (a citation); ``"verbatim"``: text a
-    #: lossless method generated that matches the passage verbatim (provenance).
+    #: lossless method generated that matches the passage verbatim (provenance), or text that
+    #: ``attribution.attribute`` found verbatim in a passage; ``"support"``: a passage sentence
+    #: that supports an answer sentence written in other words (``attribution``): ``text`` is
+    #: the *passage* sentence (``passage_text[passage_start:passage_end] == text``), ``start``
+    #: and ``end`` are the answer sentence's span.
     kind: str = "copy"
+    #: How strongly the passage supports the span (``"support"`` only; None otherwise).
+    score: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class UnsupportedSentence:
+    """An answer sentence (or clause) that no passage supports: ``answer[start:end] == text``.
+
+    The hallucination signal of ``attribution.attribute`` (and of ``NestResult.unsupported``
+    when the engine attributes its answers).
+    """
+
+    text: str
+    start: int
+    end: int
+    #: The best support score found (below the threshold), when a scorer ran.
+    score: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -168,6 +192,7 @@ class NestResult:
         stats: Counters and timings.
         passages: The stage-1 passages the memory was built from.
         token_sources: Per output token, ``(passage_id, token_position)`` or ``None``.
+        unsupported: Sentences no passage supports (only with ``NestConfig.attribute``).
         mean_span_length: Mean length, in tokens, of maximal attributed runs (NEST Table 2).
     """
 
@@ -177,12 +202,13 @@ class NestResult:
     stats: NestStats
     passages: list[Passage] = field(default_factory=list)
     token_sources: list[tuple[str, int] | None] = field(default_factory=list)
+    #: Answer sentences no passage supports (filled when ``NestConfig.attribute`` is on).
+    unsupported: list[UnsupportedSentence] = field(default_factory=list)
 
     @property
     def mean_span_length(self) -> float:
-        return (
-            sum(c.n_tokens for c in self.citations) / len(self.citations) if self.citations else 0.0
-        )
+        spans = [c for c in self.citations if c.kind != "support"]  # token runs only
+        return sum(c.n_tokens for c in spans) / len(spans) if spans else 0.0
 
     def stats_dict(self) -> dict[str, Any]:
         """``stats.to_dict()`` with ``mean_span_length`` (what every output format reports)."""

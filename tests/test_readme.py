@@ -104,6 +104,7 @@ ADAPT: dict[str, list[tuple[str, str]]] = {
     "nest ingest --sample && nest serve": [("nest serve", "nest serve --port {port}")],
     "curl -s http://127.0.0.1:8000": [("127.0.0.1:8000", "127.0.0.1:{port}")],
     "from openai import OpenAI": [("127.0.0.1:8000", "127.0.0.1:{port}")],
+    "/v1/attributions": [("127.0.0.1:8000", "127.0.0.1:{port}")],
     "nest dresd build --collection nest": [("--decoding dresd", f"--decoding dresd {ASK_CAP}")],
     'default_datastore_path("prompts-prompts")': [
         ("", "{engine_prelude}"),

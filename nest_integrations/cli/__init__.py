@@ -1,6 +1,6 @@
 """The ``nest`` command line: one module per subcommand, registered in ``COMMANDS``.
 
-Each subcommand module (``ingest``, ``info``, ``ask``, ``eval``, ``dresd``, ``calibrate``,
+Each subcommand module (``ingest``, ``info``, ``ask``, ``attribute``, ``eval``, ``dresd``, ``calibrate``,
 ``knn_ssd``, ``serve``) has ``add_<name>_args(parser)``, which adds its options, and
 ``cmd_<name>(args) -> int``, which runs it (``knn_ssd`` for ``nest knn-ssd``); ``common`` holds
 the shared store options and ``formatting`` the terminal rendering of answers. ``main`` parses,
@@ -15,6 +15,7 @@ Usage::
     nest info                                            # every collection
     nest info --collection docs
     nest ask "What is belly dance?"
+    nest attribute "Belly dance comes from Egypt." --question "What is belly dance?"
 
 Defaults (collection name, store folder) come from ``nest_integrations.assembly``. The command
 line is the outermost adapter: no library module imports this package.
@@ -30,6 +31,7 @@ import traceback
 from typing import Callable, Sequence
 
 from nest_integrations.cli.ask import ASK_HELP, add_ask_args, cmd_ask
+from nest_integrations.cli.attribute import ATTRIBUTE_HELP, add_attribute_args, cmd_attribute
 from nest_integrations.cli.calibrate import CALIBRATE_HELP, add_calibrate_args, cmd_calibrate
 from nest_integrations.cli.common import UsageError
 from nest_integrations.cli.dresd import DRESD_HELP, add_dresd_args, cmd_dresd
@@ -53,6 +55,7 @@ COMMANDS: dict[str, Command] = {
     "ingest": (add_ingest_args, cmd_ingest, INGEST_HELP),
     "info": (add_info_args, cmd_info, INFO_HELP),
     "ask": (add_ask_args, cmd_ask, ASK_HELP),
+    "attribute": (add_attribute_args, cmd_attribute, ATTRIBUTE_HELP),
     "eval": (add_eval_args, cmd_eval, EVAL_HELP),
     "dresd": (add_dresd_args, cmd_dresd, DRESD_HELP),
     "calibrate": (add_calibrate_args, cmd_calibrate, CALIBRATE_HELP),

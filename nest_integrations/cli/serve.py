@@ -28,8 +28,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     """Arguments of ``nest serve`` (the parser comes from the CLI registry)."""
     p.description = (
         "Serve NEST over HTTP: POST /v1/chat/completions (streamed or not), /v1/completions, "
-        "GET /v1/models, /health, and the playground page at /. Copied spans come back as "
-        "url_citation annotations with their source offsets."
+        "POST /v1/attributions (any text, e.g. another model's answer), GET /v1/models, /health, "
+        "and the playground page at /. Copied spans come back as url_citation annotations with "
+        "their source offsets."
     )
     p.add_argument("--collection", default=DEFAULT_COLLECTION,
                    help=f"Chroma collection (default: {DEFAULT_COLLECTION})")
@@ -93,6 +94,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         max_tokens_cap=args.max_tokens_cap,
         default_max_tokens=min(DEFAULT_MAX_NEW_TOKENS, args.max_tokens_cap),
         max_body_bytes=args.max_body_bytes,
+        collection=args.collection,
     )
 
 

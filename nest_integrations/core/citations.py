@@ -134,11 +134,11 @@ def _citations(
     s = int(token_ends[i - 1]) if i > 0 else 0
     e = int(token_ends[j - 1])
     if text is None:  # no output text to check against: the ranges as computed
-        return [_make(passage, s, e, ps, pe, j - i, kind)]
+        return [make_citation(passage, s, e, ps, pe, j - i, kind)]
     pieces = exact_pieces(text, s, e, passage.text, ps, pe)
     if len(pieces) == 1:
         (s2, e2, ps2, pe2), = pieces
-        return [_make(passage, s2, e2, ps2, pe2, j - i, kind)]
+        return [make_citation(passage, s2, e2, ps2, pe2, j - i, kind)]
     out = []
     for s2, e2, ps2, pe2 in pieces:  # a split run: count the tokens overlapping each piece
         n = sum(
@@ -146,7 +146,7 @@ def _citations(
             for k in range(i, j)
             if int(token_ends[k]) > s2 and (int(token_ends[k - 1]) if k > 0 else 0) < e2
         )
-        out.append(_make(passage, s2, e2, ps2, pe2, max(n, 1), kind))
+        out.append(make_citation(passage, s2, e2, ps2, pe2, max(n, 1), kind))
     return out
 
 
@@ -187,7 +187,12 @@ def trim_span(text: str, start: int, end: int) -> tuple[int, int]:
     return start, end
 
 
-def _make(passage: Passage, s: int, e: int, ps: int, pe: int, n: int, kind: str) -> Citation:
+def make_citation(
+    passage: Passage, s: int, e: int, ps: int, pe: int, n: int, kind: str,
+    score: float | None = None,
+) -> Citation:
+    """The citation of output span ``[s, e)`` to ``passage.text[ps:pe]`` (source offsets from
+    ``passage.char_start`` when known)."""
     src_start = passage.char_start + ps if passage.char_start is not None else None
     return Citation(
         text=passage.text[ps:pe],
@@ -202,4 +207,5 @@ def _make(passage: Passage, s: int, e: int, ps: int, pe: int, n: int, kind: str)
         n_tokens=n,
         metadata=dict(passage.metadata),
         kind=kind,
+        score=score,
     )

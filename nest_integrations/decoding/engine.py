@@ -117,6 +117,8 @@ class NestEngine:
         self.key_store = key_store
         self.decoding = decoding
         self.drafter_options = dict(drafter_options or {})
+        #: ``NestConfig.attribute``: one ``attribution.Attributor`` per scorer, built on use
+        self._attributors: dict[str, Any] = {}
 
     def check_config(self, config: NestConfig) -> NestConfig:
         """``config`` if this engine can decode with it, else a ``ValueError`` (its key source
@@ -305,7 +307,7 @@ class NestEngine:
             stats.finish_reason = "length"
         passages = loop.state.passages
         pid = [p.id for p in passages]
-        return NestResult(
+        result = NestResult(
             text=out.text,
             token_ids=list(out.ids),
             citations=[
@@ -318,6 +320,30 @@ class NestEngine:
             passages=list(passages),
             token_sources=[(pid[s[0]], s[1]) if s is not None else None for s in out.sources],
         )
+        if loop.config.attribute:
+            self._attribute(result, loop.config)
+        return result
+
+    def _attribute(self, result: NestResult, config: NestConfig) -> None:
+        """``NestConfig.attribute``: add support citations for the sentences the answer did not
+        copy, and the unsupported sentences (``attribution``; copied citations are kept)."""
+        from nest_integrations.attribution import AttributionConfig, Attributor
+
+        scorer = config.attribute_scorer
+        attributors = self._attributors
+        if scorer not in attributors:  # one per engine and scorer: its embedding cache stays
+            uses_keys = scorer in ("keys", "combined")
+            attributors[scorer] = Attributor(
+                AttributionConfig(scorer=scorer), lm=self.lm,
+                key_store=self.key_store if uses_keys else None,
+            )
+        start = time.perf_counter()
+        found = attributors[scorer](result.text, result.passages)
+        support = [c for c in found.citations if c.kind == "support"]
+        result.citations = sorted(result.citations + support, key=lambda c: (c.start, c.end))
+        result.unsupported = list(found.unsupported)
+        LOG.debug("attribution: %d support citations, %d unsupported, %.3f s", len(support),
+                  len(found.unsupported), time.perf_counter() - start)
 
     # ----------------------------------------------------------------- prompts
     def prompt_ids(self, prompt: Prompt, ra: Sequence[Passage] = ()) -> list[int]:

@@ -6,9 +6,12 @@ Adapters convert in (framework documents/nodes -> ``Passage``), call the engine,
 ``nest_integrations.output.citation_fields`` (the one citation dict, shared with the server):
 answer offsets and text under their own names, the source side in ``extras`` with the offsets
 renamed ``*_char`` (``EXTRAS_KEYS``, the names the adapters document). Citations of every
-``kind`` are handled alike: ``"copy"`` (NEST copied the span) and ``"verbatim"`` (a lossless
-method generated text that matches a passage verbatim: provenance, not copying);
-``extras["kind"]`` says which, ``extras["copied"]`` is True only for copies.
+``kind`` are handled alike: ``"copy"`` (NEST copied the span), ``"verbatim"`` (generated text
+that matches a passage verbatim: provenance, not copying) and ``"support"`` (a passage sentence
+that supports an answer sentence written in other words; ``cited_text`` is the passage sentence,
+the answer offsets span the supported sentence); ``extras["kind"]`` says which,
+``extras["copied"]`` is True only for copies, ``extras["score"]`` is the support score (None for
+the other kinds).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ EXTRAS_KEYS = {
     "n_tokens": "n_tokens",
     "kind": "kind",
     "copied": "copied",
+    "score": "score",
     "page": "page",
 }
 #: ``output.citation_fields`` key -> top-level payload key (``title``/``url`` only when known).
@@ -110,3 +114,100 @@ def messages_to_dicts(messages: Any) -> list[dict[str, str]]:
         role, content = (m["role"], m["content"]) if isinstance(m, Mapping) else m
         out.append({"role": roles.get(str(role), str(role)), "content": str(content)})
     return out
+
+
+# --------------------------------------------------------------------- attribution (any answer)
+
+
+class LazyAttributor:
+    """The core ``Attributor`` of an attributing adapter, built on first use (thread-safe).
+
+    ``attributor`` as given; else, with a passage source (``retriever``: a NEST
+    ``PassageRetriever``; or ``collection``/``persist_dir``: the store filled by ``nest
+    ingest``), ``assembly.attributor_from_defaults`` (the engine's parts: the shared embedder,
+    and the model and stored token keys when the config's scorer needs them); else an
+    ``Attributor(config)`` for calls that bring their passages (the embedder loads on first
+    use)."""
+
+    def __init__(
+        self,
+        attributor: Any = None,
+        *,
+        retriever: Any = None,
+        collection: str | None = None,
+        persist_dir: str | None = None,
+        config: Any = None,
+    ) -> None:
+        import threading
+
+        self.given = attributor
+        self.retriever = retriever
+        self.collection, self.persist_dir, self.config = collection, persist_dir, config
+        self._built: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def retrieves(self) -> bool:
+        """Whether the attributor finds passages itself (a given one is trusted to)."""
+        return self.given is not None or any(
+            v is not None for v in (self.retriever, self.collection, self.persist_dir)
+        )
+
+    def get(self) -> Any:
+        if self.given is not None:
+            return self.given
+        with self._lock:
+            if self._built is None:
+                self._built = self._build()
+        return self._built
+
+    def _build(self) -> Any:
+        if self.retriever is None and self.collection is None and self.persist_dir is None:
+            from nest_integrations.attribution import Attributor
+
+            return Attributor(self.config)
+        from nest_integrations import assembly
+
+        return assembly.attributor_from_defaults(
+            self.collection, persist_dir=self.persist_dir, config=self.config,
+            retriever=self.retriever,
+        )
+
+
+def no_passages_error(who: str) -> ValueError:
+    return ValueError(
+        f"{who} has no passages to attribute against: send documents with the answer, or give "
+        "it a retriever, a collection (or persist_dir) or a ready attributor"
+    )
+
+
+#: ``output.attribution_fields``' unsupported-sentence keys -> the payload's (the answer offsets
+#: named as in ``citation_payload``).
+UNSUPPORTED_KEYS = {"text": "text", "start": "start_index", "end": "end_index", "score": "score"}
+#: The same for its per-sentence verdicts.
+SENTENCE_KEYS = {**UNSUPPORTED_KEYS, "verdict": "verdict", "passage_id": "passage_id"}
+
+
+def unsupported_payload(attribution: Any) -> list[dict[str, Any]]:
+    """The sentences nothing supports, as LangChain/LlamaIndex payloads (``UNSUPPORTED_KEYS``)."""
+    return [output.renamed(u, UNSUPPORTED_KEYS)
+            for u in output.attribution_fields(attribution)["unsupported"]]
+
+
+def sentences_payload(attribution: Any) -> list[dict[str, Any]]:
+    """Each sentence's verdict (``"verbatim"``, ``"support"``, ``"unsupported"``), score and
+    passage, as LangChain/LlamaIndex payloads (``SENTENCE_KEYS``)."""
+    return [output.renamed(u, SENTENCE_KEYS)
+            for u in output.attribution_fields(attribution)["sentences"]]
+
+
+def attribution_summary(attribution: Any, citations: list[Citation]) -> dict[str, int]:
+    """Counts of one attribution as the adapters report it: sentences, the citations reported
+    (``citations``), of which support and verbatim, and unsupported sentences."""
+    return {
+        "sentences": len(attribution.sentences),
+        "citations": len(citations),
+        "support": sum(c.kind == "support" for c in citations),
+        "verbatim": sum(c.kind == "verbatim" for c in citations),
+        "unsupported": len(attribution.unsupported),
+    }

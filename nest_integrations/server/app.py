@@ -4,6 +4,8 @@ Endpoints:
 
 - ``POST /v1/chat/completions`` (``stream`` true: server-sent events ending ``data: [DONE]``);
 - ``POST /v1/completions``;
+- ``POST /v1/attributions``: any text (another model's answer) attributed to the corpus or to
+  the passages sent, as ``url_citation`` annotations plus the unsupported sentences;
 - ``GET /v1/models``, ``GET /v1/passages/{passage_id}`` (the playground's source view);
 - ``GET /health`` (no auth), ``GET /`` the playground page (static files, no build step).
 
@@ -49,6 +51,10 @@ class ServerSettings:
         max_tokens_cap: the largest ``max_tokens`` accepted.
         default_max_tokens: ``max_tokens`` when a request sends none.
         max_body_bytes: the largest request body accepted (413 above).
+        collection: the name of the served collection (``/v1/attributions`` accepts it, or
+            none; None: the engine's passages have no name).
+        max_attribution_chars: the longest ``text`` ``/v1/attributions`` accepts.
+        attribution: the ``AttributionConfig`` of ``/v1/attributions`` (None: the defaults).
     """
 
     model_name: str = P.DEFAULT_SERVED_MODEL
@@ -59,6 +65,9 @@ class ServerSettings:
     max_tokens_cap: int = 1024
     default_max_tokens: int = DEFAULT_MAX_NEW_TOKENS
     max_body_bytes: int = 1 << 20
+    collection: str | None = None
+    max_attribution_chars: int = 20_000
+    attribution: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -89,6 +98,7 @@ class Server:
     gate: ModelGate
     cache: _PassageCache = field(default_factory=_PassageCache)
     started: int = field(default_factory=lambda: int(time.time()))
+    attributor: Any = None  # built by the first /v1/attributions request
 
     @classmethod
     def start(cls, engine: Any, settings: ServerSettings) -> "Server":
@@ -98,13 +108,27 @@ class Server:
         if settings.decoding is not None:
             get_method(settings.decoding)
         limits = P.Limits(max_tokens_cap=settings.max_tokens_cap,
-                          default_max_tokens=settings.default_max_tokens)
+                          default_max_tokens=settings.default_max_tokens,
+                          max_attribution_chars=settings.max_attribution_chars)
         return cls(engine, settings, base, limits, ModelGate(engine, max_queue=settings.max_queue))
 
     @property
     def decoding(self) -> str:
         """The decoding method of a request that names none."""
         return self.settings.decoding or self.engine.decoding
+
+    def attribute(self, req: P.AttributionRequest) -> Any:
+        """Attribute ``req.text`` with the engine's model (its tokens), key store and retriever
+        (the request's passages replace retrieval). Runs in the gate's worker, one at a time;
+        the ``Attributor`` is built on the first request and kept (it caches passage
+        embeddings)."""
+        if self.attributor is None:
+            from nest_integrations.attribution import Attributor
+
+            e = self.engine
+            self.attributor = Attributor(self.settings.attribution, lm=e.lm,
+                                         key_store=e.key_store, retriever=e.retriever)
+        return self.attributor(req.text, req.passages, question=req.question)
 
 
 def get_method(name: str) -> Any:
@@ -391,6 +415,43 @@ async def completions(request: Any) -> Any:
     return await _completion(request, chat=False)
 
 
+async def attributions(request: Any) -> Any:
+    """``POST /v1/attributions``: ``{text, question?, collection?, passages?}`` -> the text's
+    citations as ``url_citation`` annotations, plus its unsupported sentences. Runs in the
+    model's queue (it uses the model's hidden states): 429 when full, like generations."""
+    server: Server = request.app.state.nest
+    authorize(server, request)
+    req = P.parse_attribution(await read_json(server, request), server.limits)
+    served = server.settings.collection
+    if req.collection is not None and req.collection != served:
+        raise P.ApiError(
+            404,
+            f"unknown collection {req.collection!r}: this server serves "
+            + (f"{served!r}" if served else "one unnamed corpus (omit 'collection')"),
+            param="collection", code="collection_not_found",
+        )
+    if req.passages is None and server.engine.retriever is None:
+        raise P.invalid("passages", "this server has no corpus: send the 'passages' to "
+                        "attribute the text against")
+    ticket = admit(server)
+
+    def work() -> Any:
+        return [server.attribute(req)]
+
+    try:
+        async with contextlib.aclosing(
+            server.gate.run(ticket, {}, request.is_disconnected, work=work)
+        ) as items:
+            found = [a async for a in items]
+    except ValueError as exc:
+        raise P.ApiError(400, str(exc)) from None
+    except Disconnected:
+        raise P.ApiError(499, "client disconnected") from None
+    attribution = found[0]
+    server.cache.add(list(attribution.passages))
+    return _json(P.attribution_response(P.new_id("attr"), attribution))
+
+
 async def models(request: Any) -> Any:
     """``GET /v1/models``: the one served model."""
     server: Server = request.app.state.nest
@@ -464,6 +525,7 @@ async def static(request: Any) -> Any:
 ROUTES = (
     ("/v1/chat/completions", ("POST",), chat_completions),
     ("/v1/completions", ("POST",), completions),
+    ("/v1/attributions", ("POST",), attributions),
     ("/v1/models", ("GET",), models),
     ("/v1/passages/{passage_id:path}", ("GET",), passage),
     ("/health", ("GET",), health),

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
 
 from nest_integrations.types import StreamChunk
 
@@ -112,8 +112,11 @@ class ModelGate:
         ticket: Ticket,
         kwargs: dict[str, Any],
         is_disconnected: Callable[[], Awaitable[bool]] | None = None,
+        work: Callable[[], Iterable[Any]] | None = None,
     ) -> AsyncIterator[StreamChunk]:
-        """Wait for the model, then yield ``engine.stream(**kwargs)`` chunks.
+        """Wait for the model, then yield ``engine.stream(**kwargs)`` chunks (or, with
+        ``work``, the items of ``work()``, run in the same worker: e.g. an attribution, which
+        uses the model too).
 
         Raises ``Disconnected`` when ``is_disconnected()`` turns true; exceptions from the
         engine are re-raised here. Stopping the iteration early cancels the generation.
@@ -136,7 +139,8 @@ class ModelGate:
             ticket.release()
 
         self.running = True
-        fut = loop.run_in_executor(self._executor, self._work, kwargs, queue, cancel, loop)
+        start = work or (lambda: self.engine.stream(**kwargs))
+        fut = loop.run_in_executor(self._executor, self._work, start, queue, cancel, loop)
         fut.add_done_callback(done)
         finished = False
         try:
@@ -157,7 +161,7 @@ class ModelGate:
 
     def _work(
         self,
-        kwargs: dict[str, Any],
+        start: Callable[[], Iterable[Any]],
         queue: asyncio.Queue,
         cancel: threading.Event,
         loop: asyncio.AbstractEventLoop,
@@ -173,7 +177,7 @@ class ModelGate:
         try:
             if cancel.is_set():
                 return
-            gen = self.engine.stream(**kwargs)
+            gen = iter(start())
             for chunk in gen:
                 if cancel.is_set():
                     break
@@ -181,8 +185,9 @@ class ModelGate:
         except BaseException as exc:  # noqa: BLE001 - handed to the request coroutine
             put(exc)
         finally:
-            if gen is not None:
-                gen.close()
+            close = getattr(gen, "close", None)
+            if close is not None:
+                close()
             self.busy_s += time.perf_counter() - t0
             self.served += 1
             put(_END)

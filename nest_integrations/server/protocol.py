@@ -35,7 +35,7 @@ from typing import Any, Mapping, Sequence
 
 from nest_integrations import output
 from nest_integrations.defaults import DEFAULT_DECODING, DEFAULT_MAX_NEW_TOKENS
-from nest_integrations.types import Citation, NestResult
+from nest_integrations.types import Citation, NestResult, Passage
 
 #: The model id clients send and ``/v1/models`` lists, unless ``--served-model-name`` says.
 DEFAULT_SERVED_MODEL = "nest"
@@ -103,6 +103,20 @@ class Limits:
 
     max_tokens_cap: int = 1024
     default_max_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    #: The longest ``text`` ``/v1/attributions`` accepts (characters), and most ``passages``.
+    max_attribution_chars: int = 20_000
+    max_attribution_passages: int = 64
+
+
+@dataclass
+class AttributionRequest:
+    """One validated ``/v1/attributions`` body: the text, its question, and the passages
+    (``None``: retrieve from the server's corpus, or from ``collection``)."""
+
+    text: str
+    question: str | None = None
+    collection: str | None = None
+    passages: list[Passage] | None = None
 
 
 # --------------------------------------------------------------------------------- requests
@@ -142,6 +156,72 @@ def parse_completion(body: Any, limits: Limits) -> GenerationRequest:
     req = _common(body, limits, max_keys=("max_tokens",))
     req.prompt = prompt
     return req
+
+
+def parse_attribution(body: Any, limits: Limits) -> AttributionRequest:
+    """Validate a ``/v1/attributions`` body: ``text`` (required), ``question``, ``collection``
+    and ``passages`` (strings, or objects with ``text`` and optional ``id``, ``doc_id``,
+    ``title``, ``url``, ``source``, ``char_start``/``char_end``)."""
+    text = _required(_object(body), "text")
+    if not isinstance(text, str):
+        raise invalid("text", "'text' must be a string: the answer to attribute")
+    if not text.strip():
+        raise invalid("text", "'text' is empty: send the answer to attribute")
+    cap = limits.max_attribution_chars
+    if len(text) > cap:
+        raise invalid(
+            "text", f"'text' is {len(text):,} characters, over this server's cap of {cap:,}",
+            code="text_too_long",
+        )
+    question = body.get("question")
+    if question is not None and not isinstance(question, str):
+        raise invalid("question", "'question' must be a string")
+    collection = _name(body, "collection")
+    passages = None
+    if body.get("passages") is not None:
+        if collection is not None:
+            raise invalid(
+                "passages", "send 'passages' or 'collection', not both: 'passages' replaces "
+                "retrieval"
+            )
+        passages = _passages(body["passages"], limits)
+    return AttributionRequest(text=text, question=question or None, collection=collection,
+                              passages=passages)
+
+
+#: Keys of a request passage object, besides ``text`` (kept as the passage's metadata).
+PASSAGE_KEYS = ("id", "doc_id", "title", "url", "source", "char_start", "char_end")
+
+
+def _passages(raw: Any, limits: Limits) -> list[Passage]:
+    from nest_integrations.integrations._common import passage_from_record
+
+    if not isinstance(raw, list) or not raw:
+        raise invalid("passages", "'passages' must be a non-empty array of strings or objects "
+                      "with 'text'")
+    if len(raw) > limits.max_attribution_passages:
+        raise invalid("passages", f"'passages' has {len(raw)} items, over this server's cap "
+                      f"of {limits.max_attribution_passages}")
+    out = []
+    for i, item in enumerate(raw):
+        where = f"passages[{i}]"
+        if isinstance(item, str):
+            item = {"text": item}
+        if not isinstance(item, dict) or not isinstance(item.get("text"), str) or not (
+            item["text"].strip()
+        ):
+            raise invalid(where, f"{where} must be a non-empty string or an object with a "
+                          "non-empty 'text'")
+        meta = {k: item[k] for k in PASSAGE_KEYS if item.get(k) is not None and k != "id"}
+        pid = item.get("id")
+        if pid is not None and not isinstance(pid, str):
+            raise invalid(f"{where}.id", f"{where}.id must be a string")
+        out.append(passage_from_record(item["text"], meta, pid))
+    ids = [p.id for p in out]
+    if len(set(ids)) != len(ids):
+        raise invalid("passages", "passage ids must be unique (two passages have the same id "
+                      "or the same text)")
+    return out
 
 
 def _unsupported(body: dict[str, Any]) -> None:
@@ -371,6 +451,23 @@ def completion_response(
     }
     return envelope(rid, "text_completion", int(time.time()), model, choice,
                     usage=usage(result), nest=ext)
+
+
+def attribution_response(rid: str, attribution: Any) -> dict[str, Any]:
+    """The ``/v1/attributions`` body: the text, one ``url_citation`` annotation per citation
+    (``annotation``: the chat completions' shape; a ``"support"`` citation's ``cited_text`` is
+    the passage sentence and ``start_index``/``end_index`` span the answer sentence it
+    supports), the unsupported sentences and the sentences (``output.attribution_fields``)."""
+    fields = output.attribution_fields(attribution)
+    return {
+        "id": rid,
+        "object": "attribution",
+        "created": int(time.time()),
+        "text": fields["text"],
+        "annotations": [annotation(c) for c in attribution.citations],
+        "unsupported": fields["unsupported"],
+        "sentences": fields["sentences"],
+    }
 
 
 def chat_chunk(

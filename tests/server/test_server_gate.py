@@ -11,12 +11,13 @@ versions are in ``test_server_api.py`` (slow set).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
@@ -118,12 +119,11 @@ def chat(content: str = "What is belly dance?", **extra: Any) -> dict[str, Any]:
             "max_tokens": 8, **extra}
 
 
-@pytest.fixture(scope="module")
-def server(tiny_lm) -> Any:
+@contextlib.contextmanager
+def running(tiny_lm: Any, settings: ServerSettings) -> Iterator[Server]:
+    """A real uvicorn server over the tiny engine (``HeldEngine``) with ``settings``."""
     engine = HeldEngine(NestEngine(tiny_lm, InMemoryRetriever(PASSAGES), InMemoryKeyStore(),
                                    NestConfig()))
-    settings = ServerSettings(api_key=KEY, max_queue=MAX_QUEUE, max_tokens_cap=CAP,
-                              default_max_tokens=8, max_body_bytes=MAX_BODY)
     app = create_app(engine, settings)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))  # held open and handed to uvicorn: nobody else can take it
@@ -141,14 +141,27 @@ def server(tiny_lm) -> Any:
         sock.close()
 
 
-@pytest.fixture
-def held(server: Server) -> Any:
+@pytest.fixture(scope="module")
+def server(tiny_lm) -> Any:
+    settings = ServerSettings(api_key=KEY, max_queue=MAX_QUEUE, max_tokens_cap=CAP,
+                              default_max_tokens=8, max_body_bytes=MAX_BODY)
+    with running(tiny_lm, settings) as srv:
+        yield srv
+
+
+def idle(server: Server) -> Iterator[Server]:
     """The server with holds cleared, idle, before and after the test."""
     server.engine.start = server.engine.after_first = None
     until(lambda: server.gate.pending == 0, "the gate is idle")
     yield server
     server.engine.start = server.engine.after_first = None
     until(lambda: server.gate.pending == 0, "the gate is idle after the test")
+
+
+@pytest.fixture
+def held(server: Server) -> Any:
+    """The server with holds cleared, idle, before and after the test."""
+    yield from idle(server)
 
 
 def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list]:

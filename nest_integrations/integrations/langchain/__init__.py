@@ -1,8 +1,10 @@
-"""LangChain integration: ``ChatNest``, ``NestLLM``, retrievers, embeddings, citation helpers.
+"""LangChain integration: ``ChatNest``, ``NestLLM``, ``NestAttributor``, retrievers, embeddings,
+citation helpers.
 
 Needs ``langchain-core`` (a core dependency). ``nest_integrations.langchain`` re-exports this.
 """
 
+from nest_integrations.integrations.langchain.attribution import NestAttributor
 from nest_integrations.integrations.langchain.chat_models import ChatNest
 from nest_integrations.integrations.langchain.embeddings import NestEmbeddings
 from nest_integrations.integrations.langchain.llms import NestLLM
@@ -15,6 +17,7 @@ from nest_integrations.integrations.langchain.retrievers import (
 __all__ = [
     "ChatNest",
     "LangChainPassageRetriever",
+    "NestAttributor",
     "NestCitationRetriever",
     "NestEmbeddings",
     "NestLLM",

@@ -314,10 +314,15 @@ def citation_block(c: Citation) -> CitationBlock:
     """One cited span as a ``CitationBlock``: ``cited_content``, ``source`` =
     ``output.citation_link``, ``title`` = ``output.citation_label``, and int locations
     (response, passage and, when known, source offsets; ``copied``: 1 for a NEST copy, 0 for
-    ``kind="verbatim"`` provenance)."""
+    ``kind="verbatim"`` provenance and ``"support"``; a support citation also has ``support``
+    = 1 and ``score_permille``, its score x 1000: ``response_*_char`` then span the supported
+    answer sentence and ``cited_content`` is the passage sentence)."""
     fields = output.citation_fields(c)
     loc = {k: v for k, v in output.renamed(fields, LOCATION_KEYS).items() if v is not None}
     loc["copied"] = int(fields["copied"])
+    if fields["kind"] == "support":  # the slot holds ints: the score in thousandths
+        loc["support"] = 1
+        loc["score_permille"] = round(1000 * fields["score"])
     return CitationBlock(
         cited_content=fields["cited_text"],
         source=output.citation_link(fields),

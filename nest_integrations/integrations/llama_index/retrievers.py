@@ -29,13 +29,13 @@ from nest_integrations.integrations._common import (
     citation_extras,
     passage_from_record,
 )
-from nest_integrations.types import NestResult, Passage
+from nest_integrations.types import Citation, NestResult, Passage
 
 #: Metadata keys that ``citation_nodes`` adds (hidden from LLM prompts and embeddings).
 CITATION_KEYS = (
     "doc_id", "passage_id", "source_start_char", "source_end_char", "passage_start_char",
     "passage_end_char", "response_start_char", "response_end_char", "n_tokens", "kind",
-    "copied",
+    "copied", "score",
 )
 
 
@@ -132,9 +132,17 @@ def citation_nodes(result: NestResult) -> list[NodeWithScore]:
     = the passage's user metadata plus ``doc_id``, ``passage_id`` and the source, passage and
     response offsets. The score is the passage's retrieval score.
     """
-    scores = {p.id: p.score for p in result.passages}
+    return span_nodes(result.citations, result.passages)
+
+
+def span_nodes(
+    citations: Sequence[Citation], passages: Sequence[Passage] = ()
+) -> list[NodeWithScore]:
+    """``citations`` as nodes (see ``citation_nodes``); the score is the citation's own (a
+    ``"support"`` citation's support score), else its passage's retrieval score."""
+    scores = {p.id: p.score for p in passages}
     out = []
-    for c in result.citations:
+    for c in citations:
         meta = {k: v for k, v in c.metadata.items() if k not in RESERVED_KEYS}
         meta.update((k, v) for k, v in citation_extras(c).items() if v is not None)
         meta.update(response_start_char=c.start, response_end_char=c.end)
@@ -148,7 +156,8 @@ def citation_nodes(result: NestResult) -> list[NodeWithScore]:
             excluded_embed_metadata_keys=list(CITATION_KEYS),
             relationships={NodeRelationship.SOURCE: RelatedNodeInfo(node_id=c.doc_id)},
         )
-        out.append(NodeWithScore(node=node, score=scores.get(c.passage_id)))
+        score = c.score if c.score is not None else scores.get(c.passage_id)
+        out.append(NodeWithScore(node=node, score=score))
     return out
 
 

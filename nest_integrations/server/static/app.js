@@ -1,10 +1,21 @@
-// NEST playground: streams a chat answer from /v1/chat/completions and shows its citations.
+// NEST playground: streams a chat answer from /v1/chat/completions and shows its citations;
+// "attribute this text" sends any text to /v1/attributions and shows its verbatim spans, its
+// supported sentences (a second colour) and the sentences nothing supports.
 // Offsets from the server count Unicode code points (Python string indices), so text is
 // handled as arrays of code points (Array.from), never as UTF-16 string indices.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { chars: [], annotations: new Map(), passages: new Map(), active: null };
+const state = {
+  chars: [], annotations: new Map(), passages: new Map(), active: null,
+  attr: { chars: [], annotations: new Map(), unsupported: [] },
+};
+// Each area's annotations by mark key (what a click on a mark looks up).
+const AREAS = { answer: () => state.annotations, attr: () => state.attr.annotations };
+
+function annotationKey(u) {
+  return u.passage_id + "|" + u.start_index + "|" + (u.kind || "copy");
+}
 
 function headers() {
   const h = { "Content-Type": "application/json" };
@@ -33,6 +44,9 @@ async function init() {
   });
   $("answer").addEventListener("mouseover", (ev) => pick(ev.target));
   $("answer").addEventListener("click", (ev) => pick(ev.target));
+  $("attribute").addEventListener("submit", (ev) => { ev.preventDefault(); attribute(); });
+  $("attr-answer").addEventListener("mouseover", (ev) => pick(ev.target));
+  $("attr-answer").addEventListener("click", (ev) => pick(ev.target));
 }
 
 function showError(msg) {
@@ -91,7 +105,7 @@ async function ask() {
             }
             for (const a of choice.delta.annotations || []) {
               const u = a.url_citation;
-              state.annotations.set(u.passage_id + "|" + u.start_index, u);
+              state.annotations.set(annotationKey(u), u);
             }
             render();
           }
@@ -107,43 +121,147 @@ async function ask() {
   }
 }
 
-function sortedAnnotations() {
-  return [...state.annotations.values()].sort((a, b) => a.start_index - b.start_index);
+// "Attribute this text": POST /v1/attributions, then show the text with its spans.
+async function attribute() {
+  const text = $("attr-text").value;
+  if (!text.trim()) { showError("paste a text to attribute first"); return; }
+  localStorage.setItem("nest-api-key", $("api-key").value.trim());
+  showError("");
+  document.body.dataset.attrState = "running";
+  $("attr-send").disabled = true;
+  try {
+    const question = $("attr-question").value.trim();
+    const resp = await fetch("/v1/attributions", {
+      method: "POST",
+      headers: headers(),
+      body: JSON.stringify({ text, question: question || undefined }),
+    });
+    const body = await resp.json().catch(() => ({}));
+    if (!resp.ok) throw new Error((body.error && body.error.message) || resp.statusText);
+    const a = state.attr;
+    a.chars = Array.from(body.text);
+    a.annotations.clear();
+    for (const ann of body.annotations || []) {
+      a.annotations.set(annotationKey(ann.url_citation), ann.url_citation);
+    }
+    a.unsupported = body.unsupported || [];
+    renderInto($("attr-answer"), "attr", a.chars, a.annotations, a.unsupported);
+    $("attr-answer").hidden = false;
+    const list = $("attr-unsupported");
+    list.textContent = "";
+    for (const u of a.unsupported) {
+      const li = document.createElement("li");
+      li.textContent = u.text;
+      list.appendChild(li);
+    }
+    list.hidden = a.unsupported.length === 0;
+    $("attr-summary").textContent =
+      `${countKind(a.annotations, "support")} supported sentence(s), ` +
+      `${countKind(a.annotations, "verbatim") + countKind(a.annotations, "copy")} verbatim ` +
+      `span(s), ${a.unsupported.length} unsupported sentence(s)`;
+  } catch (e) {
+    showError(String(e.message || e));
+  } finally {
+    $("attr-send").disabled = false;
+    document.body.dataset.attrState = "done";
+  }
 }
 
-// The answer as plain text with one <mark> per copied span (spans never overlap).
+function countKind(annotations, kind) {
+  return [...annotations.values()].filter((u) => (u.kind || "copy") === kind).length;
+}
+
+function byStart(list) {
+  return [...list].sort((a, b) => a.start_index - b.start_index || b.end_index - a.end_index);
+}
+
 function render() {
-  const out = $("answer");
+  renderInto($("answer"), "answer", state.chars, state.annotations, []);
+}
+
+// ``chars`` with one <mark> per citation: sentence-level marks (``mark.support``, and
+// ``span.unsupported`` for sentences nothing supports) hold the exact spans (``mark.cite``:
+// copied or verbatim) that fall inside them. Marks of one level never overlap (a later one is
+// cut to start where the previous ended; an exact span that crosses a sentence edge is drawn
+// in pieces). Each citation is numbered once, in answer order.
+function renderInto(out, area, chars, annotations, unsupported) {
   out.textContent = "";
+  const all = byStart(annotations.values());
+  const exact = all.filter((u) => u.kind !== "support");
+  const outer = byStart([
+    ...all.filter((u) => u.kind === "support").map((u) => ({ ...u, outer: "support" })),
+    ...unsupported.map((u) => ({ start_index: u.start_index ?? u.start,
+                                 end_index: u.end_index ?? u.end, outer: "unsupported" })),
+  ]);
+  const numbers = new Map(all.map((u, i) => [annotationKey(u), i + 1]));
+  const text = (a, b) => document.createTextNode(chars.slice(a, b).join(""));
+
+  function mark(u, cls) {
+    const m = document.createElement("mark");
+    m.className = cls;
+    m.dataset.key = annotationKey(u);
+    m.dataset.area = area;
+    if (state.active === area + "|" + m.dataset.key) m.classList.add("active");
+    return m;
+  }
+  const numbered = new Set(); // a span cut by a sentence edge is numbered on its first piece
+  function sup(m, u) {
+    if (numbered.has(annotationKey(u))) return;
+    numbered.add(annotationKey(u));
+    const s = document.createElement("sup");
+    s.textContent = String(numbers.get(annotationKey(u)));
+    m.appendChild(s);
+  }
+  // The exact spans within [a, b) into ``parent``, plain text between them.
+  function exactInto(parent, a, b) {
+    let pos = a;
+    for (const u of exact) {
+      const start = Math.max(u.start_index, pos);
+      const end = Math.min(u.end_index, b, chars.length);
+      if (end <= start) continue;
+      parent.appendChild(text(pos, start));
+      const m = mark(u, "cite");
+      m.appendChild(text(start, end));
+      sup(m, u);
+      parent.appendChild(m);
+      pos = end;
+    }
+    if (b > pos) parent.appendChild(text(pos, b));
+  }
   let pos = 0;
-  sortedAnnotations().forEach((u, i) => {
-    const start = Math.max(u.start_index, pos);
-    const end = Math.min(u.end_index, state.chars.length);
-    if (end <= start) return;
-    out.appendChild(document.createTextNode(state.chars.slice(pos, start).join("")));
-    const mark = document.createElement("mark");
-    mark.className = "cite";
-    mark.dataset.key = u.passage_id + "|" + u.start_index;
-    mark.appendChild(document.createTextNode(state.chars.slice(start, end).join("")));
-    const sup = document.createElement("sup");
-    sup.textContent = String(i + 1);
-    mark.appendChild(sup);
-    if (state.active === mark.dataset.key) mark.classList.add("active");
-    out.appendChild(mark);
+  for (const o of outer) {
+    const start = Math.max(o.start_index, pos);
+    const end = Math.min(o.end_index, chars.length);
+    if (end <= start) continue;
+    exactInto(out, pos, start);
+    let box;
+    if (o.outer === "support") {
+      box = mark(o, "support");
+      box.title = `supported (score ${o.score == null ? "?" : Number(o.score).toFixed(2)})`;
+    } else {
+      box = document.createElement("span");
+      box.className = "unsupported";
+      box.title = "no passage supports this sentence";
+    }
+    exactInto(box, start, end);
+    if (o.outer === "support") sup(box, o);
+    out.appendChild(box);
     pos = end;
-  });
-  out.appendChild(document.createTextNode(state.chars.slice(pos).join("")));
+  }
+  exactInto(out, pos, chars.length);
 }
 
 async function pick(target) {
-  const mark = target.closest && target.closest("mark.cite");
-  if (!mark || mark.dataset.key === state.active) return;
-  const u = state.annotations.get(mark.dataset.key);
+  const mark = target.closest && target.closest("mark.cite, mark.support");
+  if (!mark) return;
+  const key = mark.dataset.area + "|" + mark.dataset.key;
+  if (key === state.active) return;
+  const u = AREAS[mark.dataset.area]().get(mark.dataset.key);
   if (!u) return;
-  state.active = mark.dataset.key;
-  document.querySelectorAll("mark.cite.active").forEach((m) => m.classList.remove("active"));
+  state.active = key;
+  document.querySelectorAll("mark.active").forEach((m) => m.classList.remove("active"));
   mark.classList.add("active");
-  await showSource(u);
+  await showSource(u, key);
 }
 
 async function passage(id) {
@@ -155,11 +273,12 @@ async function passage(id) {
   return state.passages.get(id);
 }
 
-// The cited passage with the span marked at its exact offsets.
-async function showSource(u) {
+// The cited passage with the span marked at its exact offsets (for a supported sentence:
+// the passage sentence that supports it).
+async function showSource(u, key) {
   let p;
   try { p = await passage(u.passage_id); } catch (e) { showError(String(e.message || e)); return; }
-  if (state.active !== u.passage_id + "|" + u.start_index) return; // the user moved on
+  if (state.active !== key) return; // the user moved on
   const chars = Array.from(p.text);
   const base = p.char_start;
   const known = u.source_start !== null && base !== null && base !== undefined;
@@ -169,6 +288,7 @@ async function showSource(u) {
   pre.textContent = "";
   pre.appendChild(document.createTextNode(chars.slice(0, a).join("")));
   const mark = document.createElement("mark");
+  if (u.kind === "support") mark.className = "support";
   mark.textContent = chars.slice(a, b).join("");
   pre.appendChild(mark);
   pre.appendChild(document.createTextNode(chars.slice(b).join("")));
@@ -177,6 +297,7 @@ async function showSource(u) {
   if (p.url) title.href = p.url; else title.removeAttribute("href");
   $("source-meta").textContent =
     `${p.doc_id} · chars ${u.source_start ?? "?"}–${u.source_end ?? "?"} of the source` +
+    (u.kind === "support" && u.score != null ? ` · support ${Number(u.score).toFixed(2)}` : "") +
     (p.url ? ` · ${p.url}` : "");
   document.querySelector("#source .hint").hidden = true;
   $("source-body").hidden = false;

@@ -38,6 +38,7 @@ from tests.integrations.langchain.corpus import (
 EXPECTED_ALL = [
     "ChatNest",
     "LangChainPassageRetriever",
+    "NestAttributor",
     "NestCitationRetriever",
     "NestEmbeddings",
     "NestLLM",

@@ -35,3 +35,12 @@ def test_chroma_cookbook(tmp_path):
     out = run_script("llama_index_chroma.py", str(tmp_path / "chroma"))
     assert "A: " in out and "https://en.wikipedia.org/wiki/Chichen_Itza" in out
     assert (tmp_path / "chroma").is_dir()  # the index persisted where asked
+
+
+@pytest.mark.slow
+def test_attribute_any_llm_cookbook():
+    out = run_script("llama_index_attribute_any_llm.py")
+    assert "- support score" in out and "(exact: True)" in out
+    assert "(exact: False)" not in out
+    gap = "'The first novel was published in Paris in 1975.'"
+    assert f"Unsupported:\n- answer[240:287]: {gap}" in out

@@ -1,0 +1,349 @@
+"""Post-hoc attribution (issue 23): exact offsets for every citation kind under every tokenizer,
+support and unsupported verdicts with the real MiniLM embedder, clear errors, the assembled
+attributor over a real Chroma store, the output dict, and ``nest attribute``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nest_integrations import output
+from nest_integrations.attribution import (
+    Attribution,
+    AttributionConfig,
+    Attributor,
+    attribute,
+    split_units,
+    word_tokens,
+)
+from nest_integrations.retrieval.in_memory import InMemoryRetriever
+from nest_integrations.types import Citation, Passage
+from tests.test_tokenizers import EXTRA, PASSAGE_TEXT, any_lm  # noqa: F401  (fixture)
+
+ANABASIS = (
+    "Anabasis is the most famous work of the Ancient Greek professional soldier and writer "
+    "Xenophon. It gives an account of the expedition of the Ten Thousand, an army of Greek "
+    "mercenaries hired by Cyrus the Younger to help him seize the throne of Persia from his "
+    "brother, Artaxerxes II, in 401 BC."
+)
+BELLY = ("Belly dance is a Middle Eastern dance that originated in Egypt. It features complex "
+         "movements of the torso and hips.")
+
+
+def _passages() -> list[Passage]:
+    return [
+        Passage("p-ana", ANABASIS, doc_id="anabasis", char_start=17, char_end=17 + len(ANABASIS),
+                metadata={"title": "Anabasis (Xenophon)"}),
+        Passage("p-bd", BELLY, doc_id="belly", char_start=0, char_end=len(BELLY)),
+    ]
+
+
+def _sources(passages: list[Passage]) -> dict[str, str]:
+    """A source document per passage, holding the passage at its char_start."""
+    return {p.doc_id: "x" * (p.char_start or 0) + p.text + " tail" for p in passages}
+
+
+def assert_exact(a: Attribution) -> None:
+    """The invariants of every kind: the answer slice, the passage slice, the source slice."""
+    by_id = {p.id: p for p in a.passages}
+    sources = _sources(a.passages)
+    for c in a.citations:
+        p = by_id[c.passage_id]
+        assert p.text[c.passage_start : c.passage_end] == c.text, c
+        if c.source_start is not None:
+            assert sources[p.doc_id][c.source_start : c.source_end] == c.text, c
+        assert c.text and not c.text[0].isspace() and not c.text[-1].isspace()
+        if c.kind == "verbatim":
+            assert a.text[c.start : c.end] == c.text, c
+            assert c.score is None
+        else:
+            assert c.kind == "support" and c.score is not None and c.score >= a.threshold
+            assert a.text[c.start : c.end] in {s.text for s in a.sentences}
+    for s in a.sentences:
+        assert a.text[s.start : s.end] == s.text
+    for u in a.unsupported:
+        assert a.text[u.start : u.end] == u.text
+
+
+# ------------------------------------------------------------------------------ splitting
+
+
+def test_split_units_exact_sentences_clauses_and_abbreviations() -> None:
+    text = ("Dr. Smith arrived at 3 p.m. on Monday.  Rome, e.g. the city, is old! Is it? "
+            "東京は日本の首都です。北京是中国的首都。 A long sentence follows here; it has a "
+            "first clause about many things that go on and on, and a second clause that also "
+            "goes on for quite a while before it finally ends.")
+    units = split_units(text, max_clause_chars=80, min_clause_chars=10)
+    pieces = [text[s:e] for s, e in units]
+    assert pieces[:6] == ["Dr. Smith arrived at 3 p.m. on Monday.", "Rome, e.g. the city, is old!",
+                          "Is it?", "東京は日本の首都です。", "北京是中国的首都。",
+                          "A long sentence follows here;"]
+    assert len(pieces) >= 8  # the long sentence became clauses
+    assert all(p == p.strip() and p for p in pieces)
+    assert split_units("") == [] and split_units("  ...  ") == []
+
+
+def test_word_tokens_have_exact_offsets() -> None:
+    toks, off = word_tokens("Café naïve — 東京, didn't 401 BC.")
+    assert [("Café naïve — 東京, didn't 401 BC."[s:e]) for s, e in off] == toks
+    assert "東" in toks and "京" in toks and "didn" in toks and "'" in toks
+
+
+# ------------------------------------------------------------------------------ verbatim
+
+
+def test_verbatim_runs_are_exact_and_respect_the_minimum() -> None:
+    ps = _passages()
+    text = ("As the sources say,  Xenophon  wrote of the expedition of the Ten Thousand, an army "
+            "of Greek mercenaries. Belly dance is old.")
+    a = attribute(text, ps, config=AttributionConfig(scorer="fuzzy"))
+    assert_exact(a)
+    verb = [c for c in a.citations if c.kind == "verbatim"]
+    assert [c.text for c in verb] == [
+        "of the expedition of the Ten Thousand, an army of Greek mercenaries"]
+    assert verb[0].source_start == 17 + ANABASIS.index(verb[0].text)
+    # "Belly dance is" is 3 words: below min_verbatim_tokens; with a minimum of 3 it is cited
+    assert not any(c.passage_id == "p-bd" and c.kind == "verbatim" for c in a.citations)
+    a3 = attribute(text, ps, config=AttributionConfig(scorer="fuzzy", min_verbatim_tokens=3))
+    assert any(c.text == "Belly dance is" for c in a3.citations)
+    assert_exact(a3)
+
+
+def test_a_fully_copied_sentence_is_verbatim_without_a_scorer() -> None:
+    ps = _passages()
+    text = ANABASIS.split(". ")[0] + "."
+    a = attribute(text, ps, config=AttributionConfig(scorer="fuzzy"))
+    assert [s.verdict for s in a.sentences] == ["verbatim"]
+    assert a.sentences[0].passage_id == "p-ana" and not a.unsupported
+
+
+def test_every_kind_is_exact_under_every_tokenizer(any_lm) -> None:
+    """Verbatim runs in LM tokens (byte BPE, SentencePiece, WordPiece) and support citations
+    from the keys scorer are exact in the answer, the passage and the source."""
+    family, lm = any_lm
+    passage = Passage("p-rome", PASSAGE_TEXT, doc_id="rome", char_start=7,
+                      char_end=7 + len(PASSAGE_TEXT))
+    text = ("Historians agree that it included large territorial holdings around the "
+            "Mediterranean Sea. " + EXTRA + " The metropole was Italia, they say.")
+    cfg = AttributionConfig(scorer="keys", support_threshold=-1.0, min_verbatim_tokens=4)
+    a = Attributor(cfg, lm=lm)(text, [passage])
+    assert a.tokenizer == lm.name
+    assert_exact(a)
+    kinds = {c.kind for c in a.citations}
+    assert kinds == {"verbatim", "support"}, a.citations
+    covered = "".join(c.text for c in a.citations if c.kind == "verbatim")
+    assert "Mediterranean" in covered
+
+
+# ------------------------------------------------------------------------------ support (MiniLM)
+
+
+@pytest.fixture(scope="module")
+def attributor() -> Attributor:
+    return Attributor(AttributionConfig(scorer="embedding"))  # the real packaged MiniLM
+
+
+def test_paraphrase_is_supported_and_fabrications_are_flagged(attributor: Attributor) -> None:
+    ps = _passages()
+    text = ("The Anabasis tells of the expedition of the Ten Thousand, Greek mercenaries hired by "
+            "Cyrus the Younger to seize the Persian throne. "
+            "The Great Wall of China was finished by Napoleon in 1850. "
+            "Xenophon wrote it while he was living in Brazil.")
+    a = attributor(text, ps)
+    assert_exact(a)
+    verdicts = [s.verdict for s in a.sentences]
+    assert verdicts == ["support", "unsupported", "unsupported"], a.sentences
+    (sup,) = [c for c in a.citations if c.kind == "support"]
+    assert sup.passage_id == "p-ana" and sup.text.startswith("It gives an account")
+    assert [u.text for u in a.unsupported] == [s.text for s in a.sentences[1:]]
+    assert a.supported_ratio == pytest.approx(1 / 3)
+
+
+def test_a_wrong_value_is_not_supported(attributor: Attributor) -> None:
+    ps = _passages()
+    frame = ("In {}, Cyrus the Younger hired the Ten Thousand, Greek mercenaries, to seize the "
+             "Persian throne from his brother.")
+    right = attributor(frame.format("401 BC"), ps)
+    wrong = attributor(frame.format("1066 BC"), ps)
+    assert right.sentences[0].verdict == "support"
+    assert wrong.sentences[0].verdict == "unsupported"
+
+
+def test_retriever_finds_the_passages_with_the_question(attributor: Attributor) -> None:
+    retriever = InMemoryRetriever(_passages())
+    a = attribute("He hired an army of Greek mercenaries to seize the throne.",
+                  retriever=retriever, question="Who hired the Ten Thousand in Anabasis?",
+                  embedder=attributor.embedder, config=AttributionConfig(k=1))
+    assert [p.id for p in a.passages] == ["p-ana"]
+    assert_exact(a)
+
+
+def test_output_fields_of_an_attribution(attributor: Attributor) -> None:
+    a = attributor("Belly dance comes from Egypt. Cats can fly to the moon.", _passages())
+    d = output.attribution_fields(a)
+    assert set(d) == {"text", "citations", "unsupported", "sentences"}
+    assert [s["verdict"] for s in d["sentences"]] == ["support", "unsupported"]
+    (cite,) = d["citations"]
+    assert cite["kind"] == "support" and cite["copied"] is False and cite["score"] > 0.5
+    assert cite["cited_text"] == BELLY[cite["passage_start"] : cite["passage_end"]]
+    assert d["unsupported"] == [{"text": "Cats can fly to the moon.", "start": 30, "end": 55,
+                                 "score": a.unsupported[0].score}]
+    json.dumps(a.to_dict())  # plain JSON
+
+
+def test_copy_citation_fields_have_no_score() -> None:
+    c = Citation("abc", 0, 3, "p", "d", 0, 3, None, None, 1)
+    assert output.citation_fields(c)["score"] is None and c.to_dict()["score"] is None
+
+
+# ------------------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"scorer": "bleu"}, ValueError, "unknown scorer"),
+    ({"min_verbatim_tokens": 0}, ValueError, "min_verbatim_tokens"),
+    ({"support_threshold": 2.0}, ValueError, "support_threshold"),
+    ({"tokenizer": "bpe"}, ValueError, "tokenizer"),
+])
+def test_bad_config_is_refused(kwargs, error, match) -> None:
+    with pytest.raises(error, match=match):
+        AttributionConfig(**kwargs)
+
+
+def test_bad_input_gets_a_clear_error() -> None:
+    cfg = AttributionConfig(scorer="fuzzy")
+    with pytest.raises(ValueError, match="passages= or a retriever="):
+        attribute("some text", config=cfg)
+    with pytest.raises(TypeError, match="text must be a str"):
+        attribute(b"bytes", ["p"], config=cfg)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="a passage must be"):
+        attribute("text", [3], config=cfg)  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="not a single one"):
+        attribute("text", "one passage", config=cfg)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="needs an lm"):
+        Attributor(AttributionConfig(scorer="keys"))
+    with pytest.raises(TypeError, match="AttributionConfig"):
+        Attributor({"scorer": "fuzzy"})  # type: ignore[arg-type]
+    empty = attribute("   ", ["p"], config=cfg)
+    assert empty.sentences == [] and empty.citations == [] and empty.unsupported == []
+    none = attribute("Nothing to see here today.", [], config=cfg)
+    assert [s.verdict for s in none.sentences] == ["unsupported"]
+
+
+# ------------------------------------------------------------------------------ assembly
+
+
+@pytest.fixture
+def small_store(tmp_path: Path) -> Path:
+    from nest_integrations.ingest.pipeline import IngestPipeline
+    from nest_integrations.retrieval.chroma import ChromaPassageStore
+    from tests.fakes import FakeLM
+
+    persist = tmp_path / "store"
+    store = ChromaPassageStore.from_persist_dir(persist, "attr")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "anabasis.txt").write_text(ANABASIS + "\n", encoding="utf-8")
+    (docs / "belly.txt").write_text(BELLY + "\n", encoding="utf-8")
+    assert not IngestPipeline(store, FakeLM()).ingest([docs]).issues
+    return persist
+
+
+def test_attributor_from_defaults_uses_the_chroma_store(small_store: Path) -> None:
+    from nest_integrations.assembly import attributor_from_defaults
+
+    attr = attributor_from_defaults("attr", persist_dir=str(small_store))
+    a = attr("Xenophon, a Greek soldier, wrote the Anabasis. Penguins live on Mars.",
+             question="Who wrote the Anabasis?")
+    assert a.passages and a.passages[0].doc_id.endswith("anabasis.txt")
+    assert [s.verdict for s in a.sentences] == ["support", "unsupported"]
+    src = (small_store.parent / "docs" / "anabasis.txt").read_text(encoding="utf-8")
+    (c,) = [c for c in a.citations if c.kind == "support"]
+    assert src[c.source_start : c.source_end] == c.text
+    with pytest.raises(LookupError, match="no collection .missing.*existing: .attr."):
+        attributor_from_defaults("missing", persist_dir=str(small_store))
+
+
+def test_nest_attribute_cli(small_store: Path, capsys) -> None:
+    from nest_integrations import cli
+
+    where = ["--collection", "attr", "--persist-dir", str(small_store)]
+    text = "Xenophon, a Greek soldier, wrote the Anabasis. Penguins live on Mars."
+    assert cli.main(["attribute", text, "--question", "Who wrote the Anabasis?", *where]) == 0
+    shown = capsys.readouterr().out
+    assert "[~] support" in shown and "[!] unsupported" in shown and "1/2 sentences supported" in shown
+    answer = small_store.parent / "answer.txt"
+    answer.write_text(text, encoding="utf-8")
+    assert cli.main(["attribute", "--file", str(answer), "--json", *where]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert [s["verdict"] for s in payload["sentences"]] == ["support", "unsupported"]
+    assert payload["unsupported"][0]["text"] == "Penguins live on Mars."
+    assert payload["passages"] and payload["scorer"] == "embedding"
+    assert cli.main(["attribute", *where]) == 2  # nothing to attribute
+    assert "nothing to attribute" in capsys.readouterr().err
+    assert cli.main(["attribute", "text", "--collection", "absent", "--persist-dir",
+                     str(small_store)]) == 1
+    assert "no collection 'absent'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ engine
+
+
+def test_engine_attribute_adds_support_and_unsupported(tiny_lm) -> None:
+    """With ``NestConfig.attribute`` the result gains support citations (exact) and the
+    unsupported sentences; copies keep kind "copy"; off, the result is the same as before."""
+    from nest_integrations.config import NestConfig
+    from tests.engines import make_engine
+
+    ps = _passages()
+    cfg = NestConfig(span_threshold=1.0, min_citation_tokens=1)
+    prompt = ANABASIS[:60]
+    plain = make_engine(tiny_lm, config=cfg).generate(prompt, max_new_tokens=24, passages=ps)
+    engine = make_engine(tiny_lm, config=cfg.replace(attribute=True, attribute_scorer="fuzzy"))
+    res = engine.generate(prompt, max_new_tokens=24, passages=ps)
+    assert res.token_ids == plain.token_ids and plain.unsupported == []
+    copies = [c for c in res.citations if c.kind == "copy"]
+    assert copies == plain.citations and copies  # the tiny model copies with span_threshold 1
+    assert res.mean_span_length == plain.mean_span_length
+    from nest_integrations.attribution import SentenceAttribution
+
+    units = split_units(res.text)
+    a = Attribution(text=res.text, citations=[c for c in res.citations if c.kind != "copy"],
+                    unsupported=res.unsupported, passages=res.passages,
+                    sentences=[SentenceAttribution(res.text[s:e], s, e, "?") for s, e in units],
+                    threshold=AttributionConfig(scorer="fuzzy").threshold)
+    assert_exact(a)
+    assert res.unsupported == []  # the copied answer is verbatim: nothing to flag
+    assert res.to_dict()["citations"] == [c.to_dict() for c in res.citations]
+    # plain greedy decoding of the random model: noise, that nothing supports
+    noisy = make_engine(tiny_lm, config=NestConfig(attribute=True, attribute_scorer="fuzzy"),
+                        decoding="greedy")
+    res = noisy.generate("Tell me about the Anabasis.", max_new_tokens=24, passages=ps)
+    units = split_units(res.text)
+    assert res.unsupported and {(u.start, u.end) for u in res.unsupported} <= set(units)
+    assert all(res.text[u.start : u.end] == u.text for u in res.unsupported)
+    with pytest.raises(ValueError, match="attribute_scorer"):
+        NestConfig(attribute_scorer="bleu")
+
+
+def test_config_scorer_names_are_the_attribution_scorers() -> None:
+    from nest_integrations.attribution import SCORERS
+    from nest_integrations.config import ATTRIBUTE_SCORERS
+
+    assert ATTRIBUTE_SCORERS == SCORERS
+
+
+@pytest.mark.slow
+def test_keys_scorer_with_the_real_model(default_lm) -> None:
+    """The real SmolLM2's keys rank the paraphrase's passage sentence above a fabrication's best
+    match, and the support citation is exact."""
+    ps = _passages()
+    att = Attributor(AttributionConfig(scorer="keys", support_threshold=-1.0), lm=default_lm)
+    para = att("The Ten Thousand were Greek mercenaries that Cyrus the Younger hired.", ps)
+    fab = att("The Great Wall of China was painted green by the emperor.", ps)
+    assert_exact(para)
+    (sup,) = [c for c in para.citations if c.kind == "support"]
+    assert sup.passage_id == "p-ana" and "Ten Thousand" in sup.text
+    assert para.sentences[0].score > fab.sentences[0].score
