@@ -85,6 +85,7 @@ __all__ = [
     "SentenceAttribution",
     "UnsupportedSentence",
     "attribute",
+    "split_sentences",
     "split_units",
     "word_tokens",
 ]
@@ -244,7 +245,7 @@ def split_units(
     sentences longer than ``max_clause_chars`` split into clauses (at ``;``, ``:``, dashes and
     ", and/but/which/..."); clauses shorter than ``min_clause_chars`` join a neighbour."""
     units = []
-    for s, e in _sentences(text):
+    for s, e in split_sentences(text):
         if e - s <= max_clause_chars:
             units.append((s, e))
         else:
@@ -252,7 +253,9 @@ def split_units(
     return units
 
 
-def _sentences(text: str) -> list[tuple[int, int]]:
+def split_sentences(text: str) -> list[tuple[int, int]]:
+    """Sentences of ``text`` as whitespace-trimmed ``(start, end)`` spans (no clause split);
+    a period after an abbreviation or an initial, or before a lower-case word, ends none."""
     spans, start = [], 0
     for m in _END.finditer(text):
         end = m.end()
@@ -613,7 +616,7 @@ def _candidates(
     """Every sentence of every passage, and the clauses of its long sentences."""
     out, seen = [], set()
     for pi, p in enumerate(passages):
-        spans = _sentences(p.text) + split_units(p.text, max_clause_chars, min_clause_chars)
+        spans = split_sentences(p.text) + split_units(p.text, max_clause_chars, min_clause_chars)
         for s, e in spans:
             if (pi, s, e) not in seen:
                 seen.add((pi, s, e))
