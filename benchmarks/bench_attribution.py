@@ -127,7 +127,8 @@ def entity_items(n_questions: int, rng: random.Random) -> list[Item]:
         neg = t.format(e=q.entity, a=q.attribute, v=wrong)
         items.append(Item("entities", "wrong_value", q.gold_doc_id, neg[0].upper() + neg[1:], ctx))
         ctx_ids = {p.doc_id for p in ctx}
-        others = [d for d in corpus.documents if d.id not in ctx_ids and d.kind != kinds[q.gold_doc_id]]
+        others = [d for d in corpus.documents
+                  if d.id not in ctx_ids and d.kind != kinds[q.gold_doc_id]]
         other = rng.choice(others)
         sent = rng.choice(other.text.split(". ")[1:]).rstrip(".") + "."
         items.append(Item("entities", "unrelated", q.gold_doc_id, sent, ctx))
@@ -221,7 +222,8 @@ def wiki_items(n_docs: int, rng: random.Random, embedder: Any) -> list[Item]:
             items.append(Item("wiki", "wrong_value", gold.doc_id, paraphrase(wrong, rng), ctx))
         outside = [j for j in order if j not in ctx_idx]
         other = passages[rng.choice(outside)]
-        ospans = [(a, b) for a, b in split_sentences(other.text) if len(other.text[a:b].split()) >= 6]
+        ospans = [(a, b) for a, b in split_sentences(other.text)
+                  if len(other.text[a:b].split()) >= 6]
         if ospans:
             a, b = rng.choice(ospans)
             items.append(Item("wiki", "unrelated", gold.doc_id, other.text[a:b], ctx))

@@ -33,8 +33,9 @@ Scorers (``AttributionConfig.scorer``):
 
 With ``check_values`` (default on) a candidate's score is multiplied by the share of the unit's
 *values* (numbers and capitalised words past the first) that the candidate's passage also
-holds, so "in 1912" is not supported by "in 1921", nor "X's CEO is Y" by a passage on Z. Thresholds per scorer (``DEFAULT_THRESHOLDS``) are chosen
-on the dev split of ``benchmarks/bench_attribution.py``.
+holds, so "in 1912" is not supported by "in 1921", nor "X's CEO is Y" by a passage on Z.
+Thresholds per scorer (``DEFAULT_THRESHOLDS``) are chosen on the dev split of
+``benchmarks/bench_attribution.py``.
 
 Usage::
 
@@ -233,7 +234,9 @@ _ABBREVIATIONS = frozenset(
     "e.g i.e etc vs cf al mr mrs ms dr prof st jr sr no fig approx ca c inc ltd co".split()
 )
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
-_END = re.compile(r"[.!?]+[\"')\]»”’]*(?=\s)|[。！？]+[」』）]*|\n\s*\n|\n(?=\s*(?:[-*•]|\d+\.)\s)")
+_END = re.compile(  # ". " (closing quotes kept), CJK ends, blank lines, list items
+    r"[.!?]+[\"')\]»”’]*(?=\s)|[。！？]+[」』）]*|\n\s*\n|\n(?=\s*(?:[-*•]|\d+\.)\s)"
+)
 _CLAUSE = re.compile(
     r"[;:](?=\s)|,(?=\s+(?:and|but|or|which|while|who|whose|where|although|whereas|because|"
     r"so|yet|then|when)\b)|\s[–—-]\s"
@@ -509,7 +512,8 @@ class Attributor:
             ps, pe = int(p_off[pi][j, 0]), int(p_off[pi][j + length - 1, 1])
             for s2, e2, ps2, pe2 in exact_pieces(text, s, e, passages[pi].text, ps, pe):
                 n_tok = int(((a_off[:, 1] > s2) & (a_off[:, 0] < e2)).sum())
-                cites.append(make_citation(passages[pi], s2, e2, ps2, pe2, max(n_tok, 1), "verbatim"))
+                cites.append(make_citation(passages[pi], s2, e2, ps2, pe2, max(n_tok, 1),
+                                           "verbatim"))
             i += length
         return cites
 
@@ -541,15 +545,13 @@ class Attributor:
         with self._lock:
             if self.embedder is None:
                 self.embedder = default_embedder()
-            missing = [c.text for c in cands if c.text not in self._embed_cache]
-            missing = list(dict.fromkeys(missing))
+            missing = list(dict.fromkeys(c.text for c in cands if c.text not in self._embed_cache))
             if missing:
+                if len(self._embed_cache) + len(missing) > 50_000:  # a long-lived one stays bounded
+                    self._embed_cache.clear()
                 for t, v in zip(missing, _embed(self.embedder, missing)):
                     self._embed_cache[t] = v
-                if len(self._embed_cache) > 50_000:  # a long-lived attributor stays bounded
-                    self._embed_cache.clear()
-            cm = np.stack([self._embed_cache.get(c.text) if c.text in self._embed_cache
-                           else _embed(self.embedder, [c.text])[0] for c in cands])
+            cm = np.stack([self._embed_cache[c.text] for c in cands])
         um = _embed(self.embedder, units)
         return um @ cm.T
 
