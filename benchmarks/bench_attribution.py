@@ -59,7 +59,8 @@ os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
 from nest_integrations.attribution import (  # noqa: E402
     AttributionConfig,
     Attributor,
-    _sentences,
+    split_sentences,
+    word_tokens,
 )
 from nest_integrations.types import Passage  # noqa: E402
 
@@ -126,7 +127,8 @@ def entity_items(n_questions: int, rng: random.Random) -> list[Item]:
         neg = t.format(e=q.entity, a=q.attribute, v=wrong)
         items.append(Item("entities", "wrong_value", q.gold_doc_id, neg[0].upper() + neg[1:], ctx))
         ctx_ids = {p.doc_id for p in ctx}
-        others = [d for d in corpus.documents if d.id not in ctx_ids and d.kind != kinds[q.gold_doc_id]]
+        others = [d for d in corpus.documents
+                  if d.id not in ctx_ids and d.kind != kinds[q.gold_doc_id]]
         other = rng.choice(others)
         sent = rng.choice(other.text.split(". ")[1:]).rstrip(".") + "."
         items.append(Item("entities", "unrelated", q.gold_doc_id, sent, ctx))
@@ -209,7 +211,7 @@ def wiki_items(n_docs: int, rng: random.Random, embedder: Any) -> list[Item]:
         ctx_idx = [i] + [int(j) for j in near if j != i][:3]
         ctx = [passages[j] for j in ctx_idx]
         gold = passages[i]
-        spans = [(s, e) for s, e in _sentences(gold.text) if len(gold.text[s:e].split()) >= 6]
+        spans = [(s, e) for s, e in split_sentences(gold.text) if len(gold.text[s:e].split()) >= 6]
         if not spans:
             continue
         s, e = rng.choice(spans)
@@ -220,7 +222,8 @@ def wiki_items(n_docs: int, rng: random.Random, embedder: Any) -> list[Item]:
             items.append(Item("wiki", "wrong_value", gold.doc_id, paraphrase(wrong, rng), ctx))
         outside = [j for j in order if j not in ctx_idx]
         other = passages[rng.choice(outside)]
-        ospans = [(a, b) for a, b in _sentences(other.text) if len(other.text[a:b].split()) >= 6]
+        ospans = [(a, b) for a, b in split_sentences(other.text)
+                  if len(other.text[a:b].split()) >= 6]
         if ospans:
             a, b = rng.choice(ospans)
             items.append(Item("wiki", "unrelated", gold.doc_id, other.text[a:b], ctx))
@@ -321,8 +324,7 @@ def verbatim_sweep(items: list[Item], lengths: range) -> list[dict[str, Any]]:
         for it in items:
             if it.kind not in hits:
                 continue
-            a = att._verbatim(it.text, it.passages, __import__(
-                "nest_integrations.attribution", fromlist=["word_tokens"]).word_tokens)
+            a = att._verbatim(it.text, it.passages, word_tokens)
             hits[it.kind][0] += bool(a)
             hits[it.kind][1] += 1
         out.append({"min_tokens": n, **{k: v[0] / max(v[1], 1) for k, v in hits.items()}})
@@ -383,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    torch.set_num_threads(int(os.environ.get("NEST_THREADS", "2")))
+    torch.set_num_threads(int(os.environ.get("NEST_THREADS", "1")))  # 2 threads on 2 busy
+    # cores made MiniLM 25x slower here (thread contention)
     from nest_integrations.embeddings import shared_embedder
 
     rng = random.Random(args.seed)
@@ -460,7 +463,8 @@ def render(r: dict[str, Any]) -> str:
     lines = [
         "# Attribution of any text (issue 23)",
         "",
-        f"Command: `{r['command'].strip()}` ({r['total_s']:.0f} s). Machine: {r['cores']} CPU "
+        f"Command: `NEST_THREADS=1 {r['command'].strip()}` ({r['total_s']:.0f} s). Machine: "
+        f"{r['cores']} CPU "
         f"cores, load average {r['load_before'][0]:.1f} before / {r['load_after'][0]:.1f} after "
         "(shared with other jobs). Written by `benchmarks/bench_attribution.py` (its docstring "
         "defines the items and metrics).",

@@ -273,7 +273,8 @@ def test_nest_attribute_cli(small_store: Path, capsys) -> None:
     text = "Xenophon, a Greek soldier, wrote the Anabasis. Penguins live on Mars."
     assert cli.main(["attribute", text, "--question", "Who wrote the Anabasis?", *where]) == 0
     shown = capsys.readouterr().out
-    assert "[~] support" in shown and "[!] unsupported" in shown and "1/2 sentences supported" in shown
+    assert "[~] support" in shown and "[!] unsupported" in shown
+    assert "1/2 sentences supported" in shown
     answer = small_store.parent / "answer.txt"
     answer.write_text(text, encoding="utf-8")
     assert cli.main(["attribute", "--file", str(answer), "--json", *where]) == 0
