@@ -237,6 +237,51 @@ def test_routing_and_draft_counters_land_in_the_generation_stats(tiny_lm, tmp_pa
             assert stats.route_domain is None and stats.route_similarity is None
 
 
+def test_the_prefill_vector_is_the_domain_vector(tiny_lm):
+    """The loop's prefill, wrapped in capture_prompt_vector, yields the prompt's domain vector
+    (what the anchors are built from) without a pass of its own."""
+    ids = tiny_lm.tokenize(CODE)
+    with tiny_lm.capture_prompt_vector() as slot:
+        tiny_lm.forward(ids, tiny_lm.new_cache(), last=1)
+    assert len(slot) == 1
+    torch.testing.assert_close(slot[0], tiny_lm.domain_vector(ids), rtol=1e-4, atol=1e-5)
+
+
+def test_routing_adds_no_forward_pass(tiny_lm, tmp_path, monkeypatch):
+    """A routed KNN-SSD generation runs the base model exactly once per counted pass (the
+    verify loop's forward_passes plus the drafter's draft_forwards): the route's prompt vector
+    comes from the prefill. The output equals greedy and the route is recorded. Control: with
+    an LM that cannot capture the vector, the drafter embeds the prompt and the count sees
+    one more base-model pass."""
+    from nest_integrations.lm.hf import HFLanguageModel
+    from tests.engines import make_engine
+
+    domain = DOMAINS[1]
+    prompt = domain_prompts(domain, "eval", 1)[0].text
+    vec = tiny_lm.domain_vector(tiny_lm.tokenize(prompt)).numpy()[None]
+    path = _profile(tiny_lm, tmp_path, {domain: SkipSet.from_lists(_n(tiny_lm), [1]),
+                                        "other": _all(tiny_lm)}, {domain: vec, "other": -vec})
+    greedy = make_engine(tiny_lm, decoding="greedy").generate(prompt, max_new_tokens=12)
+
+    def run() -> tuple[object, int]:
+        calls = []
+        handle = tiny_lm.model.base_model.register_forward_pre_hook(lambda *_: calls.append(1))
+        try:
+            res = make_engine(tiny_lm, decoding="knn-ssd").generate(
+                prompt, max_new_tokens=12, drafter_options={"profile": path, "threshold": 0.0})
+        finally:
+            handle.remove()
+        s = res.stats
+        assert s.route_skip_set == domain and s.route_similarity > 0.99 and not s.route_fallback
+        assert s.drafted_tokens > 0 and s.draft_forwards > 0
+        assert res.token_ids == greedy.token_ids
+        return res, len(calls) - s.forward_passes - s.draft_forwards
+
+    assert run()[1] == 0
+    monkeypatch.setattr(HFLanguageModel, "capture_prompt_vector", None)
+    assert run()[1] == 1
+
+
 def test_engine_sampling_runs_with_draft_distributions(tiny_lm):
     from nest_integrations import NestConfig
     from tests.engines import make_engine

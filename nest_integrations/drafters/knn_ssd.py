@@ -1,9 +1,10 @@
 """KNN-SSD (arXiv 2505.16162) as a drafter: self-speculative drafts from the target model with
 sublayers skipped, the skip set chosen per prompt by the nearest domain anchor.
 
-Per generation (``make_drafter``): load the model's profile, embed the prompt (mean final-layer
-hidden state), pick the nearest anchor's domain by cosine and take its skip set (fallback:
-the ``mixed`` set, else no drafts; see ``knn_ssd.router``). Per step (``propose``): feed the
+Per generation (``make_drafter``): load the model's profile; at the first step take the prompt's
+vector (mean final-layer hidden state) from the loop's own prefill pass (no extra forward), pick
+the nearest anchor's domain by cosine and take its skip set (fallback: the ``mixed`` set, else
+no drafts; see ``knn_ssd.router``). Per step (``propose``): feed the
 pending token through the skip model and draft greedily (or by sampling, with ``q``) until the
 draft's top probability is below ``threshold`` (0.8) or ``max_draft`` (12) tokens, then crop the
 cache back to the committed tokens. Verification is the loop's exact rule, so the output equals
@@ -136,21 +137,36 @@ def draft_chain(
 
 class KnnSsdDrafter:
     """Layer-skip self-speculative drafter for one generation; its routing decision is
-    ``drafter.route`` (also written to the generation's ``NestStats``)."""
+    ``drafter.route`` (also written to the generation's ``NestStats``).
 
-    def __init__(self, lm: Any, route: Any, *, threshold: float = DEFAULT_THRESHOLD,
+    With a ``router`` and no ``route`` the drafter routes at its first ``propose``, from
+    ``DecodeState.prompt_vector``: the mean final-layer state the loop captured during its own
+    prefill (``wants_prompt_vector``), so routing adds no forward pass. An LM that cannot
+    capture it gets ``lm.domain_vector(prompt)`` (one base-model pass) instead.
+    """
+
+    def __init__(self, lm: Any, route: Any = None, *, router: Any = None,
+                 threshold: float = DEFAULT_THRESHOLD,
                  max_draft: int = DEFAULT_MAX_DRAFT) -> None:  # fmt: skip
         if not hasattr(lm, "forward_skip"):
             raise ValueError(
                 f"decoding='knn-ssd' needs a language model with forward_skip() "
                 f"(HFLanguageModel); got {type(lm).__name__}"
             )
+        if route is None and router is None:
+            raise ValueError("KnnSsdDrafter needs a route or a router")
         KnnSsdOptions(threshold=threshold, max_draft=max_draft)  # the same checks
         self.lm = lm
         self.route = route
-        self.skip = route.skip
+        self.router = router
+        #: routed drafters read the prompt's vector from the loop's prefill
+        self.wants_prompt_vector = route is None
         self.threshold = threshold
         self.max_draft = max_draft
+
+    @property
+    def skip(self) -> "SkipSet | None":
+        return None if self.route is None else self.route.skip
 
     @classmethod
     def from_context(cls, ctx: DrafterContext) -> "KnnSsdDrafter":
@@ -171,23 +187,17 @@ class KnnSsdDrafter:
             profile = load_profile(lm, profile)
         else:
             profile.check_model(lm)
-        router = Router(profile, opts.min_similarity)
         domain = opts.domain
         if domain is not None:  # Self-SD (Fix) or (Mix): one named set, no routing
             if domain not in profile.skips:
                 raise ValueError(f"the KNN-SSD profile has no skip set for domain {domain!r}; "
                                  f"it has {sorted(profile.skips)}")
             route = Route(domain, float("nan"), profile.skips[domain], domain, False, 0.0)
-        else:
-            if not profile.anchors:
-                raise ValueError("the KNN-SSD profile has no anchors: run `nest knn-ssd "
-                                 "anchors --domain NAME --prompts FILE` for each domain")
-            start = time.perf_counter()
-            route = router.route(lm, ctx.prompt_ids)
-            LOG.info("KNN-SSD: prompt routed to %s (nearest %s, cos %.3f%s) in %.1f ms",
-                     route.skip_name, route.domain, route.similarity,
-                     ", fallback" if route.fallback else "", 1000 * (time.perf_counter() - start))
-        return cls(lm, route, **kw).record(ctx.stats)
+            return cls(lm, route, **kw).record(ctx.stats)
+        if not profile.anchors:
+            raise ValueError("the KNN-SSD profile has no anchors: run `nest knn-ssd "
+                             "anchors --domain NAME --prompts FILE` for each domain")
+        return cls(lm, router=Router(profile, opts.min_similarity), **kw)
 
     def record(self, stats: Any) -> "KnnSsdDrafter":
         """Write the routing decision to the generation's ``NestStats``."""
@@ -197,7 +207,24 @@ class KnnSsdDrafter:
         stats.route_fallback, stats.time_route = bool(r.fallback), float(r.seconds)
         return self
 
+    def route_from(self, state: DecodeState) -> None:
+        """Route on the prefill's prompt vector (see the class docstring) and record it."""
+        start = time.perf_counter()
+        vector = state.prompt_vector
+        if vector is None:
+            LOG.debug("KNN-SSD: the LM gave no prefill vector; embedding the prompt")
+            vector = self.lm.domain_vector(state.prompt_ids)
+        domain, sim = self.router.nearest(vector.numpy())
+        self.route = self.router.decide(domain, sim, time.perf_counter() - start)
+        r = self.route
+        LOG.info("KNN-SSD: prompt routed to %s (nearest %s, cos %.3f%s) in %.2f ms",
+                 r.skip_name, r.domain, r.similarity, ", fallback" if r.fallback else "",
+                 1000 * r.seconds)
+        self.record(state.stats)
+
     def propose(self, state: DecodeState) -> Draft | None:
+        if self.route is None:
+            self.route_from(state)
         # The lossless schedule always has a pending token (the loop feeds it with the draft).
         if self.skip is None or state.pending is None:
             return None
