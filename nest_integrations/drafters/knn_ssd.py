@@ -58,6 +58,11 @@ class KnnSsdOptions:
         threshold: stop drafting when the draft's top probability is below it.
         max_draft: longest draft.
         min_similarity: the router's fallback floor (None: the profile's).
+        cost_model: None (default): the paper's stop (``threshold``, ``max_draft``).
+            ``"auto"``, a ``lm.cost.CostCurve``, its JSON dict or a list of c(T)/c(1)
+            ratios: the draft also stops at the length the measured verify cost and the
+            skip set's draft cost pay for at the acceptance measured so far in the
+            generation (``lm.cost.DraftPlanner``; 0 = a plain step).
     """
 
     profile: Any = None
@@ -66,6 +71,7 @@ class KnnSsdOptions:
     threshold: float = DEFAULT_THRESHOLD
     max_draft: int = DEFAULT_MAX_DRAFT
     min_similarity: float | None = None
+    cost_model: Any = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.threshold <= 1.0:
@@ -147,7 +153,8 @@ class KnnSsdDrafter:
 
     def __init__(self, lm: Any, route: Any = None, *, router: Any = None,
                  threshold: float = DEFAULT_THRESHOLD,
-                 max_draft: int = DEFAULT_MAX_DRAFT) -> None:  # fmt: skip
+                 max_draft: int = DEFAULT_MAX_DRAFT, cost_model: Any = None,
+                 profile_cost: dict[str, Any] | None = None) -> None:  # fmt: skip
         if not hasattr(lm, "forward_skip"):
             raise ValueError(
                 f"decoding='knn-ssd' needs a language model with forward_skip() "
@@ -163,6 +170,20 @@ class KnnSsdDrafter:
         self.wants_prompt_vector = route is None
         self.threshold = threshold
         self.max_draft = max_draft
+        self.cost_model = cost_model
+        self.profile_cost = profile_cost
+        self.planner: Any = None
+        if route is not None:
+            self._plan()
+
+    def _plan(self) -> None:
+        """Set up the draft-length planner for the chosen skip set (cost_model option)."""
+        from nest_integrations.lm.cost import planner_for
+
+        if self.cost_model is None or self.skip is None:
+            return
+        self.planner = planner_for(self.cost_model, self.lm, self.max_draft,
+                                   draft_cost=draft_cost_fraction(self.skip, self.profile_cost))
 
     @property
     def skip(self) -> "SkipSet | None":
@@ -177,7 +198,8 @@ class KnnSsdDrafter:
         opts = parse_options(KnnSsdOptions, ctx.options, "knn-ssd")
         lm = ctx.lm
         decoder_layers(getattr(lm, "model", None))  # a clear error for unskippable models
-        kw = {"threshold": opts.threshold, "max_draft": opts.max_draft}
+        kw = {"threshold": opts.threshold, "max_draft": opts.max_draft,
+              "cost_model": opts.cost_model}
         if opts.skip is not None:  # an explicit set: Self-SD with a fixed skip set, no profile
             skip = opts.skip if isinstance(opts.skip, SkipSet) else SkipSet.from_dict(opts.skip)
             route = Route(None, float("nan"), skip, "explicit", False, 0.0)
@@ -187,6 +209,7 @@ class KnnSsdDrafter:
             profile = load_profile(lm, profile)
         else:
             profile.check_model(lm)
+        kw["profile_cost"] = profile.cost_model
         domain = opts.domain
         if domain is not None:  # Self-SD (Fix) or (Mix): one named set, no routing
             if domain not in profile.skips:
@@ -221,6 +244,7 @@ class KnnSsdDrafter:
                  r.skip_name, r.domain, r.similarity, ", fallback" if r.fallback else "",
                  1000 * r.seconds)
         self.record(state.stats)
+        self._plan()
 
     def propose(self, state: DecodeState) -> Draft | None:
         if self.route is None:
@@ -229,6 +253,8 @@ class KnnSsdDrafter:
         if self.skip is None or state.pending is None:
             return None
         max_len = min(self.max_draft, state.budget)
+        if self.planner is not None:
+            max_len = self.planner.length(max_len)
         if max_len < 1:
             return None
         cfg = state.config
@@ -245,7 +271,24 @@ class KnnSsdDrafter:
         return Draft(chain.tokens, None, q=chain.q)
 
     def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:
-        return None
+        if self.planner is not None:
+            self.planner.observe(len(draft), n_accepted)
+
+
+def draft_cost_fraction(skip: "SkipSet", profile_cost: dict[str, Any] | None) -> float:
+    """Seconds of one draft pass with ``skip`` as a fraction of a one-token full pass: from the
+    profile's measured per-sublayer costs (``knn_ssd.search.CostModel``) when it has them,
+    else the share of sublayers kept."""
+    if profile_cost:
+        from nest_integrations.knn_ssd.search import CostModel
+
+        try:
+            model = CostModel(**profile_cost)
+            if model.verify(1) > 0 and model.n_layers == skip.n_layers:
+                return model.draft(skip) / model.verify(1)
+        except TypeError:
+            LOG.debug("profile cost model %r is not a CostModel", profile_cost)
+    return 1.0 - skip.size / (2 * skip.n_layers)
 
 
 METHOD = Method(
