@@ -57,6 +57,11 @@ def methods(datastore: str) -> dict[str, tuple[str, dict[str, Any]]]:
     }
 
 
+def same(rows: list[dict[str, Any]], ref: list[dict[str, Any]]) -> int:
+    """How many outputs equal the reference's, prompt by prompt."""
+    return sum(r["ids"] == q["ids"] for r, q in zip(rows, ref))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n-eval", type=int, default=6)
@@ -114,12 +119,13 @@ def main() -> int:
         accepted = sum(r["accepted"] for r in rs)
         report.append({
             "dtype": d, "method": m, "tokens": toks, "seconds": round(secs, 2),
-            "tokens_per_s": round(toks / secs, 2), "vs_greedy_same_dtype": round(toks / secs / ref_tps, 3),
+            "tokens_per_s": round(toks / secs, 2),
+            "vs_greedy_same_dtype": round(toks / secs / ref_tps, 3),
             "vs_fp32_greedy": round(toks / secs / fp32_tps, 3),
-            "identical_to_greedy": f"{sum(r['ids'] == q['ids'] for r, q in zip(rs, ref))}/{len(rs)}",
-            "identical_to_fp32_greedy": (f"{sum(r['ids'] == q['ids'] for r, q in zip(rs, fp32_ref))}"
-                                         f"/{len(rs)}" if fp32_ref else "-"),
-            "forwards": sum(r["forwards"] for r in rs), "draft_forwards": sum(r["draft_forwards"] for r in rs),
+            "identical_to_greedy": f"{same(rs, ref)}/{len(rs)}",
+            "identical_to_fp32_greedy": f"{same(rs, fp32_ref)}/{len(rs)}" if fp32_ref else "-",
+            "forwards": sum(r["forwards"] for r in rs),
+            "draft_forwards": sum(r["draft_forwards"] for r in rs),
             "accepted_per_step": round(accepted / steps, 2) if steps else 0.0,
             "acceptance": round(accepted / drafted, 2) if drafted else 0.0,
             "routes": sorted({str(r["route"]) for r in rs}) if m.startswith("knn") else [],

@@ -335,6 +335,70 @@ def test_default_profile_is_found_automatically(tiny_lm, tmp_path, monkeypatch):
                                                          decoding="greedy").token_ids
 
 
+def _ship(tiny_lm, tmp_path, monkeypatch, model: str | None = None) -> None:
+    """Pretend the package ships a default profile for the tiny model's name (routed to
+    'prose'), built for ``model`` (default: the tiny model's fingerprint)."""
+    import nest_integrations.knn_ssd.profile as profile_mod
+
+    shipped = tmp_path / "package" / "default.json"
+    shipped.parent.mkdir(parents=True)
+    prof = Profile.empty(tiny_lm)
+    prof.model = model or tiny_lm.fingerprint
+    prof.skips["prose"] = SkipSet.from_lists(_n(tiny_lm), [1])
+    prof.anchors["prose"] = tiny_lm.domain_vector(tiny_lm.tokenize(PROSE)).numpy()[None]
+    shipped.write_text(json.dumps(prof.to_json()))
+    monkeypatch.setattr(profile_mod, "shipped_profile_path", lambda lm: shipped)
+    monkeypatch.setenv("NEST_HOME", str(tmp_path / "home"))
+
+
+def test_the_shipped_profile_is_used_when_nest_home_has_none(tiny_lm, tmp_path, monkeypatch):
+    from tests.engines import make_engine
+
+    _ship(tiny_lm, tmp_path, monkeypatch)
+    res = make_engine(tiny_lm, decoding="knn-ssd").generate(PROSE, max_new_tokens=8,
+                                                           drafter_options={"threshold": 0.0})
+    assert res.stats.route_skip_set == "prose" and res.stats.drafted_tokens > 0
+    assert res.token_ids == make_engine(tiny_lm).generate(PROSE, max_new_tokens=8,
+                                                         decoding="greedy").token_ids
+    assert load_profile(tiny_lm).source.endswith("package/default.json")
+    # Only the default name falls back to the package; a named profile must exist.
+    with pytest.raises(ProfileError, match="no KNN-SSD profile"):
+        load_profile(tiny_lm, "mine")
+    # $NEST_HOME's own profile wins over the shipped one.
+    update_profile(tiny_lm, None, lambda p: p.skips.update({"own": SkipSet(_n(tiny_lm))}))
+    assert sorted(load_profile(tiny_lm).skips) == ["own"]
+
+
+def test_a_shipped_profile_of_another_model_keeps_the_build_one_error(tiny_lm, tmp_path,
+                                                                       monkeypatch):
+    from tests.engines import make_engine
+
+    _ship(tiny_lm, tmp_path, monkeypatch, model=tiny_lm.fingerprint.split("@")[0] + "@" + "0" * 16)
+    with pytest.raises(ProfileError, match="nest knn-ssd search") as err:
+        make_engine(tiny_lm, decoding="knn-ssd").generate(PROSE, max_new_tokens=4)
+    assert "a different model of the same name" in str(err.value)
+
+
+def test_the_package_ships_a_complete_profile_for_the_embedded_model():
+    """The shipped SmolLM2 profile parses, is for the embedded model's name, and holds a skip
+    set and anchors for every built-in domain plus the Mix set (the model-free part; the
+    real-model check is in tests/test_knn_ssd_real.py)."""
+    from nest_integrations.lm.default import DEFAULT_MODEL_NAME
+
+    class _Named:
+        fingerprint = f"{DEFAULT_MODEL_NAME}@x"
+
+    import nest_integrations.knn_ssd.profile as profile_mod
+
+    path = profile_mod.shipped_profile_path(_Named())
+    assert path.is_file(), path
+    prof = Profile.from_json(json.loads(path.read_text()), str(path))
+    assert prof.model.startswith(f"{DEFAULT_MODEL_NAME}@") and prof.n_layers == 30
+    assert set(prof.skips) == {*DOMAINS, MIXED} and set(prof.anchors) == set(DOMAINS)
+    assert all(len(a) == 10 for a in prof.anchors.values())
+    assert "storage" not in json.dumps(prof.search), "no local paths in the shipped file"
+
+
 def test_tiny_search_writes_a_loadable_profile_and_resumes(tiny_lm, tmp_path):
     pytest.importorskip("optuna")
     from nest_integrations.knn_ssd.search import build_anchors, search_skip_set

@@ -241,8 +241,10 @@ class DraftPlanner:
     """Draft lengths for one generation from a cost curve and the acceptance measured so far
     (see the module docstring). ``draft_cost`` is per drafted token, in the curve's units."""
 
-    def __init__(self, curve: CostCurve, *, max_len: int, draft_cost: float = 0.0,
-                 prior: tuple[float, float] = (PRIOR_ACCEPTED, PRIOR_REJECTED)) -> None:  # fmt: skip
+    def __init__(
+        self, curve: CostCurve, *, max_len: int, draft_cost: float = 0.0,
+        prior: tuple[float, float] = (PRIOR_ACCEPTED, PRIOR_REJECTED),
+    ) -> None:
         if max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {max_len}")
         self.curve = curve
