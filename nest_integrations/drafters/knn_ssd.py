@@ -19,7 +19,7 @@ greedy decoding token for token (or follows p_LM exactly when sampling).
 - ``threshold`` (0.8), ``max_draft`` (12), ``min_similarity`` (router fallback floor).
 
 ``drafter_options`` are read into ``KnnSsdOptions``. The routing decision is ``drafter.route``
-and the result's ``NestStats`` (``route_*``, ``time_route``); draft counters go there too
+(set at the first step when routed) and the result's ``NestStats`` (``route_*``, ``time_route``); draft counters go there too
 (``draft_forwards``, ``time_draft``, ``drafted_tokens``, ``accepted_tokens``).
 """
 

@@ -118,11 +118,9 @@ class Profile:
 
     @classmethod
     def from_json(cls, data: Any, where: str = "profile") -> "Profile":
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ProfileError(f"{where} is not a KNN-SSD profile (no \"format\": {FORMAT!r})")
-        if data.get("version") != VERSION:
-            raise ProfileError(f"{where} has version {data.get('version')!r}; this code reads "
-                               f"version {VERSION}")
+        from nest_integrations.jsonl import check_format
+
+        check_format(data, FORMAT, VERSION, where, "a KNN-SSD profile", ProfileError)
         try:
             n_layers, hidden = int(data["n_layers"]), int(data["hidden_size"])
             skips = {d: SkipSet.from_dict(v["skip"]) for d, v in data.get("domains", {}).items()}

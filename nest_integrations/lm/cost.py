@@ -113,11 +113,9 @@ class CostCurve:
 
     @classmethod
     def from_json(cls, data: Any, where: str = "cost curve") -> "CostCurve":
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ValueError(f"{where} is not a cost curve (no \"format\": {FORMAT!r})")
-        if data.get("version") != VERSION:
-            raise ValueError(f"{where} has version {data.get('version')!r}; this code reads "
-                             f"version {VERSION}")
+        from nest_integrations.jsonl import check_format
+
+        check_format(data, FORMAT, VERSION, where, "a cost curve")
         try:
             return cls(tuple(int(t) for t in data["tokens"]),
                        tuple(float(s) for s in data["seconds"]), dict(data.get("meta", {})))
