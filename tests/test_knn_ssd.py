@@ -535,3 +535,21 @@ def test_other_architectures_skip_and_stay_lossless(arch):
         out, stats = self_speculative_generate(lm, ids, skip, 12, threshold=0.0,
                                                stop_at_eos=False)
         assert out == ref and stats.drafted > 0
+
+
+def test_draft_cost_fraction_matches_the_search_cost_model():
+    """The planner's per-token draft cost is the search's CostModel.draft / verify(1) when the
+    profile has per-sublayer costs, else the share of sublayers kept."""
+    from dataclasses import asdict
+
+    from nest_integrations.drafters.knn_ssd import draft_cost_fraction
+    from nest_integrations.knn_ssd.search import CostModel
+
+    model = CostModel(full=1.0, base=0.1, attn=0.01, mlp=0.02, verify_a=0.9, verify_b=0.1,
+                      n_layers=30)
+    skip = SkipSet.from_lists(30, range(10), range(5))
+    expect = model.draft(skip) / model.verify(1)
+    assert draft_cost_fraction(skip, asdict(model)) == pytest.approx(expect)
+    assert expect == pytest.approx(0.1 + 20 * 0.01 + 25 * 0.02)
+    assert draft_cost_fraction(skip, None) == pytest.approx(1 - 15 / 60)
+    assert draft_cost_fraction(skip, {"full": "x"}) == pytest.approx(1 - 15 / 60)

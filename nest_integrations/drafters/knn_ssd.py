@@ -279,15 +279,15 @@ def draft_cost_fraction(skip: "SkipSet", profile_cost: dict[str, Any] | None) ->
     """Seconds of one draft pass with ``skip`` as a fraction of a one-token full pass: from the
     profile's measured per-sublayer costs (``knn_ssd.search.CostModel``) when it has them,
     else the share of sublayers kept."""
-    if profile_cost:
-        from nest_integrations.knn_ssd.search import CostModel
-
-        try:
-            model = CostModel(**profile_cost)
-            if model.verify(1) > 0 and model.n_layers == skip.n_layers:
-                return model.draft(skip) / model.verify(1)
-        except TypeError:
-            LOG.debug("profile cost model %r is not a CostModel", profile_cost)
+    try:  # CostModel.draft(skip) / CostModel.verify(1) (knn_ssd.search), from its dict
+        c = profile_cost or {}
+        if c and int(c["n_layers"]) == skip.n_layers and float(c["full"]) > 0:
+            n = skip.n_layers
+            kept = (float(c["base"]) + (n - len(skip.attn)) * float(c["attn"])
+                    + (n - len(skip.mlp)) * float(c["mlp"]))
+            return min(kept / float(c["full"]), 1.0)
+    except (KeyError, TypeError, ValueError):
+        LOG.debug("profile cost model %r is not a CostModel", profile_cost)
     return 1.0 - skip.size / (2 * skip.n_layers)
 
 
