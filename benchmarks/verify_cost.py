@@ -10,6 +10,10 @@ Usage:
     python benchmarks/verify_cost.py --dtype fp32 bf16 --tokens 1 2 5 9 17 33 --repeats 5 --tree
     python benchmarks/verify_cost.py --threads 1
 Results: benchmarks/results/verify_cost.md.
+
+The engine's own, cached version of this measurement (one chain per T, the minimum of
+interleaved repeats, stored per model/dtype/threads/machine under ``$NEST_HOME/cost/``) is
+``nest_integrations.lm.cost.load_or_measure``; the draft-length planner reads it.
 """
 
 from __future__ import annotations

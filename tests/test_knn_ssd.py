@@ -237,6 +237,51 @@ def test_routing_and_draft_counters_land_in_the_generation_stats(tiny_lm, tmp_pa
             assert stats.route_domain is None and stats.route_similarity is None
 
 
+def test_the_prefill_vector_is_the_domain_vector(tiny_lm):
+    """The loop's prefill, wrapped in capture_prompt_vector, yields the prompt's domain vector
+    (what the anchors are built from) without a pass of its own."""
+    ids = tiny_lm.tokenize(CODE)
+    with tiny_lm.capture_prompt_vector() as slot:
+        tiny_lm.forward(ids, tiny_lm.new_cache(), last=1)
+    assert len(slot) == 1
+    torch.testing.assert_close(slot[0], tiny_lm.domain_vector(ids), rtol=1e-4, atol=1e-5)
+
+
+def test_routing_adds_no_forward_pass(tiny_lm, tmp_path, monkeypatch):
+    """A routed KNN-SSD generation runs the base model exactly once per counted pass (the
+    verify loop's forward_passes plus the drafter's draft_forwards): the route's prompt vector
+    comes from the prefill. The output equals greedy and the route is recorded. Control: with
+    an LM that cannot capture the vector, the drafter embeds the prompt and the count sees
+    one more base-model pass."""
+    from nest_integrations.lm.hf import HFLanguageModel
+    from tests.engines import make_engine
+
+    domain = DOMAINS[1]
+    prompt = domain_prompts(domain, "eval", 1)[0].text
+    vec = tiny_lm.domain_vector(tiny_lm.tokenize(prompt)).numpy()[None]
+    path = _profile(tiny_lm, tmp_path, {domain: SkipSet.from_lists(_n(tiny_lm), [1]),
+                                        "other": _all(tiny_lm)}, {domain: vec, "other": -vec})
+    greedy = make_engine(tiny_lm, decoding="greedy").generate(prompt, max_new_tokens=12)
+
+    def run() -> tuple[object, int]:
+        calls = []
+        handle = tiny_lm.model.base_model.register_forward_pre_hook(lambda *_: calls.append(1))
+        try:
+            res = make_engine(tiny_lm, decoding="knn-ssd").generate(
+                prompt, max_new_tokens=12, drafter_options={"profile": path, "threshold": 0.0})
+        finally:
+            handle.remove()
+        s = res.stats
+        assert s.route_skip_set == domain and s.route_similarity > 0.99 and not s.route_fallback
+        assert s.drafted_tokens > 0 and s.draft_forwards > 0
+        assert res.token_ids == greedy.token_ids
+        return res, len(calls) - s.forward_passes - s.draft_forwards
+
+    assert run()[1] == 0
+    monkeypatch.setattr(HFLanguageModel, "capture_prompt_vector", None)
+    assert run()[1] == 1
+
+
 def test_engine_sampling_runs_with_draft_distributions(tiny_lm):
     from nest_integrations import NestConfig
     from tests.engines import make_engine
@@ -288,6 +333,70 @@ def test_default_profile_is_found_automatically(tiny_lm, tmp_path, monkeypatch):
     res = make_engine(tiny_lm, decoding="knn-ssd").generate(PROSE, max_new_tokens=8)
     assert res.token_ids == make_engine(tiny_lm).generate(PROSE, max_new_tokens=8,
                                                          decoding="greedy").token_ids
+
+
+def _ship(tiny_lm, tmp_path, monkeypatch, model: str | None = None) -> None:
+    """Pretend the package ships a default profile for the tiny model's name (routed to
+    'prose'), built for ``model`` (default: the tiny model's fingerprint)."""
+    import nest_integrations.knn_ssd.profile as profile_mod
+
+    shipped = tmp_path / "package" / "default.json"
+    shipped.parent.mkdir(parents=True)
+    prof = Profile.empty(tiny_lm)
+    prof.model = model or tiny_lm.fingerprint
+    prof.skips["prose"] = SkipSet.from_lists(_n(tiny_lm), [1])
+    prof.anchors["prose"] = tiny_lm.domain_vector(tiny_lm.tokenize(PROSE)).numpy()[None]
+    shipped.write_text(json.dumps(prof.to_json()))
+    monkeypatch.setattr(profile_mod, "shipped_profile_path", lambda lm: shipped)
+    monkeypatch.setenv("NEST_HOME", str(tmp_path / "home"))
+
+
+def test_the_shipped_profile_is_used_when_nest_home_has_none(tiny_lm, tmp_path, monkeypatch):
+    from tests.engines import make_engine
+
+    _ship(tiny_lm, tmp_path, monkeypatch)
+    res = make_engine(tiny_lm, decoding="knn-ssd").generate(PROSE, max_new_tokens=8,
+                                                           drafter_options={"threshold": 0.0})
+    assert res.stats.route_skip_set == "prose" and res.stats.drafted_tokens > 0
+    assert res.token_ids == make_engine(tiny_lm).generate(PROSE, max_new_tokens=8,
+                                                         decoding="greedy").token_ids
+    assert load_profile(tiny_lm).source.endswith("package/default.json")
+    # Only the default name falls back to the package; a named profile must exist.
+    with pytest.raises(ProfileError, match="no KNN-SSD profile"):
+        load_profile(tiny_lm, "mine")
+    # $NEST_HOME's own profile wins over the shipped one.
+    update_profile(tiny_lm, None, lambda p: p.skips.update({"own": SkipSet(_n(tiny_lm))}))
+    assert sorted(load_profile(tiny_lm).skips) == ["own"]
+
+
+def test_a_shipped_profile_of_another_model_keeps_the_build_one_error(tiny_lm, tmp_path,
+                                                                       monkeypatch):
+    from tests.engines import make_engine
+
+    _ship(tiny_lm, tmp_path, monkeypatch, model=tiny_lm.fingerprint.split("@")[0] + "@" + "0" * 16)
+    with pytest.raises(ProfileError, match="nest knn-ssd search") as err:
+        make_engine(tiny_lm, decoding="knn-ssd").generate(PROSE, max_new_tokens=4)
+    assert "a different model of the same name" in str(err.value)
+
+
+def test_the_package_ships_a_complete_profile_for_the_embedded_model():
+    """The shipped SmolLM2 profile parses, is for the embedded model's name, and holds a skip
+    set and anchors for every built-in domain plus the Mix set (the model-free part; the
+    real-model check is in tests/test_knn_ssd_real.py)."""
+    from nest_integrations.lm.default import DEFAULT_MODEL_NAME
+
+    class _Named:
+        fingerprint = f"{DEFAULT_MODEL_NAME}@x"
+
+    import nest_integrations.knn_ssd.profile as profile_mod
+
+    path = profile_mod.shipped_profile_path(_Named())
+    assert path.is_file(), path
+    prof = Profile.from_json(json.loads(path.read_text()), str(path))
+    assert prof.model.startswith(f"{DEFAULT_MODEL_NAME}@") and prof.n_layers == 30
+    assert set(prof.skips) == {*DOMAINS, MIXED} and set(prof.anchors) == set(DOMAINS)
+    assert all(len(a) == 10 for a in prof.anchors.values())
+    assert "storage" not in json.dumps(prof.search), "no local paths in the shipped file"
 
 
 def test_tiny_search_writes_a_loadable_profile_and_resumes(tiny_lm, tmp_path):
@@ -426,3 +535,21 @@ def test_other_architectures_skip_and_stay_lossless(arch):
         out, stats = self_speculative_generate(lm, ids, skip, 12, threshold=0.0,
                                                stop_at_eos=False)
         assert out == ref and stats.drafted > 0
+
+
+def test_draft_cost_fraction_matches_the_search_cost_model():
+    """The planner's per-token draft cost is the search's CostModel.draft / verify(1) when the
+    profile has per-sublayer costs, else the share of sublayers kept."""
+    from dataclasses import asdict
+
+    from nest_integrations.drafters.knn_ssd import draft_cost_fraction
+    from nest_integrations.knn_ssd.search import CostModel
+
+    model = CostModel(full=1.0, base=0.1, attn=0.01, mlp=0.02, verify_a=0.9, verify_b=0.1,
+                      n_layers=30)
+    skip = SkipSet.from_lists(30, range(10), range(5))
+    expect = model.draft(skip) / model.verify(1)
+    assert draft_cost_fraction(skip, asdict(model)) == pytest.approx(expect)
+    assert expect == pytest.approx(0.1 + 20 * 0.01 + 25 * 0.02)
+    assert draft_cost_fraction(skip, None) == pytest.approx(1 - 15 / 60)
+    assert draft_cost_fraction(skip, {"full": "x"}) == pytest.approx(1 - 15 / 60)

@@ -63,3 +63,25 @@ def test_greedy_knn_ssd_equals_greedy_on_every_domain(default_lm, profile, domai
         del profile.skips[MIXED]
     assert res.token_ids == ref.token_ids
     assert np.isfinite(res.stats.time_total)
+
+
+def test_a_fresh_install_routes_with_the_shipped_profile(default_lm, tmp_path, monkeypatch):
+    """A fresh $NEST_HOME (no profile built): decoding="knn-ssd" loads the profile shipped in
+    the package for the embedded model, routes a held-out prompt of every domain to a skip
+    set, and answers exactly like greedy decoding."""
+    from nest_integrations.knn_ssd.profile import load_profile, shipped_profile_path
+    from tests.engines import make_engine
+
+    monkeypatch.setenv("NEST_HOME", str(tmp_path / "fresh-home"))
+    assert load_profile(default_lm).source == str(shipped_profile_path(default_lm))
+    engine = make_engine(default_lm, decoding="greedy")
+    routed = []
+    for d in DOMAINS:
+        prompt = domain_prompts(d, "eval", 1)[0].text
+        ref = engine.generate(prompt, max_new_tokens=16)
+        res = engine.generate(prompt, max_new_tokens=16, decoding="knn-ssd")
+        assert res.token_ids == ref.token_ids, d
+        assert res.stats.route_skip_set is not None, d
+        routed.append((d, res.stats.route_domain))
+    assert all(d == got for d, got in routed), routed
+    assert not (tmp_path / "fresh-home" / "knn_ssd").exists()  # nothing had to be built

@@ -356,6 +356,42 @@ def test_every_lossless_method_equals_hf_generate_on_tiny_models(tiny_cases, mon
     assert not any(trees[m] for m in ("prompt-lookup", "rag-copy", "rest", "dresd", "knn-ssd"))
 
 
+#: A flat (bf16-like) verify-cost curve, c(T)/c(1) for T = 1..13: long drafts pay.
+FLAT_COST = [1.0, 1.05, 1.1, 1.12, 1.15, 1.18, 1.2, 1.22, 1.25, 1.3, 1.35, 1.4, 1.45]
+PLANNED = ("prompt-lookup", "rag-copy", "dresd", "dresd-tree", "knn-ssd")
+
+
+def test_cost_planned_draft_lengths_stay_lossless(tiny_cases, monkeypatch):
+    """With an explicit cost curve (no timing) choosing the draft lengths of every method
+    that adapts them, each still equals HF greedy ``generate`` token for token, with drafts
+    partly accepted and partly rejected; the planner really chose the lengths (spy)."""
+    from dataclasses import replace
+
+    import nest_integrations.lm.cost as cost
+
+    chosen = Counter()
+    real_length = cost.DraftPlanner.length
+
+    def spy(self, max_len=None):
+        k = real_length(self, max_len)
+        chosen[k] += 1
+        return k
+
+    monkeypatch.setattr(cost.DraftPlanner, "length", spy)
+    # The tiny Llama's skip set keeps 3 of 4 sublayers: priced honestly its drafts never pay,
+    # so price them as a real skip set's (5% of a step) to get drafts verified.
+    monkeypatch.setattr("nest_integrations.drafters.knn_ssd.draft_cost_fraction",
+                        lambda skip, profile_cost: 0.05)
+    planned = [(engine, [replace(c, options={**c.options, "cost_model": FLAT_COST})
+                         for c in cases if c.label in PLANNED], refs)
+               for engine, cases, refs in tiny_cases]
+    total = _run_all(planned, PLANNED)
+    assert {k: v for k, v in total.mismatches.items() if v} == {}
+    assert set(total.mismatches) == set(PLANNED)
+    assert_partial(total, PLANNED)
+    assert len(chosen) > 1 and sum(chosen.values()) > 0, chosen
+
+
 @pytest.mark.parametrize("label", DRAFTING)
 def test_the_oracle_fails_when_verification_accepts_one_wrong_token(tiny_cases, monkeypatch,
                                                                     label):

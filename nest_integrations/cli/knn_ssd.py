@@ -10,7 +10,9 @@ Usage::
     nest knn-ssd show                                       # what the profile holds
 
 Profiles live in ``$NEST_HOME/knn_ssd/<model fingerprint>/default.json`` (``--profile`` takes
-another name or a path); ``decoding="knn-ssd"`` finds the default one automatically.
+another name or a path); ``decoding="knn-ssd"`` finds the default one automatically, and
+without one uses the profile shipped in the package for the model (the embedded SmolLM2 has
+one; ``show`` prints which file it read).
 """
 
 from __future__ import annotations
@@ -135,7 +137,8 @@ def cmd_knn_ssd(args: argparse.Namespace) -> int:
     data.pop("anchors")
     data["anchors"] = {d: len(a) for d, a in prof.anchors.items()}
     data["min_similarity"] = Router(prof).min_similarity
-    lines = [f"profile {profile_path(lm, args.profile)} for {prof.model}"]
+    data["source"] = prof.source
+    lines = [f"profile {prof.source or profile_path(lm, args.profile)} for {prof.model}"]
     for d, s in sorted(prof.skips.items()):
         lines.append(f"  {d}: {s} value {prof.search.get(d, {}).get('value')}")
     for d, a in sorted(prof.anchors.items()):

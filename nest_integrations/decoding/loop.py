@@ -248,6 +248,19 @@ class DecodeLoop:
         self.stats.forward_passes += 1
         return out
 
+    def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompt's forward pass (last row only). When the drafter wants the prompt's
+        vector (``wants_prompt_vector``) and the LM can capture it, the same pass also fills
+        ``state.prompt_vector``: no extra forward."""
+        capture = (getattr(self.lm, "capture_prompt_vector", None)
+                   if getattr(self.drafter, "wants_prompt_vector", False) else None)
+        if capture is None:
+            return self.forward(self.state.prompt_ids, last=1)
+        with capture() as slot:
+            out = self.forward(self.state.prompt_ids, last=1)
+        self.state.prompt_vector = slot[-1] if slot else None
+        return out
+
     def distribution(self, logits: torch.Tensor, keys: torch.Tensor) -> Distribution:
         """The target at each row: p_M for NEST-family methods, else p_LM."""
         t0 = time.perf_counter()
@@ -345,7 +358,7 @@ class DecodeLoop:
     def _target_first(self) -> Iterator[StreamChunk]:
         """NEST's schedule (see the module docstring)."""
         lm, v, stats = self.lm, self.verifier, self.stats
-        logits, keys = self.forward(self.state.prompt_ids, last=1)  # prefill
+        logits, keys = self.prefill()
         cur: tuple[torch.Tensor, torch.Tensor] | None = (logits[-1:], keys[-1:])
         pending: int | None = None
         while not self.done and self.budget > 0:
@@ -388,7 +401,7 @@ class DecodeLoop:
         """Lossless schedule: feed ``[pending] + draft`` in one pass (see the module docstring)."""
         lm, v, stats = self.lm, self.verifier, self.stats
         no_draft = torch.zeros(0, dtype=torch.long)
-        logits, keys = self.forward(self.state.prompt_ids, last=1)  # prefill
+        logits, keys = self.prefill()
         p = self.distribution(logits[-1:], keys[-1:]).p
         _, first = v.verify_and_correct(p, no_draft.to(p.device), None)
         self.state.hidden = keys[-1]

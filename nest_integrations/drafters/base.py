@@ -81,6 +81,10 @@ class DecodeState:
             for NEST a ``StepDistribution`` with ``.lam`` and ``.hits``), else None.
         hidden: ``(key_dim,)`` LM vector (the ``key_source`` vector) at the position that
             produced the last committed token, from the verify pass already run, or None.
+        prompt_vector: the mean final-layer hidden state (after the final norm) of the
+            prompt, fp32 ``(d,)``, taken from the loop's own prefill pass when the drafter has
+            ``wants_prompt_vector = True`` and the LM can capture it
+            (``capture_prompt_vector``); else None. KNN-SSD routes on it.
         budget: output tokens left before ``max_new_tokens``.
         config: the generation's ``NestConfig``.
         eos: token ids that end generation; drafts never need to contain them.
@@ -114,6 +118,7 @@ class DecodeState:
     pending: int | None = None
     dist: Any = None
     hidden: torch.Tensor | None = None
+    prompt_vector: torch.Tensor | None = None
     memory: Any = None
     generator: torch.Generator | None = None
     stats: NestStats = field(default_factory=NestStats)
@@ -139,7 +144,12 @@ class DecodeState:
 
 
 class Drafter(Protocol):
-    """A drafting method for one generation."""
+    """A drafting method for one generation.
+
+    A drafter may also set ``wants_prompt_vector = True``: the loop then captures the prompt's
+    mean final-layer hidden state during its prefill into ``DecodeState.prompt_vector``
+    (no extra forward pass).
+    """
 
     def propose(self, state: DecodeState) -> Draft | None:
         """Draft tokens to verify next, or None for an ordinary decoding step."""

@@ -103,12 +103,17 @@ class NgramOptions:
         max_ngram: longest context suffix looked up.
         min_ngram: shortest one.
         num_tokens: longest draft; the length adapts to acceptance below it (``adapt_length``).
+        cost_model: None (default): ``adapt_length``'s fixed rule. ``"auto"``, a
+            ``lm.cost.CostCurve``, its JSON dict or a list of c(T)/c(1) ratios: each draft's
+            length is the one the measured verify cost pays for at the acceptance measured
+            so far in the generation (``lm.cost.DraftPlanner``; 0 = a plain step).
     """
 
     method: ClassVar[str] = ""
     max_ngram: int = 3
     min_ngram: int = 1
     num_tokens: int = 10
+    cost_model: Any = None
 
     def __post_init__(self) -> None:
         check_at_least(self.method, self, ("max_ngram", "min_ngram", "num_tokens"))
@@ -116,12 +121,26 @@ class NgramOptions:
 
 class AdaptiveLength:
     """``update`` of the n-gram drafters: ``num_tokens`` follows ``adapt_length`` up to
-    ``options.num_tokens``."""
+    ``options.num_tokens``, or the cost model's choice when ``options.cost_model`` is set
+    (``use_cost_model``)."""
 
     options: NgramOptions
     num_tokens: int
+    planner: Any = None
+
+    def use_cost_model(self, lm: Any) -> None:
+        """Plan draft lengths with ``options.cost_model`` (no-op when it is None)."""
+        from nest_integrations.lm.cost import planner_for
+
+        self.planner = planner_for(self.options.cost_model, lm, self.options.num_tokens)
+        if self.planner is not None:
+            self.num_tokens = self.planner.length()
 
     def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:
+        if self.planner is not None:
+            self.planner.observe(len(draft), n_accepted)
+            self.num_tokens = self.planner.length()
+            return
         self.num_tokens = adapt_length(self.num_tokens, len(draft), n_accepted,
                                        self.options.num_tokens)  # fmt: skip
 

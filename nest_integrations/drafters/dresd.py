@@ -54,10 +54,16 @@ class DresdOptions(CorpusOptions):
         k: neighbours searched per step.
         min_score: no draft when the best surviving neighbour's cosine similarity is below it
             (-1 = off).
+        cost_model: None (default): drafts of ``draft_len``. ``"auto"``, a
+            ``lm.cost.CostCurve``, its JSON dict or a list of c(T)/c(1) ratios: each draft's
+            length (up to ``draft_len``; a chain's, a tree's depth) is the one the measured
+            verify cost pays for at the acceptance measured so far in the generation
+            (``lm.cost.DraftPlanner``; 0 = a plain step).
     """
 
     k: int = 50
     min_score: float = 0.8
+    cost_model: Any = None
 
     def __post_init__(self) -> None:
         self.check("dresd")
@@ -72,11 +78,16 @@ class DresdDrafter:
         self.datastore = datastore
         self.options = options if options is not None else DresdOptions(**kwargs)
         self._registered: dict[int, int] = {}
+        self.planner: Any = None
 
     @classmethod
     def from_context(cls, ctx: DrafterContext) -> "DresdDrafter":
+        from nest_integrations.lm.cost import planner_for
+
         opts = parse_options(DresdOptions, ctx.options, "dresd")
-        return cls(datastore_of(ctx, opts), opts)
+        drafter = cls(datastore_of(ctx, opts), opts)
+        drafter.planner = planner_for(opts.cost_model, ctx.lm, opts.draft_len)
+        return drafter
 
     # ----------------------------------------------------------------------------- drafting
 
@@ -114,6 +125,8 @@ class DresdDrafter:
         if state.hidden is None:
             return None
         length = min(self.options.draft_len, state.budget)  # the loop left room for its token
+        if self.planner is not None:
+            length = self.planner.length(length)
         if length < 1:
             return None
         ctx = state.context_ids
@@ -123,7 +136,17 @@ class DresdDrafter:
         return corpus_draft(state, cands, self.datastore, self._registered, self.options)
 
     def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:
-        return None
+        if self.planner is not None:
+            depth = len(draft) if draft.parents is None else _depth(draft.parents)
+            self.planner.observe(depth, n_accepted)
+
+
+def _depth(parents: list[int]) -> int:
+    """Depth of a token tree (``parents[i]`` < i, -1 for a root)."""
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return max(depth, default=0)
 
 
 #: ``decoding="dresd"`` (registered in ``drafters/__init__.py``).

@@ -1,9 +1,10 @@
 """KNN-SSD (arXiv 2505.16162) as a drafter: self-speculative drafts from the target model with
 sublayers skipped, the skip set chosen per prompt by the nearest domain anchor.
 
-Per generation (``make_drafter``): load the model's profile, embed the prompt (mean final-layer
-hidden state), pick the nearest anchor's domain by cosine and take its skip set (fallback:
-the ``mixed`` set, else no drafts; see ``knn_ssd.router``). Per step (``propose``): feed the
+Per generation (``make_drafter``): load the model's profile; at the first step take the prompt's
+vector (mean final-layer hidden state) from the loop's own prefill pass (no extra forward), pick
+the nearest anchor's domain by cosine and take its skip set (fallback: the ``mixed`` set, else
+no drafts; see ``knn_ssd.router``). Per step (``propose``): feed the
 pending token through the skip model and draft greedily (or by sampling, with ``q``) until the
 draft's top probability is below ``threshold`` (0.8) or ``max_draft`` (12) tokens, then crop the
 cache back to the committed tokens. Verification is the loop's exact rule, so the output equals
@@ -18,7 +19,7 @@ greedy decoding token for token (or follows p_LM exactly when sampling).
 - ``threshold`` (0.8), ``max_draft`` (12), ``min_similarity`` (router fallback floor).
 
 ``drafter_options`` are read into ``KnnSsdOptions``. The routing decision is ``drafter.route``
-and the result's ``NestStats`` (``route_*``, ``time_route``); draft counters go there too
+(set at the first step when routed) and the result's ``NestStats`` (``route_*``, ``time_route``); draft counters go there too
 (``draft_forwards``, ``time_draft``, ``drafted_tokens``, ``accepted_tokens``).
 """
 
@@ -57,6 +58,11 @@ class KnnSsdOptions:
         threshold: stop drafting when the draft's top probability is below it.
         max_draft: longest draft.
         min_similarity: the router's fallback floor (None: the profile's).
+        cost_model: None (default): the paper's stop (``threshold``, ``max_draft``).
+            ``"auto"``, a ``lm.cost.CostCurve``, its JSON dict or a list of c(T)/c(1)
+            ratios: the draft also stops at the length the measured verify cost and the
+            skip set's draft cost pay for at the acceptance measured so far in the
+            generation (``lm.cost.DraftPlanner``; 0 = a plain step).
     """
 
     profile: Any = None
@@ -65,6 +71,7 @@ class KnnSsdOptions:
     threshold: float = DEFAULT_THRESHOLD
     max_draft: int = DEFAULT_MAX_DRAFT
     min_similarity: float | None = None
+    cost_model: Any = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.threshold <= 1.0:
@@ -136,21 +143,51 @@ def draft_chain(
 
 class KnnSsdDrafter:
     """Layer-skip self-speculative drafter for one generation; its routing decision is
-    ``drafter.route`` (also written to the generation's ``NestStats``)."""
+    ``drafter.route`` (also written to the generation's ``NestStats``).
 
-    def __init__(self, lm: Any, route: Any, *, threshold: float = DEFAULT_THRESHOLD,
-                 max_draft: int = DEFAULT_MAX_DRAFT) -> None:  # fmt: skip
+    With a ``router`` and no ``route`` the drafter routes at its first ``propose``, from
+    ``DecodeState.prompt_vector``: the mean final-layer state the loop captured during its own
+    prefill (``wants_prompt_vector``), so routing adds no forward pass. An LM that cannot
+    capture it gets ``lm.domain_vector(prompt)`` (one base-model pass) instead.
+    """
+
+    def __init__(self, lm: Any, route: Any = None, *, router: Any = None,
+                 threshold: float = DEFAULT_THRESHOLD,
+                 max_draft: int = DEFAULT_MAX_DRAFT, cost_model: Any = None,
+                 profile_cost: dict[str, Any] | None = None) -> None:  # fmt: skip
         if not hasattr(lm, "forward_skip"):
             raise ValueError(
                 f"decoding='knn-ssd' needs a language model with forward_skip() "
                 f"(HFLanguageModel); got {type(lm).__name__}"
             )
+        if route is None and router is None:
+            raise ValueError("KnnSsdDrafter needs a route or a router")
         KnnSsdOptions(threshold=threshold, max_draft=max_draft)  # the same checks
         self.lm = lm
         self.route = route
-        self.skip = route.skip
+        self.router = router
+        #: routed drafters read the prompt's vector from the loop's prefill
+        self.wants_prompt_vector = route is None
         self.threshold = threshold
         self.max_draft = max_draft
+        self.cost_model = cost_model
+        self.profile_cost = profile_cost
+        self.planner: Any = None
+        if route is not None:
+            self._plan()
+
+    def _plan(self) -> None:
+        """Set up the draft-length planner for the chosen skip set (cost_model option)."""
+        from nest_integrations.lm.cost import planner_for
+
+        if self.cost_model is None or self.skip is None:
+            return
+        self.planner = planner_for(self.cost_model, self.lm, self.max_draft,
+                                   draft_cost=draft_cost_fraction(self.skip, self.profile_cost))
+
+    @property
+    def skip(self) -> "SkipSet | None":
+        return None if self.route is None else self.route.skip
 
     @classmethod
     def from_context(cls, ctx: DrafterContext) -> "KnnSsdDrafter":
@@ -161,7 +198,8 @@ class KnnSsdDrafter:
         opts = parse_options(KnnSsdOptions, ctx.options, "knn-ssd")
         lm = ctx.lm
         decoder_layers(getattr(lm, "model", None))  # a clear error for unskippable models
-        kw = {"threshold": opts.threshold, "max_draft": opts.max_draft}
+        kw = {"threshold": opts.threshold, "max_draft": opts.max_draft,
+              "cost_model": opts.cost_model}
         if opts.skip is not None:  # an explicit set: Self-SD with a fixed skip set, no profile
             skip = opts.skip if isinstance(opts.skip, SkipSet) else SkipSet.from_dict(opts.skip)
             route = Route(None, float("nan"), skip, "explicit", False, 0.0)
@@ -171,23 +209,18 @@ class KnnSsdDrafter:
             profile = load_profile(lm, profile)
         else:
             profile.check_model(lm)
-        router = Router(profile, opts.min_similarity)
+        kw["profile_cost"] = profile.cost_model
         domain = opts.domain
         if domain is not None:  # Self-SD (Fix) or (Mix): one named set, no routing
             if domain not in profile.skips:
                 raise ValueError(f"the KNN-SSD profile has no skip set for domain {domain!r}; "
                                  f"it has {sorted(profile.skips)}")
             route = Route(domain, float("nan"), profile.skips[domain], domain, False, 0.0)
-        else:
-            if not profile.anchors:
-                raise ValueError("the KNN-SSD profile has no anchors: run `nest knn-ssd "
-                                 "anchors --domain NAME --prompts FILE` for each domain")
-            start = time.perf_counter()
-            route = router.route(lm, ctx.prompt_ids)
-            LOG.info("KNN-SSD: prompt routed to %s (nearest %s, cos %.3f%s) in %.1f ms",
-                     route.skip_name, route.domain, route.similarity,
-                     ", fallback" if route.fallback else "", 1000 * (time.perf_counter() - start))
-        return cls(lm, route, **kw).record(ctx.stats)
+            return cls(lm, route, **kw).record(ctx.stats)
+        if not profile.anchors:
+            raise ValueError("the KNN-SSD profile has no anchors: run `nest knn-ssd "
+                             "anchors --domain NAME --prompts FILE` for each domain")
+        return cls(lm, router=Router(profile, opts.min_similarity), **kw)
 
     def record(self, stats: Any) -> "KnnSsdDrafter":
         """Write the routing decision to the generation's ``NestStats``."""
@@ -197,11 +230,31 @@ class KnnSsdDrafter:
         stats.route_fallback, stats.time_route = bool(r.fallback), float(r.seconds)
         return self
 
+    def route_from(self, state: DecodeState) -> None:
+        """Route on the prefill's prompt vector (see the class docstring) and record it."""
+        start = time.perf_counter()
+        vector = state.prompt_vector
+        if vector is None:
+            LOG.debug("KNN-SSD: the LM gave no prefill vector; embedding the prompt")
+            vector = self.lm.domain_vector(state.prompt_ids)
+        domain, sim = self.router.nearest(vector.numpy())
+        self.route = self.router.decide(domain, sim, time.perf_counter() - start)
+        r = self.route
+        LOG.info("KNN-SSD: prompt routed to %s (nearest %s, cos %.3f%s) in %.2f ms",
+                 r.skip_name, r.domain, r.similarity, ", fallback" if r.fallback else "",
+                 1000 * r.seconds)
+        self.record(state.stats)
+        self._plan()
+
     def propose(self, state: DecodeState) -> Draft | None:
+        if self.route is None:
+            self.route_from(state)
         # The lossless schedule always has a pending token (the loop feeds it with the draft).
         if self.skip is None or state.pending is None:
             return None
         max_len = min(self.max_draft, state.budget)
+        if self.planner is not None:
+            max_len = self.planner.length(max_len)
         if max_len < 1:
             return None
         cfg = state.config
@@ -218,7 +271,24 @@ class KnnSsdDrafter:
         return Draft(chain.tokens, None, q=chain.q)
 
     def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:
-        return None
+        if self.planner is not None:
+            self.planner.observe(len(draft), n_accepted)
+
+
+def draft_cost_fraction(skip: "SkipSet", profile_cost: dict[str, Any] | None) -> float:
+    """Seconds of one draft pass with ``skip`` as a fraction of a one-token full pass: from the
+    profile's measured per-sublayer costs (``knn_ssd.search.CostModel``) when it has them,
+    else the share of sublayers kept."""
+    try:  # CostModel.draft(skip) / CostModel.verify(1) (knn_ssd.search), from its dict
+        c = profile_cost or {}
+        if c and int(c["n_layers"]) == skip.n_layers and float(c["full"]) > 0:
+            n = skip.n_layers
+            kept = (float(c["base"]) + (n - len(skip.attn)) * float(c["attn"])
+                    + (n - len(skip.mlp)) * float(c["mlp"]))
+            return min(kept / float(c["full"]), 1.0)
+    except (KeyError, TypeError, ValueError):
+        LOG.debug("profile cost model %r is not a CostModel", profile_cost)
+    return 1.0 - skip.size / (2 * skip.n_layers)
 
 
 METHOD = Method(

@@ -31,7 +31,9 @@ class PromptLookupDrafter(corpus.AdaptiveLength):
 
     @classmethod
     def from_context(cls, ctx: DrafterContext) -> "PromptLookupDrafter":
-        return cls(corpus.parse_options(PromptLookupOptions, ctx.options, "prompt-lookup"))
+        drafter = cls(corpus.parse_options(PromptLookupOptions, ctx.options, "prompt-lookup"))
+        drafter.use_cost_model(ctx.lm)
+        return drafter
 
     def propose(self, state: DecodeState) -> Draft | None:
         n_draft = min(self.num_tokens, state.budget)

@@ -48,6 +48,7 @@ class RagCopyDrafter(AdaptiveLength):
     def __init__(self, ctx: DrafterContext) -> None:
         self.options = parse_options(RagCopyOptions, ctx.options, METHOD.name)
         self.num_tokens = self.options.num_tokens
+        self.use_cost_model(ctx.lm)
         n_ra = ctx.config.ra_passages or METHOD.ra_passages
         self.passages = list(ctx.passages[:n_ra])
         self.lm = ctx.lm

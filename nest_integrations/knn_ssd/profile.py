@@ -14,7 +14,16 @@ A profile is one JSON file::
 Default location: ``$NEST_HOME/knn_ssd/<model fingerprint>/<name>.json`` with name
 ``default`` (``profile_path(lm)``); a ``profile=`` option or ``--profile`` may give a name (looked
 up there) or a path. Loading checks the model fingerprint: a profile of another model is a clear
-``ProfileError``. Writes are read-modify-write of the whole file under a lock, through a temporary
+``ProfileError``.
+
+Shipped profiles: when ``$NEST_HOME`` has no ``default`` profile for the model, loading the
+default falls back to the one in the package, ``nest_integrations/data/knn_ssd/<model
+name>/default.json`` (``shipped_profile_path``; the embedded SmolLM2's is searched and shipped).
+It is used only when its fingerprint is the model's: another model of the same name keeps the
+"no profile, build one" error. Your own profile in ``$NEST_HOME`` always wins; searches and
+anchors write there (starting from an empty profile, never from the shipped one).
+
+Writes are read-modify-write of the whole file under a lock, through a temporary
 file and ``os.replace``, after the fingerprint check, so a refused update leaves the file as it was.
 """
 
@@ -76,6 +85,8 @@ class Profile:
     anchor_info: dict[str, dict[str, Any]] = field(default_factory=dict)
     router: dict[str, Any] = field(default_factory=dict)
     cost_model: dict[str, Any] | None = None
+    #: the file it was read from ("" when built in memory); not stored in the JSON
+    source: str = ""
 
     @classmethod
     def empty(cls, lm: Any) -> "Profile":
@@ -107,11 +118,9 @@ class Profile:
 
     @classmethod
     def from_json(cls, data: Any, where: str = "profile") -> "Profile":
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ProfileError(f"{where} is not a KNN-SSD profile (no \"format\": {FORMAT!r})")
-        if data.get("version") != VERSION:
-            raise ProfileError(f"{where} has version {data.get('version')!r}; this code reads "
-                               f"version {VERSION}")
+        from nest_integrations.jsonl import check_format
+
+        check_format(data, FORMAT, VERSION, where, "a KNN-SSD profile", ProfileError)
         try:
             n_layers, hidden = int(data["n_layers"]), int(data["hidden_size"])
             skips = {d: SkipSet.from_dict(v["skip"]) for d, v in data.get("domains", {}).items()}
@@ -146,20 +155,55 @@ class Profile:
             )
 
 
-def load_profile(lm: Any, name_or_path: str | os.PathLike[str] | None = None) -> Profile:
-    """The profile for ``lm`` by name or path (default: ``default`` in the model's folder)."""
-    path = profile_path(lm, name_or_path)
-    if not path.is_file():
-        raise ProfileError(
-            f"no KNN-SSD profile at {path}: build one with `nest knn-ssd search --domain NAME "
-            "--prompts FILE` and `nest knn-ssd anchors --domain NAME --prompts FILE`, or pass "
-            "drafter_options={'profile': PATH}"
-        )
+def shipped_profile_path(lm: Any) -> Path:
+    """Where the package ships a default profile for a model of ``lm``'s name:
+    ``nest_integrations/data/knn_ssd/<model name>/default.json`` (the name is the part of
+    the fingerprint before ``@``; the file may not exist)."""
+    name = str(lm.fingerprint).split("@", 1)[0].replace("/", "_").replace(os.sep, "_")
+    return Path(__file__).resolve().parent.parent / "data" / "knn_ssd" / name / \
+        f"{DEFAULT_NAME}.json"
+
+
+def _read(path: Path) -> Profile:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ProfileError(f"{path} is not valid JSON: {exc}") from None
     profile = Profile.from_json(data, str(path))
+    profile.source = str(path)
+    return profile
+
+
+def _shipped(lm: Any) -> tuple[Profile | None, str]:
+    """The package's profile for ``lm`` when it has one built for this fingerprint, else
+    ``(None, why)`` (an empty reason when the package ships none for the model's name)."""
+    path = shipped_profile_path(lm)
+    if not path.is_file():
+        return None, ""
+    profile = _read(path)
+    if profile.model != lm.fingerprint:
+        return None, (f" (the package ships one for {profile.model}, a different model of "
+                      "the same name)")
+    LOG.info("KNN-SSD: using the profile shipped in the package, %s", path)
+    return profile, ""
+
+
+def load_profile(lm: Any, name_or_path: str | os.PathLike[str] | None = None) -> Profile:
+    """The profile for ``lm`` by name or path (default: ``default`` in the model's folder,
+    else the package's shipped one for the model; see the module docstring)."""
+    path = profile_path(lm, name_or_path)
+    if not path.is_file():
+        why = ""
+        if name_or_path is None or str(name_or_path) == DEFAULT_NAME:
+            shipped, why = _shipped(lm)
+            if shipped is not None:
+                return shipped
+        raise ProfileError(
+            f"no KNN-SSD profile at {path}{why}: build one with `nest knn-ssd search --domain "
+            "NAME --prompts FILE` and `nest knn-ssd anchors --domain NAME --prompts FILE`, or "
+            "pass drafter_options={'profile': PATH}"
+        )
+    profile = _read(path)
     profile.check_model(lm, str(path))
     return profile
 

@@ -11,8 +11,10 @@
   generation decodes without drafts (plain greedy speed, same output). The paper's code falls
   back to skipping odd layers, which drafts badly on small models.
 
-Cost: one extra base-model forward over the prompt (the loop's prefill states are not exposed
-to drafters), one mean and a few dozen cosines; ``Route.seconds`` reports it.
+Cost in decoding: no forward pass of its own. The decoding loop captures the prompt's mean
+final-layer state during its prefill (``DecodeState.prompt_vector``) and the drafter routes on
+it (``drafters.knn_ssd``): one mean and a few dozen cosines; ``Route.seconds`` reports it.
+``Router.route`` (embed, then route) is for offline use (benchmarks, router checks).
 """
 
 from __future__ import annotations

@@ -476,6 +476,32 @@ class HFLanguageModel:
 
         return forward_skip(self, ids, cache, skip)
 
+    @contextmanager
+    def capture_prompt_vector(self, max_tokens: int = 256) -> Iterator[list[torch.Tensor]]:
+        """Within the block, every base-model call appends the mean over its last
+        ``max_tokens`` positions of the final-layer hidden state (after the final norm) to the
+        yielded list, as a fp32 ``(d,)`` CPU tensor.
+
+        The decoding loop wraps its prefill in it when the drafter asks for the prompt's
+        vector (KNN-SSD routing), so the route costs no forward pass of its own. For a prompt
+        of at most ``max_tokens`` tokens prefilled from an empty cache this is
+        ``domain_vector(prompt)`` up to float rounding (the anchors' vectors); a longer prompt
+        is averaged over its last ``max_tokens`` positions as read in full context.
+        """
+        slot: list[torch.Tensor] = []
+
+        def hook(_module: Any, _args: Any, output: Any) -> None:
+            h = getattr(output, "last_hidden_state", None)
+            h = output[0] if h is None else h
+            slot.append(h[0, -max_tokens:].float().mean(0).cpu())
+
+        with self._lock:  # hooks live on a shared module: one model call at a time
+            handle = self.model.base_model.register_forward_hook(hook)
+            try:
+                yield slot
+            finally:
+                handle.remove()
+
     def domain_vector(self, ids: Sequence[int], max_tokens: int = 256) -> torch.Tensor:
         """Mean final-layer hidden state (after the final norm) of ``ids``: KNN-SSD's prompt
         representation, fp32 ``(d,)`` on CPU (``layer_skip.final_hidden_mean``)."""

@@ -1,0 +1,119 @@
+"""The engine's cost model (``nest_integrations.lm.cost``): the c(T) curve, its cache under
+$NEST_HOME/cost/, and the draft-length rule. Explicit curves only: no decision here depends on
+timing (the one measurement test checks the shape of what is measured, not its values)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nest_integrations.lm import cost
+from nest_integrations.lm.cost import CostCurve, DraftPlanner, best_length, expected_tokens
+
+#: fp32 SmolLM2 on this CPU (issue 21): c(2)/c(1) 1.71, c(9)/c(1) 1.92, c(17)/c(1) 2.36.
+FP32 = CostCurve((1, 2, 9, 17), (0.060, 0.1026, 0.1152, 0.1416))
+#: bf16 weights: c(2)/c(1) 0.95 (noise), c(9)/c(1) 1.19, c(17)/c(1) 1.63.
+BF16 = CostCurve((1, 2, 9, 17), (0.058, 0.0551, 0.0690, 0.0945))
+
+
+def test_curve_interpolates_extrapolates_and_round_trips():
+    c = CostCurve.from_ratios([1.0, 2.0, 2.5])
+    assert c.cost(1) == 1.0 and c.cost(2) == 2.0 and c.ratio(3) == 2.5
+    assert c.cost(5) == pytest.approx(3.5)  # the last slope (0.5 per token) carries on
+    assert FP32.cost(5) == pytest.approx(0.1026 + 3 / 7 * (0.1152 - 0.1026))
+    back = CostCurve.from_json(json.loads(json.dumps(FP32.to_json())))
+    assert back == FP32
+
+
+@pytest.mark.parametrize("bad", [((2, 3), (1.0, 2.0)), ((1, 1), (1.0, 1.0)), ((1,), (0.0,)),
+                                 ((1, 2), (1.0,))])
+def test_bad_curves_are_refused(bad):
+    with pytest.raises(ValueError, match="cost curve"):
+        CostCurve(*bad)
+    with pytest.raises(ValueError, match="start with"):
+        CostCurve.from_ratios([2.0, 3.0])
+    with pytest.raises(ValueError, match="not a cost curve"):
+        CostCurve.from_json({"tokens": [1]})
+
+
+def test_the_draft_length_follows_cost_and_acceptance():
+    """Oracle by hand: drafting k pays when (1 + a + ... + a^k) / c(k+1) beats 1 / c(1)."""
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    # fp32's steep first step: a 1-token draft needs a > 0.71; a low rate drafts nothing.
+    assert best_length(FP32, 0.3, 10) == 0
+    # The same rate on the flat bf16 curve pays for a draft.
+    assert best_length(BF16, 0.3, 10) >= 1
+    # High acceptance: the longest draft allowed, on both.
+    assert best_length(FP32, 0.95, 10) == 10 and best_length(BF16, 0.95, 10) == 10
+    # Monotone in the acceptance rate.
+    ks = [best_length(FP32, a / 20, 16) for a in range(20)]
+    assert ks == sorted(ks) and ks[0] == 0 and ks[-1] == 16
+    # A per-token draft cost (KNN-SSD's skip passes) shortens the draft.
+    assert best_length(BF16, 0.8, 12, draft_cost=0.04) < best_length(BF16, 0.8, 12)
+    # Brute force agrees on a grid.
+    for a in (0.2, 0.5, 0.7, 0.9):
+        rates = [expected_tokens(a, k) / FP32.cost(k + 1) for k in range(13)]
+        assert best_length(FP32, a, 12) == max(range(13), key=lambda k: (rates[k], -k))
+
+
+def test_the_planner_learns_the_generation_s_acceptance():
+    p = DraftPlanner(FP32, max_len=10)
+    start = p.length()
+    for _ in range(6):
+        p.observe(drafted=8, accepted=8)  # every draft taken in full
+    assert p.alpha > 0.9 and p.length() == 10
+    q = DraftPlanner(FP32, max_len=10)
+    for _ in range(6):
+        q.observe(drafted=4, accepted=0)  # every draft rejected at once
+    assert q.alpha < 0.2 and q.length() == 0
+    assert 0 <= start <= 10
+    assert q.length(max_len=3) == 0 and p.length(max_len=3) == 3
+    with pytest.raises(ValueError, match="max_len"):
+        DraftPlanner(FP32, max_len=0)
+
+
+def test_option_values(tiny_lm, tmp_path, monkeypatch):
+    monkeypatch.setenv("NEST_HOME", str(tmp_path))
+    assert cost.curve_from(None, tiny_lm) is None and cost.curve_from("off", tiny_lm) is None
+    assert cost.curve_from([1.0, 1.5], tiny_lm).ratio(2) == 1.5
+    assert cost.curve_from(FP32.to_json(), tiny_lm) == FP32
+    with pytest.raises(ValueError, match="cost_model="):
+        cost.curve_from(3, tiny_lm)
+    p = cost.planner_for([1.0, 1.5], tiny_lm, 8, draft_cost=0.25)
+    assert p.max_len == 8 and p.draft_cost == pytest.approx(0.25)
+
+
+def test_the_curve_is_cached_per_model_dtype_threads_and_machine(tiny_lm, tmp_path, monkeypatch):
+    """load_or_measure measures once, then reloads the JSON; refresh measures again; the file
+    name carries the dtype, device, threads and machine, the folder the fingerprint."""
+    monkeypatch.setenv("NEST_HOME", str(tmp_path))
+    calls = []
+
+    def fake_measure(lm, **kw):
+        calls.append(1)
+        return CostCurve.from_ratios([1.0, 1.2 + len(calls) / 10], cost.curve_key(lm))
+
+    monkeypatch.setattr(cost, "measure_curve", fake_measure)
+    first = cost.load_or_measure(tiny_lm)
+    again = cost.load_or_measure(tiny_lm)
+    assert calls == [1] and again == first and again.meta["dtype"] == "float32"
+    path = cost.curve_path(tiny_lm)
+    assert path.is_file() and path.parent == tmp_path / "cost" / tiny_lm.fingerprint
+    import re
+
+    import torch
+
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", cost.machine_name()).strip("-")[:60]
+    assert path.name == f"float32-cpu-t{torch.get_num_threads()}-{slug}.json"
+    fresh = cost.load_or_measure(tiny_lm, refresh=True)
+    assert calls == [1, 1] and fresh.ratio(2) == pytest.approx(1.4)
+    path.write_text("{broken")
+    cost.load_or_measure(tiny_lm)
+    assert len(calls) == 3
+
+
+def test_measure_curve_shape(tiny_lm):
+    curve = cost.measure_curve(tiny_lm, tokens=(1, 3), repeats=1, context=16)
+    assert curve.tokens == (1, 3) and all(s > 0 for s in curve.seconds)
+    assert curve.meta["model"] == tiny_lm.fingerprint and curve.meta["context"] == 16
