@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
 # Install with the test extras, then run the test suite (CI runs exactly this).
-#   bash scripts/test.sh                 # everything (about 8.5 min of tests on 2 CPU cores, 2.5 of them ingesting the sample corpus for tests/test_sample_questions.py; plus the install)
+#   bash scripts/test.sh                 # everything, on 2 pytest-xdist workers (plus the install)
+#   NEST_TEST_WORKERS=0 bash scripts/test.sh   # in one process (about twice as long on 2 cores)
 #   bash scripts/test.sh -m "not slow"   # the quick subset: no real-model end-to-end tests
 #   CI=true bash scripts/test.sh -q      # as .ci/run: a skip outside tests/allowed_skips.txt fails
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh test
 export NEST_HOME="${NEST_HOME:-$(pwd)/.nest}" ANONYMIZED_TELEMETRY=False HF_HUB_OFFLINE=1
+# Two workers by default (the tests use one torch thread each, so both cores work); the tests of
+# the session's sample store and of Ray each stay on one worker (xdist_group marks). An explicit
+# -n/--numprocesses, or NEST_TEST_WORKERS=0, decides instead.
+workers="${NEST_TEST_WORKERS:-2}"
+for arg in "$@"; do
+  case "$arg" in -n|-n*|--numprocesses*) workers="" ;; esac
+done
+if [ -n "$workers" ] && [ "$workers" != 0 ]; then
+  set -- -n "$workers" --dist loadgroup "$@"
+fi
 exec .venv/bin/python -m pytest "$@"

@@ -57,20 +57,35 @@ def sample_store(tmp_path_factory) -> Path:
     """A persist dir holding the shipped sample corpus exactly as ``nest ingest --sample``
     writes it (Chroma passages + eager token keys of the default model), made ONCE per session:
     the ingest takes about 2.5 min on 2 cores, and four slow modules need it. Tests that write
-    to a store, or run ``nest ingest`` on it, take a copy (``copy_sample_store``)."""
+    to a store, or run ``nest ingest`` on it, take a copy (``copy_sample_store``).
+
+    Under pytest-xdist (``.ci/run``) its users share the ``sample_store`` group, so one worker
+    makes it; should another worker need it too, the workers' shared temp folder and a file lock
+    make it once per run all the same."""
+    import fcntl
     import subprocess
     import sys
 
-    root = tmp_path_factory.mktemp("sample-store") / "store"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NEST_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run(
-        [sys.executable, "-m", "nest_integrations.cli", "ingest", "--sample",
-         "--persist-dir", str(root)],
-        env=env, capture_output=True, text=True, timeout=1500,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-    documents = [line.split() for line in proc.stdout.splitlines() if line.split()[:1] == ["documents"]]
-    assert documents and int(documents[0][1].rstrip(":")) > 300, proc.stdout  # the whole sample corpus
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the run's folder, above each worker's own
+        base = tmp_path_factory.getbasetemp().parent / "sample-store"
+        base.mkdir(exist_ok=True)
+    else:
+        base = tmp_path_factory.mktemp("sample-store")
+    root, done = base / "store", base / "DONE"
+    with open(base / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists():
+            return root
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NEST_THREADS": "1",
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        proc = subprocess.run(
+            [sys.executable, "-m", "nest_integrations.cli", "ingest", "--sample",
+             "--persist-dir", str(root)],
+            env=env, capture_output=True, text=True, timeout=1500,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+        documents = [line.split() for line in proc.stdout.splitlines() if line.split()[:1] == ["documents"]]
+        assert documents and int(documents[0][1].rstrip(":")) > 300, proc.stdout  # the whole sample corpus
+        done.touch()
     return root
 
