@@ -115,6 +115,12 @@ def _loop_unit_ok(unit: Sequence[str]) -> bool:
     return len(set(unit)) >= 2 and len(" ".join(unit)) >= MIN_REPEAT_CHARS
 
 
+def complete_words(text: str, final: bool = False) -> int:
+    """Words of ``text`` that can no longer grow: all when ``final`` or whitespace ends it."""
+    n = len(_WORD.findall(text))
+    return n if final or not text or text[-1].isspace() else max(0, n - 1)
+
+
 def loop_start(
     text: str, final: bool = False, min_words: int = MIN_LOOP_WORDS, first_end: int = 0
 ) -> int | None:
@@ -187,6 +193,7 @@ __all__ = [
     "MIN_REPEAT_CHARS",
     "answer_document",
     "citation_words",
+    "complete_words",
     "loop_start",
     "open_loop_start",
     "normalize_sentence",

@@ -19,6 +19,7 @@ import bisect
 from typing import Callable, Sequence
 
 from nest_integrations.core.topic import (
+    complete_words,
     loop_start,
     open_loop_start,
     open_repeat_start,
@@ -57,6 +58,7 @@ class OutputText:
         self.stop = [s for s in stop if s]
         self.repeat_guard = repeat_guard
         self.repeated = False
+        self._loop_checked = 0  # phrases ending at or before this word hold no loop
         self.ids: list[int] = []
         self.sources: list = []
         self.copied: list[bool] = []
@@ -110,7 +112,10 @@ class OutputText:
                 self._a, self._a_chars = len(self.ids), len(text)
         self._apply_stop_strings()
         if self.repeat_guard and not self.stopped:
-            self._cut_repeat(_first(repeat_start(self.text), loop_start(self.text)))
+            text = self.text
+            loop = loop_start(text, first_end=self._loop_checked + 1)
+            self._loop_checked = complete_words(text)
+            self._cut_repeat(_first(repeat_start(text), loop))
 
     def finish(self) -> bool:
         """The text has ended: with ``repeat_guard``, cut a last sentence that repeats an
@@ -119,7 +124,8 @@ class OutputText:
         if not self.repeat_guard or self.stopped:
             return False
         text = self.text
-        cut = _first(repeat_start(text, final=True), loop_start(text, final=True))
+        cut = _first(repeat_start(text, final=True),
+                     loop_start(text, final=True, first_end=self._loop_checked + 1))
         if cut is None:
             cut = open_repeat_start(text)
         self._cut_repeat(cut)
