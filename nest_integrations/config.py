@@ -70,6 +70,10 @@ class NestConfig:
         eos_guard: end the answer where the LM alone would end it (an end token is its top
             token, or end tokens carry more than this mass), whatever the copy proposes (None =
             off, the paper). Stops copies that run on past the answer.
+        lm_agreement: a gamma for the LM alone: a draft or chosen token must also pass Eq. 7
+            on p_LM (``p_LM(w) > (lm_agreement/2) * max p_LM``), else the LM's top token is
+            taken (None = off). Relaxed acceptance then only where the (RA) LM and the kNN
+            agree that a token is plausible (issue 22, an option).
 
     On-topic guards (issue 22, ``core.topic``; None = on in relaxed modes, i.e. Eq. 7
     acceptance, and off in lossless ones, where they would change greedy output):
@@ -118,6 +122,7 @@ class NestConfig:
     # -- guards
     confidence_guard: float | None = None
     eos_guard: float | None = None
+    lm_agreement: float | None = None
     # -- on-topic guards
     stop_on_repeat: bool | None = None
     lock_document: bool | None = None
@@ -178,6 +183,8 @@ class NestConfig:
             bad("confidence_guard", "None or a float in (0, 1]")
         if self.eos_guard is not None and not (0.0 < self.eos_guard <= 1.0):
             bad("eos_guard", "None or a float in (0, 1]")
+        if self.lm_agreement is not None and not (0.0 < self.lm_agreement <= 1.0):
+            bad("lm_agreement", "None or a float in (0, 1]")
         if isinstance(self.min_citation_tokens, bool) or not isinstance(
             self.min_citation_tokens, int
         ) or self.min_citation_tokens < 1:

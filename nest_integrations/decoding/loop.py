@@ -150,7 +150,7 @@ class RelaxedVerifier(Verifier):
     def pick(self, dist: Distribution, row: int = 0) -> int:
         cfg = self.config
         return guarded_token(self.choose(dist.p[row]), dist.p_lm[row], self.eos_ids,
-                             cfg.confidence_guard, cfg.eos_guard)  # fmt: skip
+                             cfg.confidence_guard, cfg.eos_guard, cfg.lm_agreement)  # fmt: skip
 
     def accept(self, dist: Distribution, draft: torch.Tensor) -> int:
         cfg = self.config
@@ -159,7 +159,8 @@ class RelaxedVerifier(Verifier):
         if self.sampling:  # Eq. 7 as a random test, on the distribution tokens are drawn from
             return sampled_accept_count(self.target(dist.p), draft, cfg.relaxation,
                                         self.generator)  # fmt: skip
-        veto = guard_veto(dist.p_lm, draft, self.eos_ids, cfg.confidence_guard, cfg.eos_guard)
+        veto = guard_veto(dist.p_lm, draft, self.eos_ids, cfg.confidence_guard, cfg.eos_guard,
+                          cfg.lm_agreement)
         return relaxed_accept_count(dist.p, draft, cfg.relaxation, veto)
 
 
