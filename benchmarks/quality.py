@@ -244,8 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     top3 = sum((r["gold_rank"] or 99) <= 3 for r in retrieved) / max(1, len(retrieved))
     cmd = " ".join(argv if argv is not None else sys.argv[1:])
     counts = qs.counts()
+    whole = (not args.n or args.n >= len(qs.closed(args.split))) and (
+        not args.n_open or args.n_open >= len(qs.open(args.split)))
+    scope = "the whole split" if whole else "a SMALL SLICE of the split (validation, not a result)"
     md = (
-        f"# Quality: grounded QA and open-ended answers, {args.split} split\n\n"
+        f"# Quality: grounded QA and open-ended answers, {args.split} split, {scope}\n\n"
         f"Question set: `evaluation/quality_set.py`, seed {args.seed}, split by document "
         f"(dev {sum(counts['dev'].values())} / test {sum(counts['test'].values())} questions: "
         f"{json.dumps(counts)}). This run: {len(closed)} closed questions (slice seed "
