@@ -201,3 +201,13 @@ def test_loop_start_finds_a_phrase_that_follows_itself():
 def test_a_repeat_after_a_list_marker_takes_the_marker_with_it():
     text = f"1.  {LOOP}\n2.  {LOOP}"
     assert repeat_start(text, final=True) == text.index("2.")
+
+
+def test_an_unfinished_possible_repeat_at_the_budget_is_dropped_not_called_a_repeat():
+    words = ["x"] + _words(f" {LOOP} The \"assert")
+    detok = lambda ids: "".join(words[i] if i == 0 else " " + words[i] for i in ids)  # noqa: E731
+    out = OutputText(detok, repeat_guard=True)
+    out.append(list(range(1, len(words))), [None] * (len(words) - 1), False)
+    assert out.delta(final=False).strip() == LOOP  # the possible repeat is held back
+    assert out.finish() is False and not out.repeated
+    assert out.text.strip() == LOOP

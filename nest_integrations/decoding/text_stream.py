@@ -119,17 +119,20 @@ class OutputText:
 
     def finish(self) -> bool:
         """The text has ended: with ``repeat_guard``, cut a last sentence that repeats an
-        earlier one (or a loop), or an unfinished one held back as a possible repeat. True
-        when it cut."""
+        earlier one (or a loop; then True), or an unfinished one held back as a possible
+        repeat (False: the text ended for another reason)."""
         if not self.repeat_guard or self.stopped:
             return False
         text = self.text
         cut = _first(repeat_start(text, final=True),
                      loop_start(text, final=True, first_end=self._loop_checked + 1))
-        if cut is None:
-            cut = open_repeat_start(text)
+        if cut is None:  # an unfinished sentence held back as a possible repeat: drop it, but
+            held = open_repeat_start(text)  # the text ended for its own reason (the budget)
+            if held is not None:
+                self._cut(held)
+            return False
         self._cut_repeat(cut)
-        return cut is not None
+        return True
 
     def _cut_repeat(self, cut: int | None) -> None:
         if cut is None:
