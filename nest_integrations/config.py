@@ -16,6 +16,9 @@ KEY_SOURCES = ("ffn_input", "block_input", "final_norm")
 #: ``attribution.SCORERS`` (config is an inner layer: the names are repeated, a test pins them).
 ATTRIBUTE_SCORERS = ("embedding", "keys", "combined", "fuzzy")
 
+#: Fewest words of a shown citation in relaxed modes (measured: see ``core.topic``).
+RELAXED_MIN_CITATION_WORDS = 3
+
 
 @dataclass(frozen=True, kw_only=True)
 class NestConfig:
@@ -69,6 +72,20 @@ class NestConfig:
         eos_guard: end the answer where the LM alone would end it (an end token is its top
             token, or end tokens carry more than this mass), whatever the copy proposes (None =
             off, the paper). Stops copies that run on past the answer.
+        lm_agreement: a gamma for the LM alone: a draft or chosen token must also pass Eq. 7
+            on p_LM (``p_LM(w) > (lm_agreement/2) * max p_LM``), else the LM's top token is
+            taken (None = off). Relaxed acceptance then only where the (RA) LM and the kNN
+            agree that a token is plausible (issue 22, an option).
+
+    On-topic guards (issue 22, ``core.topic``; None = on in relaxed modes, i.e. Eq. 7
+    acceptance, and off in lossless ones, where they would change greedy output):
+        stop_on_repeat: a sentence or line that repeats an earlier one (case and whitespace
+            aside) ends the answer and is not emitted (``finish_reason == "repeat"``).
+        lock_document: once a copy of at least ``core.topic.LOCK_MIN_TOKENS`` tokens is
+            accepted, its document is the answer's: spans and token-mode citations from other
+            documents are no longer proposed.
+        min_citation_words: citations show only with at least this many words (None: 3 in
+            relaxed modes, measured in ``core.topic``; 1 in lossless ones).
 
     Sampling (the token choice from p_M):
         temperature: sampling temperature on p_M; 0 means greedy (the paper's setting).
@@ -113,6 +130,11 @@ class NestConfig:
     # -- guards
     confidence_guard: float | None = None
     eos_guard: float | None = None
+    lm_agreement: float | None = None
+    # -- on-topic guards
+    stop_on_repeat: bool | None = None
+    lock_document: bool | None = None
+    min_citation_words: int | None = None
     # -- sampling
     temperature: float = 0.0
     top_p: float = 1.0
@@ -171,12 +193,37 @@ class NestConfig:
             bad("confidence_guard", "None or a float in (0, 1]")
         if self.eos_guard is not None and not (0.0 < self.eos_guard <= 1.0):
             bad("eos_guard", "None or a float in (0, 1]")
+        if self.lm_agreement is not None and not (0.0 < self.lm_agreement <= 1.0):
+            bad("lm_agreement", "None or a float in (0, 1]")
         if isinstance(self.min_citation_tokens, bool) or not isinstance(
             self.min_citation_tokens, int
         ) or self.min_citation_tokens < 1:
             bad("min_citation_tokens", "an integer >= 1")
         if self.attribute_scorer not in ATTRIBUTE_SCORERS:
             bad("attribute_scorer", f"one of {ATTRIBUTE_SCORERS}")
+        for name in ("stop_on_repeat", "lock_document"):
+            if not (getattr(self, name) is None or isinstance(getattr(self, name), bool)):
+                bad(name, "None (on in relaxed modes), True or False")
+        if self.min_citation_words is not None and (
+            isinstance(self.min_citation_words, bool)
+            or not isinstance(self.min_citation_words, int)
+            or self.min_citation_words < 1
+        ):
+            bad("min_citation_words", "None or an integer >= 1")
+
+    def repeat_guard(self, relaxed: bool) -> bool:
+        """``stop_on_repeat`` resolved for a verifier that is ``relaxed`` or not."""
+        return relaxed if self.stop_on_repeat is None else self.stop_on_repeat
+
+    def document_lock(self, relaxed: bool) -> bool:
+        """``lock_document`` resolved for a verifier that is ``relaxed`` or not."""
+        return relaxed if self.lock_document is None else self.lock_document
+
+    def citation_min_words(self, relaxed: bool) -> int:
+        """``min_citation_words`` resolved for a verifier that is ``relaxed`` or not."""
+        if self.min_citation_words is not None:
+            return self.min_citation_words
+        return RELAXED_MIN_CITATION_WORDS if relaxed else 1
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> "NestConfig":

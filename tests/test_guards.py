@@ -111,3 +111,20 @@ def test_guards_as_pure_functions():
     assert guard_veto(p_lm, draft, eos, 0.8, None).tolist() == [True, False, False]
     assert guard_veto(p_lm, draft, eos, None, 0.5).tolist() == [False, True, False]
     assert guard_veto(p_lm, draft, eos, 0.8, 0.5).tolist() == [True, True, False]
+
+
+def test_lm_agreement_keeps_only_tokens_the_lm_also_accepts():
+    """``lm_agreement_veto``: Eq. 7 on p_LM alone; ``guarded_token`` swaps a token the LM
+    rejects for the LM's top one; ``guard_veto`` ors it in."""
+    from nest_integrations.core.verification import lm_agreement_veto
+
+    p_lm = torch.tensor([[0.5, 0.3, 0.01, 0.19], [0.97, 0.01, 0.01, 0.01]])
+    draft = torch.tensor([2, 1])
+    # gamma 0.1: threshold 0.025 in row 0 (0.01 fails), 0.0485 in row 1 (0.01 fails)
+    assert lm_agreement_veto(p_lm, draft, 0.1).tolist() == [True, True]
+    assert lm_agreement_veto(p_lm, torch.tensor([1, 0]), 0.1).tolist() == [False, False]
+    assert guarded_token(2, p_lm[0], [], None, None, 0.1) == 0
+    assert guarded_token(1, p_lm[0], [], None, None, 0.1) == 1
+    assert guard_veto(p_lm, draft, [], None, None, 0.1).tolist() == [True, True]
+    with pytest.raises(ValueError, match="lm_agreement"):
+        NestConfig(lm_agreement=0.0)

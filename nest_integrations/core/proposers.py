@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from nest_integrations.core.token_memory import Hits, TokenMemory
 
 
@@ -11,17 +13,25 @@ def use_span(lam: float, span_threshold: float) -> bool:
 
 
 def span_start(
-    hits: Hits, memory: TokenMemory, token: int, row: int = 0, max_passage: int | None = None
+    hits: Hits,
+    memory: TokenMemory,
+    token: int,
+    row: int = 0,
+    max_passage: int | None = None,
+    allowed: torch.Tensor | None = None,
 ) -> int | None:
     """Eq. 5: the memory row of the nearest neighbour (of query ``row``) whose value is
     ``token``; None when no retrieved neighbour carries it (then there is no span).
-    ``max_passage`` keeps only neighbours in the first that-many passages (stage-1 order)."""
+    ``max_passage`` keeps only neighbours in the first that-many passages (stage-1 order);
+    ``allowed`` (a bool per passage index) only neighbours in the passages it marks."""
     if hits.empty:
         return None
     cand = hits.rows[row]
     ok = memory.values[cand] == token
     if max_passage is not None:
         ok &= memory.passage_of[cand] < max_passage
+    if allowed is not None:
+        ok &= allowed.to(cand.device)[memory.passage_of[cand]]
     match = ok.nonzero()
     return int(cand[match[0, 0]]) if match.numel() else None
 

@@ -63,15 +63,30 @@ def eos_veto(p_lm: torch.Tensor, eos_ids: list[int], threshold: float) -> torch.
     return top_is_end | (p_lm[:, eos].sum(-1) > threshold)
 
 
+def lm_agreement_veto(p_lm: torch.Tensor, draft: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Rows where the LM alone would not accept the draft token by Eq. 7:
+    ``p_LM(w) <= (gamma / 2) * max p_LM``. Relaxed acceptance then keeps only tokens that both
+    p_M and the (RA) LM find plausible: the kNN can no longer carry a token the LM rejects
+    (``NestConfig.lm_agreement``, issue 22).
+
+    Returns:
+        ``(L,)`` bool, True where the draft token must be rejected.
+    """
+    p_w = p_lm.gather(1, draft[:, None]).squeeze(1)
+    return p_w <= 0.5 * gamma * p_lm.max(dim=-1).values
+
+
 def guard_veto(
     p_lm: torch.Tensor,
     draft: torch.Tensor,
     eos_ids: Sequence[int],
     confidence_guard: float | None,
     eos_guard: float | None,
+    lm_agreement: float | None = None,
 ) -> torch.Tensor | None:
     """NEST's LM guards on draft rows: ``confident_lm_veto`` when ``confidence_guard`` is set,
-    or-ed with ``eos_veto`` when ``eos_guard`` is set (and there are end tokens).
+    or-ed with ``eos_veto`` when ``eos_guard`` is set (and there are end tokens), and with
+    ``lm_agreement_veto`` when ``lm_agreement`` (a gamma) is set.
 
     Returns:
         ``(L,)`` bool rows to reject regardless of Eq. 7, or None when no guard is on.
@@ -82,6 +97,9 @@ def guard_veto(
     if eos_guard is not None and eos_ids:
         end = eos_veto(p_lm, list(eos_ids), eos_guard)
         veto = end if veto is None else veto | end
+    if lm_agreement is not None:
+        agree = lm_agreement_veto(p_lm, draft, lm_agreement)
+        veto = agree if veto is None else veto | agree
     return veto
 
 
@@ -91,6 +109,7 @@ def guarded_token(
     eos_ids: Sequence[int],
     confidence_guard: float | None,
     eos_guard: float | None,
+    lm_agreement: float | None = None,
 ) -> int:
     """NEST's LM guards on a chosen token: a confident LM (top p_LM above ``confidence_guard``)
     overrules it with its own top token, and where the LM alone would end the text
@@ -100,7 +119,13 @@ def guarded_token(
         token: the token chosen from the target (p_M) row.
         p_lm_row: ``(V,)`` p_LM at the same position.
         eos_ids: the end tokens, sorted.
+        lm_agreement: a gamma: a token the LM alone rejects by Eq. 7 becomes the LM's top one.
     """
+    if lm_agreement is not None and bool(
+        lm_agreement_veto(p_lm_row[None], torch.tensor([token], device=p_lm_row.device),
+                          lm_agreement)[0]
+    ):
+        token = int(p_lm_row.argmax())
     if confidence_guard is not None:
         top = p_lm_row.max(dim=-1)
         if float(top.values) > confidence_guard and int(top.indices) != token:

@@ -292,7 +292,7 @@ class NestEngine:
         cite = last_citation(out.sources, out.ends, loop.state.passages, loop.state.offsets,
                              kind=self._kind(loop.method.uses_memory), text=out.text, upto=j + 1)
         ok = cite is not None and cite.end >= start  # a whitespace delta keeps its run open
-        return cite if ok and cite.n_tokens >= loop.config.min_citation_tokens else None
+        return cite if ok and loop.shows(cite) else None
 
     @staticmethod
     def _kind(uses_memory: bool) -> str:
@@ -314,7 +314,7 @@ class NestEngine:
                 c
                 for c in build_citations(out.sources, out.ends, passages, loop.state.offsets,
                                          kind=self._kind(uses_memory))
-                if c.n_tokens >= loop.config.min_citation_tokens
+                if loop.shows(c)
             ],
             stats=stats,
             passages=list(passages),

@@ -35,6 +35,7 @@ import torch
 from nest_integrations.config import NestConfig
 from nest_integrations.core.mixture import StepDistribution, nest_distribution
 from nest_integrations.core.sampling import choose_token, warp
+from nest_integrations.core.topic import citation_words
 from nest_integrations.core.verification import (
     guard_veto,
     guarded_token,
@@ -149,7 +150,7 @@ class RelaxedVerifier(Verifier):
     def pick(self, dist: Distribution, row: int = 0) -> int:
         cfg = self.config
         return guarded_token(self.choose(dist.p[row]), dist.p_lm[row], self.eos_ids,
-                             cfg.confidence_guard, cfg.eos_guard)  # fmt: skip
+                             cfg.confidence_guard, cfg.eos_guard, cfg.lm_agreement)  # fmt: skip
 
     def accept(self, dist: Distribution, draft: torch.Tensor) -> int:
         cfg = self.config
@@ -158,7 +159,8 @@ class RelaxedVerifier(Verifier):
         if self.sampling:  # Eq. 7 as a random test, on the distribution tokens are drawn from
             return sampled_accept_count(self.target(dist.p), draft, cfg.relaxation,
                                         self.generator)  # fmt: skip
-        veto = guard_veto(dist.p_lm, draft, self.eos_ids, cfg.confidence_guard, cfg.eos_guard)
+        veto = guard_veto(dist.p_lm, draft, self.eos_ids, cfg.confidence_guard, cfg.eos_guard,
+                          cfg.lm_agreement)
         return relaxed_accept_count(dist.p, draft, cfg.relaxation, veto)
 
 
@@ -205,7 +207,10 @@ class DecodeLoop:
         self.stats = stats
         self.max_new_tokens = max_new_tokens
         self.eos = lm.eos_token_ids if eos is None else frozenset(eos)
-        self.out = OutputText(lm.detokenize, stop)
+        #: NEST's Eq. 7 acceptance: the modes whose on-topic guards are on by default
+        self.relaxed = method.verifier == RELAXED and not config.strict_acceptance
+        self.out = OutputText(lm.detokenize, stop, repeat_guard=config.repeat_guard(self.relaxed))
+        self.min_citation_words = config.citation_min_words(self.relaxed)
         self.verifier = make_verifier(method, config, generator, self.eos)
         self.cache = lm.new_cache()
         self.done = False
@@ -228,6 +233,12 @@ class DecodeLoop:
             generator=generator,
             stats=stats,
         )
+
+    def shows(self, citation: Any) -> bool:
+        """Whether a citation is reported: at least ``min_citation_tokens`` tokens and the
+        mode's ``min_citation_words`` words (``core.topic``); shorter copies stay plain text."""
+        return (citation.n_tokens >= self.config.min_citation_tokens
+                and citation_words(citation.text) >= self.min_citation_words)
 
     # ----------------------------------------------------------------- shared steps
     @property
@@ -300,7 +311,7 @@ class DecodeLoop:
             self.out.append(keep_ids, keep_src, copied)
         if self.out.stopped:
             self.done = True
-            self.stats.finish_reason = "stop"
+            self.stats.finish_reason = "repeat" if self.out.repeated else "stop"
         if len(self.out) >= self.max_new_tokens:
             self.done = True
             self.stats.finish_reason = self.stats.finish_reason or "length"
@@ -336,6 +347,9 @@ class DecodeLoop:
             yield from self._target_first()
         else:
             yield from self._draft_first()
+        if self.out.finish():  # the repeat guard cut the last sentence
+            self.done = True
+            self.stats.finish_reason = "repeat"
 
     def _ordinary_token(
         self, dist: Distribution, draft: Draft | None

@@ -18,6 +18,14 @@ from __future__ import annotations
 import bisect
 from typing import Callable, Sequence
 
+from nest_integrations.core.topic import (
+    complete_words,
+    loop_start,
+    open_loop_start,
+    open_repeat_start,
+    repeat_start,
+)
+
 _ANCHOR_EVERY = 8  # tokens between anchor moves (a decode covers at most about this many)
 
 
@@ -34,11 +42,23 @@ class OutputText:
     Invariants: ``text == detokenize(ids)`` (until a stop string cuts it), ``ends`` as in the
     module docstring (``ends.text is text``). After a stop string, ``text`` is cut at the end
     of the last whole token before it, so the text holds nothing that is absent from ``ids``.
+
+    With ``repeat_guard`` (``core.topic``), a sentence or line that repeats an earlier one is
+    cut the same way (``repeated`` and ``stopped`` are then set), and ``delta`` holds back an
+    unfinished sentence while it may still become a repeat.
     """
 
-    def __init__(self, detokenize: Callable[[Sequence[int]], str], stop: Sequence[str] = ()):
+    def __init__(
+        self,
+        detokenize: Callable[[Sequence[int]], str],
+        stop: Sequence[str] = (),
+        repeat_guard: bool = False,
+    ):
         self._detok = detokenize
         self.stop = [s for s in stop if s]
+        self.repeat_guard = repeat_guard
+        self.repeated = False
+        self._loop_checked = 0  # phrases ending at or before this word hold no loop
         self.ids: list[int] = []
         self.sources: list = []
         self.copied: list[bool] = []
@@ -91,6 +111,34 @@ class OutputText:
             if len(self.ids) - self._a >= _ANCHOR_EVERY:
                 self._a, self._a_chars = len(self.ids), len(text)
         self._apply_stop_strings()
+        if self.repeat_guard and not self.stopped:
+            text = self.text
+            loop = loop_start(text, first_end=self._loop_checked + 1)
+            self._loop_checked = complete_words(text)
+            self._cut_repeat(_first(repeat_start(text), loop))
+
+    def finish(self) -> bool:
+        """The text has ended: with ``repeat_guard``, cut a last sentence that repeats an
+        earlier one (or a loop; then True), or an unfinished one held back as a possible
+        repeat (False: the text ended for another reason)."""
+        if not self.repeat_guard or self.stopped:
+            return False
+        text = self.text
+        cut = _first(repeat_start(text, final=True),
+                     loop_start(text, final=True, first_end=self._loop_checked + 1))
+        if cut is None:  # an unfinished sentence held back as a possible repeat: drop it, but
+            held = open_repeat_start(text)  # the text ended for its own reason (the budget)
+            if held is not None:
+                self._cut(held)
+            return False
+        self._cut_repeat(cut)
+        return True
+
+    def _cut_repeat(self, cut: int | None) -> None:
+        if cut is None:
+            return
+        self._cut(cut)
+        self.repeated = True
 
     def _apply_stop_strings(self) -> None:
         if not self.stop:
@@ -101,7 +149,10 @@ class OutputText:
         self._searched = len(self.text)
         if not hits:
             return
-        cut = min(hits)
+        self._cut(min(hits))
+
+    def _cut(self, cut: int) -> None:
+        """Keep the whole tokens that end at or before char ``cut``; the text has stopped."""
         keep = sum(1 for e in self.ends if e <= cut)
         del self.ids[keep:], self.sources[keep:], self.copied[keep:], self.ends[keep:]
         self.text = self.text[: self.ends[-1]] if keep else ""
@@ -116,6 +167,10 @@ class OutputText:
             if self.text.endswith("\ufffd"):
                 return ""  # hold back an incomplete multi-byte character
             overlap = stop_prefix_overlap(self.text, self.stop)  # it may become a stop string
+            if self.repeat_guard:  # an unfinished sentence or phrase that may become a repeat
+                held = _first(open_repeat_start(self.text), open_loop_start(self.text))
+                if held is not None:
+                    overlap = max(overlap, len(self.text) - held)
             if overlap:  # a stop cuts whole tokens: hold back the token the overlap starts in
                 safe -= overlap
                 i = bisect.bisect_right(self.ends, safe)
@@ -125,6 +180,12 @@ class OutputText:
         out = self.text[self.emitted : safe]
         self.emitted = safe
         return out
+
+
+def _first(*cuts: int | None) -> int | None:
+    """The earliest of some char positions (None when all are None)."""
+    found = [c for c in cuts if c is not None]
+    return min(found) if found else None
 
 
 def _common_prefix(a: str, b: str, lo: int = 0) -> int:

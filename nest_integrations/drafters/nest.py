@@ -11,12 +11,21 @@ At each decision point, with p_M at the next position known:
 
 Accepted rows are masked so the same keys are never proposed again (unless strict acceptance
 keeps p_M history-free for the lossless preset).
+
+Answer document (``NestConfig.lock_document``, on in relaxed modes; ``core.topic``): the first
+accepted copy of at least ``LOCK_MIN_TOKENS`` tokens fixes the document the answer is about.
+From then on spans start, and token-mode tokens are cited, only in that document's passages:
+a copy never continues into another document (a "What is belly dance?" answer drifting into a
+music article).
 """
 
 from __future__ import annotations
 
 
+import torch
+
 from nest_integrations.core.proposers import span_draft, span_start, use_span
+from nest_integrations.core.topic import answer_document
 from nest_integrations.drafters.base import DecodeState, Draft, DrafterContext, Source
 
 
@@ -28,6 +37,12 @@ class NestDrafter:
         self.config = ctx.config
         self._rows: list[int] | None = None  # memory rows of the last draft (None: token mode)
         self._stream_row: int | None = None  # continue copying here after a full acceptance
+        self._lock = self.config.document_lock(not self.config.strict_acceptance)
+        self.document: str | None = None  # the answer's document, once a copy fixes it
+        self._allowed: torch.Tensor | None = None  # (passages,) bool: that document's passages
+        doc_of = {p.id: p.doc_id for p in ctx.passages}
+        ids = self.memory.passage_ids if self.memory is not None else []
+        self._doc_of = [doc_of.get(pid) for pid in ids]  # per memory passage index
 
     def propose(self, state: DecodeState) -> Draft | None:
         memory, cfg = self.memory, self.config
@@ -43,7 +58,8 @@ class NestDrafter:
         w = state.pick(dist, 0) if state.pick is not None else state.choose(dist.p[0])
         start = None
         if cfg.span_copying and use_span(float(dist.lam[0]), cfg.span_threshold):
-            start = span_start(dist.hits, memory, w, max_passage=cfg.span_passages)
+            start = span_start(dist.hits, memory, w, max_passage=cfg.span_passages,
+                               allowed=self._allowed)
         rows = span_draft(memory, start, limit, state.eos) if start is not None else []
         if not rows or w in state.eos:  # token mode: w alone, cited when its neighbour carries it
             self._rows = None
@@ -59,6 +75,12 @@ class NestDrafter:
             return
         if not self.config.strict_acceptance:  # strict mode keeps p_M history-free (lossless)
             memory.mask(rows[:n_accepted])
+        if self._lock and self.document is None:
+            doc = answer_document([self._doc_of[memory.source(r)[0]] for r in rows[:n_accepted]],
+                                  n_accepted)
+            if doc is not None:
+                self.document = doc
+                self._allowed = torch.tensor([d == doc for d in self._doc_of], dtype=torch.bool)
         if n_accepted == len(rows):
             nxt = rows[-1] + 1
             if nxt < len(memory) and memory.source(nxt)[0] == memory.source(rows[-1])[0]:
@@ -76,7 +98,12 @@ class NestDrafter:
         if dist.hits.empty or not self.config.cite_token_mode:
             return None
         row = int(dist.hits.rows[0, 0])
-        return memory.source(row) if memory.value(row) == w else None
+        if memory.value(row) != w:
+            return None
+        src = memory.source(row)
+        if self._allowed is not None and not bool(self._allowed[src[0]]):
+            return None  # another document than the answer's: plain LM text
+        return src
 
 
 __all__ = ["NestDrafter"]

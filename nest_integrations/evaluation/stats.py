@@ -43,6 +43,18 @@ def mcnemar(a: Sequence[bool], b: Sequence[bool]) -> dict[str, float | int]:
     }
 
 
+def wilson_ci(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval of a proportion (95% for the default ``z``); ``(nan, nan)`` for
+    ``n == 0``."""
+    if n == 0:
+        return math.nan, math.nan
+    p = successes / n
+    den = 1.0 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
 def _percentile(sorted_vals: Sequence[float], q: float) -> float:
     if not sorted_vals:
         return math.nan
@@ -90,4 +102,5 @@ def win_rate(a: Sequence[float], b: Sequence[float]) -> dict[str, float | int]:
             "win_rate": (wins + ties / 2) / len(a) if a else math.nan}
 
 
-__all__ = ["binom_two_sided", "bootstrap_ci", "mcnemar", "paired_bootstrap_diff", "win_rate"]
+__all__ = ["binom_two_sided", "bootstrap_ci", "mcnemar", "paired_bootstrap_diff", "wilson_ci",
+           "win_rate"]

@@ -1,0 +1,203 @@
+"""On-topic guards for answers (issue 22): pure functions on the output text and its sources.
+
+Relaxed acceptance lets a copy run on and a small model loop; three guards keep an open-ended
+answer on its topic and make it end:
+
+- **Repeat guard** (``repeat_start``, ``open_repeat_start``): a sentence or line whose
+  normalised text (``normalize_sentence``: lower case, whitespace collapsed) equals an earlier
+  one's ends the answer; the repeat itself is not emitted. A sentence is complete at ``.``,
+  ``!`` or ``?`` (and closing quotes or brackets) followed by whitespace, or at a newline.
+  Sentences shorter than ``MIN_REPEAT_CHARS`` normalised characters may repeat ("Yes.",
+  list bullets, blank lines). While the unfinished last sentence is a prefix of an earlier one
+  it may still become a repeat, so a stream holds it back. A list marker alone on the line
+  before a repeat ("4.  ") goes with it.
+- **Loop guard** (``loop_start``, ``open_loop_start``): a phrase of at least
+  ``MIN_LOOP_WORDS`` words (``MIN_REPEAT_CHARS`` characters, two distinct words) followed at
+  once by itself ("it is also referred to as, it is also referred to as") ends the answer
+  before its second copy: a loop inside one sentence, which the repeat guard cannot see.
+- **Answer document** (``answer_document``): the document of the first copied run of at least
+  ``LOCK_MIN_TOKENS`` tokens. Once it is set, span proposals and token-mode citations from
+  other documents are dropped (``drafters.nest``): a copy never continues into another
+  document than the one the answer is about.
+- **Citation minimum** (``citation_words``): a citation shows only when its text holds at least
+  ``MIN_CITATION_WORDS`` words. Measured on the default answers of the sample corpus (issue 22):
+  1- and 2-word citations were "The", ``"assert``, ``" expression``, "used to", "the Roman", i.e.
+  frames and function words, not content; every 3-word one was a phrase of the source
+  ("is equivalent to", "a context manager"). Shorter copies stay plain text with their
+  per-token provenance (``NestResult.token_sources``).
+
+All three are on in relaxed modes (NEST's Eq. 7 acceptance) and off in lossless ones, where they
+would change greedy output (``NestConfig.stop_on_repeat`` and friends opt in or out).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from nest_integrations.config import RELAXED_MIN_CITATION_WORDS
+
+#: Shortest sentence (normalised characters) whose repeat ends the answer.
+MIN_REPEAT_CHARS = 12
+#: Fewest words of a phrase whose immediate repeat is a loop.
+MIN_LOOP_WORDS = 3
+#: Longest phrase (words) the loop guard compares.
+MAX_LOOP_WORDS = 40
+#: Tokens of the first copied run that fix the answer's document.
+LOCK_MIN_TOKENS = 4
+#: Fewest words a shown citation holds in relaxed modes (see the module docstring).
+MIN_CITATION_WORDS = RELAXED_MIN_CITATION_WORDS
+
+_BOUNDARY = re.compile(r"[.!?][\"')\]]*(?=\s)|\n")
+
+
+def normalize_sentence(text: str) -> str:
+    """Lower case, whitespace collapsed to single spaces, stripped."""
+    return " ".join(text.lower().split())
+
+
+def sentence_spans(text: str) -> tuple[list[tuple[int, int]], int]:
+    """``(spans, open_start)``: the ``[start, end)`` char ranges of the complete sentences and
+    lines of ``text`` (stripped of surrounding whitespace; empty ones skipped), and where the
+    unfinished last sentence starts (``len(text)`` when there is none)."""
+    spans: list[tuple[int, int]] = []
+    pos = 0
+    for m in _BOUNDARY.finditer(text):
+        s, e = _strip(text, pos, m.end())
+        if s < e:
+            spans.append((s, e))
+        pos = m.end()
+    s, _ = _strip(text, pos, len(text))
+    return spans, s
+
+
+def _strip(text: str, s: int, e: int) -> tuple[int, int]:
+    while s < e and text[s].isspace():
+        s += 1
+    while e > s and text[e - 1].isspace():
+        e -= 1
+    return s, e
+
+
+def repeat_start(text: str, final: bool = False, min_chars: int = MIN_REPEAT_CHARS) -> int | None:
+    """Start char of the first complete sentence or line of ``text`` that repeats an earlier
+    one (normalised, at least ``min_chars`` characters), or None. With ``final`` the unfinished
+    last sentence counts as complete (the text has ended)."""
+    spans, open_start = sentence_spans(text)
+    if final and open_start < len(text):
+        spans.append(_strip(text, open_start, len(text)))
+    seen: set[str] = set()
+    for s, e in spans:
+        norm = normalize_sentence(text[s:e])
+        if len(norm) < min_chars:
+            continue
+        if norm in seen:
+            return _with_marker(text, s)
+        seen.add(norm)
+    return None
+
+
+def _with_marker(text: str, s: int) -> int:
+    """``s``, or the start of its line when only a list marker ("4.", "-") precedes it there."""
+    line = text.rfind("\n", 0, s) + 1
+    return line if not any(ch.isalpha() for ch in text[line:s]) else s
+
+
+_WORD = re.compile(r"\S+")
+
+
+def _words(text: str) -> tuple[list[str], list[int]]:
+    found = list(_WORD.finditer(text))
+    return [m.group().lower() for m in found], [m.start() for m in found]
+
+
+def _loop_unit_ok(unit: Sequence[str]) -> bool:
+    return len(set(unit)) >= 2 and len(" ".join(unit)) >= MIN_REPEAT_CHARS
+
+
+def complete_words(text: str, final: bool = False) -> int:
+    """Words of ``text`` that can no longer grow: all when ``final`` or whitespace ends it."""
+    n = len(_WORD.findall(text))
+    return n if final or not text or text[-1].isspace() else max(0, n - 1)
+
+
+def loop_start(
+    text: str, final: bool = False, min_words: int = MIN_LOOP_WORDS, first_end: int = 0
+) -> int | None:
+    """Start char of the second copy of the first phrase (``min_words`` to ``MAX_LOOP_WORDS``
+    words, compared in lower case) that follows itself at once, or None. The last word counts
+    only when whitespace follows it or ``final``; ``first_end`` skips phrases that end before
+    that word (already checked)."""
+    words, starts = _words(text)
+    n = len(words) - (0 if final or not text or text[-1].isspace() else 1)
+    for end in range(max(2 * min_words, first_end), n + 1):
+        for k in range(min_words, min(end // 2, MAX_LOOP_WORDS) + 1):
+            if words[end - k : end] == words[end - 2 * k : end - k] and _loop_unit_ok(
+                words[end - k : end]
+            ):
+                return starts[end - k]
+    return None
+
+
+def open_loop_start(text: str, min_words: int = MIN_LOOP_WORDS) -> int | None:
+    """Start char of the earliest unfinished tail (whole words) that repeats the phrase just
+    before it, i.e. may still become a loop; None when there is none. A tail that ends inside
+    a word counts only for its complete words."""
+    words, starts = _words(text)
+    n = len(words)
+    if text and not text[-1].isspace():
+        n -= 1  # the last word may still grow
+    for p in range(max(min_words, n - MAX_LOOP_WORDS), n):
+        m = n - p
+        for k in range(max(min_words, m + 1), min(p, MAX_LOOP_WORDS) + 1):
+            if words[p:n] == words[p - k : p - k + m] and _loop_unit_ok(words[p - k : p]):
+                return starts[p]
+    return None
+
+
+def open_repeat_start(text: str, min_chars: int = MIN_REPEAT_CHARS) -> int | None:
+    """Start char of the unfinished last sentence when its normalised text is a non-empty
+    prefix of an earlier complete sentence of at least ``min_chars`` characters (it may still
+    become a repeat), else None."""
+    spans, open_start = sentence_spans(text)
+    tail = normalize_sentence(text[open_start:])
+    if not tail:
+        return None
+    for s, e in spans:
+        norm = normalize_sentence(text[s:e])
+        if len(norm) >= min_chars and norm.startswith(tail):
+            return open_start
+    return None
+
+
+def answer_document(
+    doc_ids: Sequence[str | None], n_accepted: int, min_tokens: int = LOCK_MIN_TOKENS
+) -> str | None:
+    """The answer's document from one accepted copy: the document of its first token when the
+    copy is at least ``min_tokens`` tokens long (``doc_ids`` per accepted token), else None."""
+    if n_accepted < min_tokens or not doc_ids:
+        return None
+    return doc_ids[0]
+
+
+def citation_words(text: str) -> int:
+    """Words of a citation's text (runs of non-space characters holding a letter or digit)."""
+    return sum(1 for w in text.split() if any(ch.isalnum() for ch in w))
+
+
+__all__ = [
+    "LOCK_MIN_TOKENS",
+    "MAX_LOOP_WORDS",
+    "MIN_LOOP_WORDS",
+    "MIN_CITATION_WORDS",
+    "MIN_REPEAT_CHARS",
+    "answer_document",
+    "citation_words",
+    "complete_words",
+    "loop_start",
+    "open_loop_start",
+    "normalize_sentence",
+    "open_repeat_start",
+    "repeat_start",
+    "sentence_spans",
+]

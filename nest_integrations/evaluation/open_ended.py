@@ -1,0 +1,57 @@
+"""Open-ended answer metrics (issue 22): content, degeneration, run-on into other documents,
+and where the citations point. Pure functions (hand-computed cases in tests/test_quality.py).
+
+- **ROUGE-L** (``rouge_l``): F-measure of the answer against the gold passage (``metrics.rouge``).
+- **degenerate** (``degenerate``): the answer is empty, mostly punctuation (under half of its
+  non-space characters are letters or digits), repeats a sentence or line, or loops on a phrase
+  (``core.topic.repeat_start`` / ``loop_start``, with the text taken as ended).
+- **run-on** (``other_document_tokens``): output tokens attributed to a passage of another
+  document than the gold one: text that belongs to another document.
+- **gold-cited share**: as in ``grounded.gold_cited_share``; **substantial citation**: the
+  answer shows a citation of at least ``SUBSTANTIAL_WORDS`` words.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from nest_integrations.core.topic import citation_words, loop_start, repeat_start
+
+#: Words of a citation counted as a substantial copy (the issue's ">= 4-word citation").
+SUBSTANTIAL_WORDS = 4
+
+
+def degenerate(text: str) -> bool:
+    """Empty, mostly punctuation, a repeated sentence or line, or a phrase loop."""
+    chars = [ch for ch in text if not ch.isspace()]
+    if not chars:
+        return True
+    if sum(ch.isalnum() for ch in chars) < 0.5 * len(chars):
+        return True
+    return repeat_start(text, final=True) is not None or loop_start(text, final=True) is not None
+
+
+def other_document_tokens(
+    token_sources: Sequence[Any], passages: Sequence[Any], gold_doc_id: str | None
+) -> int:
+    """Output tokens attributed to a passage whose document is not ``gold_doc_id``."""
+    doc_of = {p.id: p.doc_id for p in passages}
+    return sum(1 for s in token_sources if s is not None and doc_of.get(s[0]) != gold_doc_id)
+
+
+def substantial_citation(citations: Sequence[Any], min_words: int = SUBSTANTIAL_WORDS) -> bool:
+    """Whether some citation holds at least ``min_words`` words."""
+    return any(citation_words(c.text) >= min_words for c in citations)
+
+
+def rouge_l(prediction: str, reference: str, scorer: Any = None) -> float:
+    """ROUGE-L F-measure of ``prediction`` against ``reference`` (0 for an empty answer)."""
+    if not prediction.strip():
+        return 0.0
+    from nest_integrations.evaluation.metrics import rouge
+
+    return rouge(prediction, reference, scorer)["rougeL"]["f"]
+
+
+__all__ = ["SUBSTANTIAL_WORDS", "degenerate", "other_document_tokens", "rouge_l",
+           "substantial_citation"]

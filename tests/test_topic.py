@@ -1,0 +1,213 @@
+"""On-topic guards (issue 22, ``core.topic``): a repeated sentence ends the answer, a copy stays in
+the answer's document, short citations are not shown. On in relaxed modes, opt-in in lossless."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nest_integrations.config import NestConfig
+from nest_integrations.core.proposers import span_start
+from nest_integrations.core.token_memory import Hits
+from nest_integrations.core.topic import (
+    loop_start,
+    open_loop_start,
+    answer_document,
+    citation_words,
+    open_repeat_start,
+    repeat_start,
+    sentence_spans,
+)
+from nest_integrations.decoding.text_stream import OutputText
+from nest_integrations.types import Passage
+from tests.engines import make_engine
+from tests.fakes import FakeLM
+
+LOOP = 'The "assert expression" is evaluated and returned.'
+
+
+def test_repeat_start_finds_the_first_repeated_sentence_or_line():
+    text = f"It checks a condition. {LOOP}\n{LOOP.upper()}  {LOOP}"
+    assert repeat_start(text) == text.index(LOOP.upper())  # case and whitespace aside
+    assert repeat_start("Yes. Yes. Yes. It works.") is None  # shorter than MIN_REPEAT_CHARS
+    assert repeat_start("one line here\none line here") is None  # the last line is unfinished
+    assert repeat_start("one line here\none line here", final=True) == 14
+    spans, open_start = sentence_spans("A b c. D e f! Unfinished")
+    assert spans == [(0, 6), (7, 13)] and open_start == 14
+
+
+def test_open_repeat_start_holds_a_possible_repeat():
+    text = f"{LOOP} The \"assert"
+    assert open_repeat_start(text) == len(LOOP) + 1
+    assert open_repeat_start(f"{LOOP} It then") is None
+    assert open_repeat_start(f"{LOOP} ") is None  # nothing unfinished
+
+
+def _words(text):
+    return text.split(" ")
+
+
+def test_output_text_cuts_a_repeat_and_never_streams_it():
+    words = ["x"] + _words(f" {LOOP} {LOOP} tail")  # id i -> word i
+    detok = lambda ids: "".join(words[i] if i == 0 else " " + words[i] for i in ids)  # noqa: E731
+    out = OutputText(detok, repeat_guard=True)
+    streamed = ""
+    for i in range(1, len(words)):
+        if out.stopped:
+            break
+        out.append([i], [None], False)
+        streamed += out.delta(final=False)
+    streamed += out.delta(final=True)
+    assert out.repeated and out.stopped
+    assert out.text.strip() == LOOP and streamed == out.text
+    plain = OutputText(detok)
+    plain.append(list(range(1, len(words))), [None] * (len(words) - 1), False)
+    assert plain.text.count(LOOP) == 2 and not plain.repeated
+
+
+class _CycleLM(FakeLM):
+    """FakeLM whose top token follows a fixed cycle of words: it loops on one sentence."""
+
+    CYCLE = [" A", " dog", " sat", " on", " a", " mat."]
+
+    def __init__(self):
+        super().__init__(key_dim=8, vocab_size=512, seed=1)
+        ids = [self._token_id(w) for w in self.CYCLE]
+        self._next = {a: b for a, b in zip(ids, ids[1:] + ids[:1])}
+
+    def forward(self, ids, cache, *, last=None):
+        logits, keys = super().forward(ids, cache, last=last)
+        rows = list(ids)[-logits.shape[0]:]
+        for r, t in enumerate(rows):
+            if int(t) in self._next:
+                logits[r, self._next[int(t)]] = logits[r].max() + 20.0
+        return logits, keys
+
+
+def test_a_repeated_sentence_ends_the_answer_in_relaxed_modes_only():
+    engine = make_engine(_CycleLM())
+    prompt = "Story: a mat."
+    relaxed = engine.generate(prompt, max_new_tokens=30, passages=[])
+    assert relaxed.text == " A dog sat on a mat." and relaxed.stats.finish_reason == "repeat"
+    streamed = "".join(c.text for c in engine.stream(prompt, max_new_tokens=30, passages=[]))
+    assert streamed == relaxed.text
+    lossless = engine.generate(prompt, max_new_tokens=30, passages=[], decoding="greedy")
+    assert lossless.text.count("A dog sat on a mat.") == 5  # off by default: greedy output
+    assert lossless.stats.finish_reason == "length"
+    opt_in = engine.generate(prompt, max_new_tokens=30, passages=[], decoding="greedy",
+                             config=NestConfig(stop_on_repeat=True))
+    assert opt_in.text == relaxed.text and opt_in.stats.finish_reason == "repeat"
+    strict = engine.generate(prompt, max_new_tokens=30, passages=[],
+                             config=NestConfig(strict_acceptance=True))
+    assert strict.text == lossless.text
+    off = engine.generate(prompt, max_new_tokens=30, passages=[],
+                          config=NestConfig(stop_on_repeat=False))
+    assert off.text == lossless.text
+
+
+def test_span_start_can_be_restricted_to_allowed_passages():
+    class _Mem:
+        values = torch.tensor([7, 7, 7])
+        passage_of = torch.tensor([1, 0, 2])
+
+    hits = Hits(torch.tensor([[0.1, 0.2, 0.3]]), torch.tensor([[0, 1, 2]]))
+    assert span_start(hits, _Mem(), 7) == 0
+    assert span_start(hits, _Mem(), 7, allowed=torch.tensor([False, False, True])) == 2
+    assert span_start(hits, _Mem(), 7, allowed=torch.tensor([True, False, False])) == 1
+    assert span_start(hits, _Mem(), 7, allowed=torch.tensor([False, False, False])) is None
+
+
+def test_answer_document_is_the_first_substantial_copy():
+    assert answer_document(["A", "A", "A", "A"], 4) == "A"
+    assert answer_document(["B"] * 3, 3) is None  # too short to fix the topic
+    assert answer_document([], 0) is None
+
+
+def _passage(text, pid, doc):
+    return Passage(pid, text, doc_id=doc, char_start=0, char_end=len(text))
+
+
+def _run_end(sources, min_len=4):
+    """Index after the first run of >= min_len consecutive sources from one passage."""
+    i = 0
+    while i < len(sources):
+        j = i + 1
+        while (j < len(sources) and sources[i] is not None and sources[j] is not None
+               and sources[j][0] == sources[i][0] and sources[j][1] == sources[j - 1][1] + 1):
+            j += 1
+        if sources[i] is not None and j - i >= min_len:
+            return j, sources[i][0]
+        i = j
+    return None, None
+
+
+def test_no_copy_from_another_document_after_the_answers_document_is_set():
+    """Two documents; once a >= 4-token copy from A is accepted, nothing later comes from B
+    (span proposals and token-mode citations are vetoed); with the lock off, B follows A."""
+    engine = make_engine(FakeLM(key_dim=8, vocab_size=512, seed=1))
+    passages = [_passage("alpha beta gamma delta epsilon zeta", "a", "A"),
+                _passage("zeta eta theta iota kappa lambda mu", "b", "B")]
+    cfg = NestConfig(rrc_offset=10.0)  # lambda ~ 0: p_M ~ p_kNN, copies whatever is near
+    locked = engine.generate("Story: alpha", max_new_tokens=14, passages=passages, config=cfg)
+    free = engine.generate("Story: alpha", max_new_tokens=14, passages=passages,
+                           config=cfg.replace(lock_document=False))
+    end, pid = _run_end(locked.token_sources)
+    assert end is not None and pid == "a"
+    assert all(s is None or s[0] == "a" for s in locked.token_sources[end:])
+    assert {c.doc_id for c in locked.citations} == {"A"}
+    end_free, _ = _run_end(free.token_sources)
+    assert any(s is not None and s[0] == "b" for s in free.token_sources[end_free:])
+    assert "B" in {c.doc_id for c in free.citations}
+
+
+def test_no_citation_below_the_minimum_in_relaxed_modes():
+    engine = make_engine(FakeLM(key_dim=8, vocab_size=512, seed=1))
+    passages = [_passage("alpha beta gamma", "a", "A")]
+    cfg = NestConfig(rrc_offset=10.0)
+    short = engine.generate("Story: alpha", max_new_tokens=2, passages=passages, config=cfg)
+    assert short.text == "alpha beta" and short.token_sources == [("a", 0), ("a", 1)]
+    assert short.citations == []  # 2 words: plain text, provenance kept
+    shown = engine.generate("Story: alpha", max_new_tokens=2, passages=passages,
+                            config=cfg.replace(min_citation_words=1))
+    assert [c.text for c in shown.citations] == ["alpha beta"]
+    long = engine.generate("Story: alpha", max_new_tokens=3, passages=passages, config=cfg)
+    assert [c.text for c in long.citations] == ["alpha beta gamma"]
+    assert citation_words('The "assert') == 2 and citation_words('" expression') == 1
+
+
+def test_topic_knobs_are_validated():
+    for field, bad in [("stop_on_repeat", "yes"), ("lock_document", 1),
+                       ("min_citation_words", 0), ("min_citation_words", True)]:
+        with pytest.raises(ValueError, match=field):
+            NestConfig(**{field: bad})
+    cfg = NestConfig()
+    assert cfg.repeat_guard(True) and not cfg.repeat_guard(False)
+    assert cfg.citation_min_words(True) == 3 and cfg.citation_min_words(False) == 1
+    assert NestConfig(stop_on_repeat=True).repeat_guard(False)
+
+
+def test_loop_start_finds_a_phrase_that_follows_itself():
+    text = "It is a dance, it is also referred to as, it is also referred to as, it is"
+    cut = loop_start(text)
+    assert cut == text.index("it is also referred to as,", 20)
+    assert loop_start("a b a b a b a b") is None  # too short to be a phrase
+    assert loop_start("one two three four five six") is None
+    tail = "It is a dance, it is also referred to as, it is"
+    assert open_loop_start(tail + " ") == tail.index("it is", 20)
+    assert open_loop_start("It is a dance, it was ") is None
+    assert open_loop_start("It is a dance, it ") == 15  # it may still become a loop
+
+
+def test_a_repeat_after_a_list_marker_takes_the_marker_with_it():
+    text = f"1.  {LOOP}\n2.  {LOOP}"
+    assert repeat_start(text, final=True) == text.index("2.")
+
+
+def test_an_unfinished_possible_repeat_at_the_budget_is_dropped_not_called_a_repeat():
+    words = ["x"] + _words(f" {LOOP} The \"assert")
+    detok = lambda ids: "".join(words[i] if i == 0 else " " + words[i] for i in ids)  # noqa: E731
+    out = OutputText(detok, repeat_guard=True)
+    out.append(list(range(1, len(words))), [None] * (len(words) - 1), False)
+    assert out.delta(final=False).strip() == LOOP  # the possible repeat is held back
+    assert out.finish() is False and not out.repeated
+    assert out.text.strip() == LOOP
