@@ -8,14 +8,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh test
 export NEST_HOME="${NEST_HOME:-$(pwd)/.nest}" ANONYMIZED_TELEMETRY=False HF_HUB_OFFLINE=1
-# Two workers by default (the tests use one torch thread each, so both cores work); the tests of
-# the session's sample store and of Ray each stay on one worker (xdist_group marks). An explicit
-# -n/--numprocesses, or NEST_TEST_WORKERS=0, decides instead.
+# Two workers by default (the tests use one torch thread each, so both cores work), one file at a
+# time each, in the order of tests/_policy.py (longest first). An explicit -n/--numprocesses, or
+# NEST_TEST_WORKERS=0, decides instead.
 workers="${NEST_TEST_WORKERS:-2}"
 for arg in "$@"; do
   case "$arg" in -n|-n*|--numprocesses*) workers="" ;; esac
 done
 if [ -n "$workers" ] && [ "$workers" != 0 ]; then
-  set -- -n "$workers" --dist loadgroup "$@"
+  set -- -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
 fi
 exec .venv/bin/python -m pytest "$@"

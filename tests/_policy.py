@@ -145,7 +145,25 @@ class SkipPolicy:
 # ----------------------------------------------------------------------------- timeouts, seeds
 
 
+#: File order for the two pytest-xdist workers of scripts/test.sh (``--dist loadfile
+#: --no-loadscope-reorder``: one file per worker at a time, in this order). The longest files
+#: start first, so none is left running alone at the end: the README's (it makes the session's
+#: sample store, about 3 min, then runs every README block), the real-model oracles. The other
+#: two users of the sample store go last, when it is there (tests/conftest.py ``sample_store``).
+FIRST_FILES = ("test_readme.py", "test_lossless_oracles.py", "test_knn_ssd_real.py",
+               "test_ray_ingest.py", "test_key_codecs.py")
+LAST_FILES = ("test_outputs_baseline.py", "test_sample_questions.py")
+
+
+def _file_rank(item: pytest.Item) -> int:
+    name = item.path.name
+    if name in FIRST_FILES:
+        return FIRST_FILES.index(name)
+    return len(FIRST_FILES) + 1 + LAST_FILES.index(name) if name in LAST_FILES else len(FIRST_FILES)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=_file_rank)  # stable: test order kept within each file
     for item in items:
         if item.get_closest_marker("slow") is None and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(QUICK_TIMEOUT))

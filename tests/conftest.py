@@ -59,9 +59,9 @@ def sample_store(tmp_path_factory) -> Path:
     the ingest takes about 2.5 min on 2 cores, and four slow modules need it. Tests that write
     to a store, or run ``nest ingest`` on it, take a copy (``copy_sample_store``).
 
-    Under pytest-xdist (``.ci/run``) its users share the ``sample_store`` group, so one worker
-    makes it; should another worker need it too, the workers' shared temp folder and a file lock
-    make it once per run all the same."""
+    Under pytest-xdist (scripts/test.sh, .ci/run) it lives in the workers' shared temp folder,
+    behind a file lock: the first worker to need it makes it, the others wait and reuse it
+    (tests/_policy.py orders the files so that the README's makes it first)."""
     import fcntl
     import subprocess
     import sys

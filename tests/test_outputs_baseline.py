@@ -19,8 +19,7 @@ import pytest
 
 from tests._stores import copy_sample_store
 
-# one xdist worker runs every test of the session's sample store (tests/conftest.py)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sample_store")]
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = ROOT / "tests" / "data" / "outputs_baseline.json"

@@ -42,9 +42,6 @@ from nest_integrations.ingest.ray_keys import (
     encode_keys_on_ray,
 )
 
-# Ray clusters (and the `ray start` head of the CLI tests) on one xdist worker at a time.
-pytestmark = pytest.mark.xdist_group("ray")
-
 
 def _free_port() -> int:
     with socket.socket() as s:

@@ -50,8 +50,7 @@ from tests._stores import copy_sample_store
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
-# one xdist worker runs every test of the session's sample store (tests/conftest.py)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sample_store")]
+pytestmark = pytest.mark.slow
 
 QUESTION = "What is belly dance?"
 #: Answers are capped at 48 tokens and the skip-set searches at 2 trials of 2 prompts x 16

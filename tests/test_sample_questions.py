@@ -16,8 +16,7 @@ from tests._stores import copy_sample_store
 from nest_integrations.evaluation.entities import SAMPLE_QUESTIONS
 from nest_integrations.evaluation.grounded import keyword_correct
 
-# one xdist worker runs every test of the session's sample store (tests/conftest.py)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sample_store")]
+pytestmark = pytest.mark.slow
 
 #: Questions the 135M default still gets wrong (measured; see the issue-10 closing note).
 KNOWN_WRONG: dict[str, str] = {

@@ -85,6 +85,9 @@ def live_server(tmp_path_factory: pytest.TempPathFactory, default_lm: Any) -> An
     engine = assembly.build_engine(
         assembly.EngineSpec.for_store("serve", persist_dir=str(store)), lm=default_lm
     )
+    # these tests check that citations reach the wire exactly, so every copy is shown (the
+    # default hides copies under 3 words: NestConfig.min_citation_words)
+    engine.config = engine.config.replace(min_citation_words=1)
     retriever = engine.retriever
     sources = {}
     for p in retriever.iter_passages():  # doc ids as ingested -> the original texts
