@@ -85,6 +85,7 @@ __all__ = [
     "DEFAULT_THRESHOLDS",
     "SCORERS",
     "SentenceAttribution",
+    "SentenceStream",
     "UnsupportedSentence",
     "attribute",
     "split_sentences",
@@ -400,9 +401,15 @@ class Attributor:
         passages: Sequence[Passage | str] | None = None,
         *,
         question: str | None = None,
+        span: tuple[int, int] | None = None,
     ) -> Attribution:
         """Attribute ``text`` to ``passages`` (or to what the retriever finds for ``question``,
-        else for ``text``)."""
+        else for ``text``).
+
+        ``span=(start, end)`` judges only the units inside ``text[start:end]`` (verbatim runs
+        are still found over all of ``text``; ``citations``, ``sentences`` and ``unsupported``
+        hold those units'): how the engine attributes each sentence of a stream once it is
+        complete (``text`` is then the answer up to that sentence's end)."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, not {type(text).__name__}")
         if question is not None and not isinstance(question, str):
@@ -416,6 +423,9 @@ class Attributor:
             tokenizer=str(getattr(self.lm, "name", "lm")) if use_lm else "words",
         )
         units = split_units(text, cfg.max_clause_chars, cfg.min_clause_chars)
+        if span is not None:
+            lo, hi = _check_span(span, len(text))
+            units = [(s, e) for s, e in units if lo <= s and e <= hi]
         if not units:
             result.time = time.perf_counter() - t0
             return result
@@ -446,6 +456,8 @@ class Attributor:
             else:
                 unit.passage_id = _main_passage(s, e, verbatim)
             result.sentences.append(unit)
+        if span is not None:
+            verbatim = [c for c in verbatim if any(c.start < e and s < c.end for s, e in units)]
         result.citations = sorted(verbatim + support, key=lambda c: (c.start, c.end, c.kind))
         result.time = time.perf_counter() - t0
         LOG.debug("attributed %d units in %.3f s", len(units), result.time)
@@ -593,6 +605,42 @@ class Attributor:
         return out
 
 
+class SentenceStream:
+    """Attribute a growing text one complete sentence at a time (the engine's stream).
+
+    ``feed(text)`` judges the sentences of ``text`` that are complete (a later sentence has
+    begun, so their end is final) and not judged yet, against the text up to their end
+    (``Attributor.__call__`` with ``span``); ``feed(text, final=True)`` judges the rest. Each
+    sentence is judged once, so what the calls return adds up to ``citations`` and
+    ``unsupported``, and feeding the whole text at once gives the same verdicts as feeding it
+    piece by piece (a sentence's verdict never depends on the text after it).
+    """
+
+    def __init__(self, attributor: Attributor, passages: Sequence[Passage | str]) -> None:
+        self.attributor = attributor
+        self.passages = list(passages)
+        self.done = 0  # sentences starting before this char are judged
+        self.citations: list[Citation] = []
+        self.unsupported: list[UnsupportedSentence] = []
+        self.time = 0.0
+
+    def feed(self, text: str, final: bool = False) -> Attribution | None:
+        """The attribution of the sentences completed by ``text`` (None when there are none)."""
+        sentences = split_sentences(text)
+        if not final:
+            sentences = sentences[:-1]  # the last one may still grow
+        new = [(s, e) for s, e in sentences if s >= self.done]
+        if not new:
+            return None
+        end = len(text) if final else new[-1][1]
+        found = self.attributor(text[:end], self.passages, span=(new[0][0], end))
+        self.done = end
+        self.citations += found.citations
+        self.unsupported += found.unsupported
+        self.time += found.time
+        return found
+
+
 def attribute(
     text: str,
     passages: Sequence[Passage | str] | None = None,
@@ -613,6 +661,15 @@ def attribute(
 
 
 # --------------------------------------------------------------------------------- helpers
+
+
+def _check_span(span: Any, n: int) -> tuple[int, int]:
+    ok = isinstance(span, tuple) and len(span) == 2 and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in span)
+    if not ok or not 0 <= span[0] <= span[1] <= n:
+        raise ValueError(f"span must be a (start, end) tuple with 0 <= start <= end <= {n}, "
+                         f"got {span!r}")
+    return span[0], span[1]
 
 
 def _candidates(
