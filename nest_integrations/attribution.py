@@ -6,11 +6,12 @@ sentences into clauses (``split_units``: exact offsets, ``text[start:end]`` is t
 each unit:
 
 - **Verbatim**: the longest runs of tokens that also occur in a passage, at least
-  ``min_verbatim_tokens`` long, become ``Citation(kind="verbatim")``. Tokens are the LM's
-  (``lm.tokenize_with_offsets``) when an ``lm`` is given, else words (``word_tokens``: runs of
-  letters/digits, single CJK characters, single punctuation marks); ``Attribution.tokenizer``
-  says which. The char ranges are made exact with ``core.citations.exact_pieces``, so by
-  construction ``text[c.start:c.end] == c.text == passage.text[c.passage_start:c.passage_end]``
+  ``min_verbatim_tokens`` long and inside one sentence, become ``Citation(kind="verbatim")``.
+  Tokens are the LM's (``lm.tokenize_with_offsets``) when an ``lm`` is given, else words
+  (``word_tokens``: runs of letters/digits, single CJK characters, single punctuation marks);
+  ``Attribution.tokenizer`` says which. The char ranges are made exact with
+  ``core.citations.exact_pieces``, so by construction
+  ``text[c.start:c.end] == c.text == passage.text[c.passage_start:c.passage_end]``
   (and ``== source[c.source_start:c.source_end]``).
 - **Support**: a unit that is not (almost) all verbatim (or holds a value, with
   ``check_values``, outside its verbatim runs) is compared with every sentence and
@@ -499,6 +500,10 @@ class Attributor:
         if not passages:
             return []
         a_tok, a_off = tokenize(text)
+        # a run stays inside one sentence, so a sentence's verdict never depends on the text
+        # after it (what lets the engine judge each streamed sentence as soon as it ends)
+        ends = np.array([e for _, e in split_sentences(text)], dtype=np.int64)
+        sid = np.searchsorted(ends, a_off[:, 1], side="left") if len(a_off) else a_off[:, 0]
         p_tok, p_off = zip(*(tokenize(p.text) for p in passages))
         where: dict[Any, list[tuple[int, int]]] = {}
         for pi, toks in enumerate(p_tok):
@@ -512,7 +517,8 @@ class Attributor:
             for pi, j in where.get(a_tok[i], ()):
                 toks, length = p_tok[pi], 1
                 while (i + length < n and j + length < len(toks)
-                       and toks[j + length] == a_tok[i + length]):
+                       and toks[j + length] == a_tok[i + length]
+                       and sid[i + length] == sid[i]):
                     length += 1
                 if length > best[0]:
                     best = (length, pi, j)
@@ -611,21 +617,24 @@ class SentenceStream:
     ``feed(text)`` judges the sentences of ``text`` that are complete (a later sentence has
     begun, so their end is final) and not judged yet, against the text up to their end
     (``Attributor.__call__`` with ``span``); ``feed(text, final=True)`` judges the rest. Each
-    sentence is judged once, so what the calls return adds up to ``citations`` and
-    ``unsupported``, and feeding the whole text at once gives the same verdicts as feeding it
-    piece by piece (a sentence's verdict never depends on the text after it).
+    sentence is judged once, and a sentence's verdict never depends on the text after it
+    (verbatim runs stay inside a sentence), so feeding the text piece by piece gives the same
+    ``support``, ``unsupported`` and ``sentences`` as feeding it whole. ``support`` holds the
+    support citations only (the engine cites its copies itself).
     """
 
     def __init__(self, attributor: Attributor, passages: Sequence[Passage | str]) -> None:
         self.attributor = attributor
         self.passages = list(passages)
         self.done = 0  # sentences starting before this char are judged
-        self.citations: list[Citation] = []
+        self.support: list[Citation] = []
         self.unsupported: list[UnsupportedSentence] = []
+        self.sentences: list[SentenceAttribution] = []
         self.time = 0.0
 
     def feed(self, text: str, final: bool = False) -> Attribution | None:
-        """The attribution of the sentences completed by ``text`` (None when there are none)."""
+        """The attribution of the sentences completed by ``text`` (None when there are none;
+        its ``citations`` are the new support citations)."""
         sentences = split_sentences(text)
         if not final:
             sentences = sentences[:-1]  # the last one may still grow
@@ -634,9 +643,11 @@ class SentenceStream:
             return None
         end = len(text) if final else new[-1][1]
         found = self.attributor(text[:end], self.passages, span=(new[0][0], end))
+        found.citations = [c for c in found.citations if c.kind == "support"]
         self.done = end
-        self.citations += found.citations
+        self.support += found.citations
         self.unsupported += found.unsupported
+        self.sentences += found.sentences
         self.time += found.time
         return found
 

@@ -421,12 +421,26 @@ def test_sentence_stream_fed_in_pieces_equals_fed_at_once(tiny_lm) -> None:
     pieces.feed(text, final=True)
     once = SentenceStream(attributor, _passages())
     once.feed(text, final=True)
-    assert pieces.citations == once.citations and pieces.unsupported == once.unsupported
+    assert (pieces.support, pieces.unsupported, pieces.sentences) == (
+        once.support, once.unsupported, once.sentences)
     assert "Cats fly to the moon in 2077" in [u.text for u in once.unsupported]
-    assert {u.text for u in once.unsupported} | {text[c.start:c.end] for c in once.citations} \
+    assert [(u.start, u.end) for u in once.sentences] == split_units(text)
+    assert {u.text for u in once.unsupported} | {text[c.start:c.end] for c in once.support} \
         == {text[s:e] for s, e in split_units(text)}
     with pytest.raises(ValueError, match="span"):
         attributor(text, _passages(), span=(5, len(text) + 1))
+    # verbatim runs across sentence ends (a copied passage) leave the verdicts alone
+    copied = ANABASIS + " Cats fly to the moon in 2077. " + BELLY
+    verbatim = Attributor(AttributionConfig(scorer="fuzzy"))
+    pieces, once = SentenceStream(verbatim, _passages()), SentenceStream(verbatim, _passages())
+    for n in range(1, len(copied) + 1, 7):
+        pieces.feed(copied[:n])
+    pieces.feed(copied, final=True)
+    once.feed(copied, final=True)
+    assert (pieces.support, pieces.unsupported, pieces.sentences) == (
+        once.support, once.unsupported, once.sentences)
+    assert [s.verdict for s in once.sentences] == [
+        "verbatim", "verbatim", "unsupported", "verbatim", "verbatim"]
 
 
 def test_citation_stream_reports_support_at_once() -> None:

@@ -289,7 +289,7 @@ class NestEngine:
         if not delta:
             return
         found = live.feed(out.text[: out.emitted]) if live is not None else None
-        support = tuple(c for c in found.citations if c.kind == "support") if found else ()
+        support = tuple(found.citations) if found else ()
         unsupported = tuple(found.unsupported) if found else ()
         yield StreamChunk(text=delta, citation=self._delta_citation(loop, start),
                           token_ids=tuple(ids), support=support, unsupported=unsupported)
@@ -359,7 +359,7 @@ class NestEngine:
         unsupported sentences: those streamed (``live``, a ``SentenceStream``) and the last
         sentence's (copied citations keep their kind)."""
         live.feed(result.text, final=True)
-        support = [c for c in live.citations if c.kind == "support"]
+        support = list(live.support)
         result.citations = sorted(result.citations + support, key=lambda c: (c.start, c.end))
         result.unsupported = list(live.unsupported)
         LOG.debug("attribution: %d support citations, %d unsupported, %.3f s", len(support),
