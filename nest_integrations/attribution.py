@@ -619,8 +619,9 @@ class SentenceStream:
     (``Attributor.__call__`` with ``span``); ``feed(text, final=True)`` judges the rest. Each
     sentence is judged once, and a sentence's verdict never depends on the text after it
     (verbatim runs stay inside a sentence), so feeding the text piece by piece gives the same
-    ``support``, ``unsupported`` and ``sentences`` as feeding it whole. ``support`` holds the
-    support citations only (the engine cites its copies itself).
+    ``support`` and verdicts as feeding it whole (raw scores may differ in the 7th digit: the
+    embedder batches the units differently). ``support`` holds the support citations only
+    (the engine cites its copies itself).
     """
 
     def __init__(self, attributor: Attributor, passages: Sequence[Passage | str]) -> None:
