@@ -69,14 +69,15 @@ LOG = logging.getLogger(__name__)
 SCORERS = ("embedding", "keys", "combined", "fuzzy")
 VERDICTS = ("verbatim", "support", "unsupported")
 
-#: Support thresholds per scorer, chosen on the dev split of ``bench_attribution.py`` (the
-#: lowest threshold whose dev support precision is >= 90%, with ``check_values``); test-split
+#: Support thresholds per scorer, chosen on the DEV split of ``bench_attribution.py`` (with
+#: ``check_values``) by its rule: the lowest threshold whose dev support precision is >= 92%
+#: (a margin over the 90% test target), else the best dev F1; never on test. Test-split
 #: figures in benchmarks/results/attribution.md.
 DEFAULT_THRESHOLDS: dict[str, float] = {
-    "embedding": 0.750,
-    "keys": 0.750,
-    "combined": 0.623,
-    "fuzzy": 0.826,
+    "embedding": 0.8271,
+    "keys": 0.7496,
+    "combined": 0.6652,
+    "fuzzy": 0.8355,
 }
 
 __all__ = [
