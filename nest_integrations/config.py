@@ -100,8 +100,9 @@ class NestConfig:
             stay in ``token_sources`` and the stats.
         attribute: after generation, attribute the answer to its passages
             (``attribution.attribute``): support citations (kind ``"support"``) for sentences
-            the engine did not copy, and ``NestResult.unsupported``. Off by default: see
-            benchmarks/results/attribution.md for its precision and cost.
+            the engine did not copy, and ``NestResult.unsupported``; ``stream`` reports each
+            sentence's with the chunk that completes it (``StreamChunk.support``). Off by
+            default: see benchmarks/results/attribution.md for its precision and cost.
         attribute_scorer: the support scorer when ``attribute`` is on: ``"embedding"`` (the
             MiniLM embedder), ``"keys"`` (the LM's own keys), ``"combined"`` or ``"fuzzy"``.
     """

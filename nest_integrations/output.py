@@ -35,7 +35,7 @@ Formats that need a non-empty title or link (OpenAI's ``url_citation``, LlamaInd
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from nest_integrations.types import Citation, NestResult
 
@@ -145,11 +145,17 @@ class CitationStream:
       reported once, complete, with the first delta that is not part of it. ``finish`` returns
       the final citations not reported yet, so the reports add up to ``result.citations``.
 
+    Support citations (``NestConfig.attribute``: ``StreamChunk.support``) are final when they
+    come, with the delta that completes their sentence: both modes report them at once.
+
     Usage::
 
         tracker = CitationStream("completed")
         for chunk in engine.stream(prompt):
-            cites = tracker.finish(chunk.result) if chunk.result else tracker.step(chunk.citation)
+            if chunk.result:
+                cites = tracker.finish(chunk.result)
+            else:
+                cites = tracker.step(chunk.citation, chunk.support)
     """
 
     def __init__(self, mode: str) -> None:
@@ -159,14 +165,19 @@ class CitationStream:
         self.open: Citation | None = None  # "completed": the span still growing
         self.reported: dict[tuple[str, int, str], tuple[int, str]] = {}
 
-    def step(self, citation: Citation | None) -> list[Citation]:
-        """The citations to report with a delta whose citation is ``citation`` (None: LM text)."""
+    def step(
+        self, citation: Citation | None, support: Sequence[Citation] = ()
+    ) -> list[Citation]:
+        """The citations to report with a delta whose citation is ``citation`` (None: LM text)
+        and which completes the sentences of the ``support`` citations."""
+        for c in support:
+            self._report(c)
         if self.mode == "growing":
             if citation is None:
-                return []
+                return list(support)
             self._report(citation)
-            return [citation]
-        done = []
+            return [citation, *support]
+        done = list(support)
         if self.open is not None and (citation is None or _span(citation) != _span(self.open)):
             done.append(self.open)
             self._report(self.open)

@@ -232,9 +232,16 @@ class StreamChunk:
     (the same ``NestResult`` that ``generate`` returns), for usage and stats.
     ``citation`` of a copied delta is the citation as known so far: a run that keeps
     growing is reported again with the same ``passage_id`` and ``start`` and a larger ``end``.
+
+    With ``NestConfig.attribute``, the delta that completes an answer sentence (the first
+    delta after it that starts the next one) carries that sentence's ``support`` citations
+    (kind ``"support"``, final: its span lies before this delta) and its ``unsupported``
+    verdicts; those of the last sentence are only in ``result``.
     """
 
     text: str
     citation: Citation | None = None
     token_ids: tuple[int, ...] = ()
     result: NestResult | None = None
+    support: tuple[Citation, ...] = ()
+    unsupported: tuple[UnsupportedSentence, ...] = ()

@@ -348,3 +348,145 @@ def test_keys_scorer_with_the_real_model(default_lm) -> None:
     (sup,) = [c for c in para.citations if c.kind == "support"]
     assert sup.passage_id == "p-ana" and "Ten Thousand" in sup.text
     assert para.sentences[0].score > fab.sentences[0].score
+
+
+# ------------------------------------------------------------------------------ streaming
+
+
+def _streaming_engine(tiny_lm, **config: object):
+    """The tiny model copying the passages, attributed with the fuzzy scorer, verbatim runs
+    off (40 tokens) and a low threshold, so its copied sentences get support citations."""
+    from nest_integrations.config import NestConfig
+    from tests.engines import make_engine
+
+    cfg = NestConfig(span_threshold=1.0, min_citation_tokens=1, attribute=True,
+                     attribute_scorer="fuzzy", **config)
+    engine = make_engine(tiny_lm, config=cfg)
+    attributor = Attributor(AttributionConfig(scorer="fuzzy", min_verbatim_tokens=40,
+                                              support_threshold=0.5), lm=tiny_lm)
+    engine._attributors["fuzzy"] = attributor  # the engine's per-scorer attributor, stricter
+    return engine, attributor
+
+
+STREAM_PROMPT = "Tell me about the Anabasis."
+
+
+def test_stream_emits_support_citations_when_a_sentence_ends(tiny_lm) -> None:
+    """Each support citation comes with the delta that starts the next sentence (not only on
+    the final chunk); the final result equals ``generate``'s and the one-shot attribution of
+    its text; attribution changes neither the text nor the token ids."""
+    engine, attributor = _streaming_engine(tiny_lm)
+    ps = _passages()
+    emitted, streamed, flagged, early = "", [], [], 0
+    for chunk in engine.stream(STREAM_PROMPT, max_new_tokens=64, passages=ps):
+        if chunk.result is not None:
+            res = chunk.result
+            continue
+        for c in chunk.support:
+            shown = emitted + chunk.text
+            assert c.kind == "support" and c.end <= len(shown)  # its sentence ends here
+            assert shown[c.end :].strip()  # and the next one has begun
+            early += 1
+        streamed += chunk.support
+        flagged += chunk.unsupported
+        emitted += chunk.text
+    assert early >= 2 and emitted == res.text
+    support = [c for c in res.citations if c.kind == "support"]
+    assert streamed == support[: len(streamed)] and flagged == res.unsupported[: len(flagged)]
+    again = engine.generate(STREAM_PROMPT, max_new_tokens=64, passages=ps)
+    assert (again.text, again.token_ids, again.citations, again.unsupported) == (
+        res.text, res.token_ids, res.citations, res.unsupported)
+    off = engine.generate(STREAM_PROMPT, max_new_tokens=64, passages=ps,
+                          config=engine.config.replace(attribute=False))
+    assert (off.text, off.token_ids) == (res.text, res.token_ids) and off.unsupported == []
+    assert [c for c in res.citations if c.kind == "copy"] == off.citations
+    whole = attributor(res.text, ps)
+    assert support == [c for c in whole.citations if c.kind == "support"]
+    assert res.unsupported == whole.unsupported
+    by_id = {p.id: p for p in ps}
+    for c in support:
+        assert by_id[c.passage_id].text[c.passage_start : c.passage_end] == c.text
+
+
+def test_sentence_stream_fed_in_pieces_equals_fed_at_once(tiny_lm) -> None:
+    from nest_integrations.attribution import SentenceStream
+
+    attributor = Attributor(AttributionConfig(scorer="fuzzy", min_verbatim_tokens=40,
+                                              support_threshold=0.5))
+    text = ("Xenophon wrote the Anabasis, e.g. for soldiers. Cyrus hired Greek mercenaries. "
+            "Belly dance began in Egypt. Cats fly to the moon in 2077")
+    pieces = SentenceStream(attributor, _passages())
+    for n in range(1, len(text) + 1):
+        pieces.feed(text[:n])
+    pieces.feed(text, final=True)
+    once = SentenceStream(attributor, _passages())
+    once.feed(text, final=True)
+    assert (pieces.support, pieces.unsupported, pieces.sentences) == (
+        once.support, once.unsupported, once.sentences)
+    assert "Cats fly to the moon in 2077" in [u.text for u in once.unsupported]
+    assert [(u.start, u.end) for u in once.sentences] == split_units(text)
+    assert {u.text for u in once.unsupported} | {text[c.start:c.end] for c in once.support} \
+        == {text[s:e] for s, e in split_units(text)}
+    with pytest.raises(ValueError, match="span"):
+        attributor(text, _passages(), span=(5, len(text) + 1))
+    # verbatim runs across sentence ends (a copied passage) leave the verdicts alone
+    copied = ANABASIS + " Cats fly to the moon in 2077. " + BELLY
+    verbatim = Attributor(AttributionConfig(scorer="fuzzy"))
+    pieces, once = SentenceStream(verbatim, _passages()), SentenceStream(verbatim, _passages())
+    for n in range(1, len(copied) + 1, 7):
+        pieces.feed(copied[:n])
+    pieces.feed(copied, final=True)
+    once.feed(copied, final=True)
+    assert (pieces.support, pieces.unsupported, pieces.sentences) == (
+        once.support, once.unsupported, once.sentences)
+    assert [s.verdict for s in once.sentences] == [
+        "verbatim", "verbatim", "unsupported", "verbatim", "verbatim"]
+
+
+def test_citation_stream_reports_support_at_once() -> None:
+    p = _passages()[1]
+    sup = Citation(p.id, p.doc_id, 0, 10, "Belly dance", 0, 11, 0, 11, 3, "support", 0.9)
+    copy = Citation(p.id, p.doc_id, 12, 20, "Egypt", 0, 5, 0, 5, 1, "copy")
+    grow, done = output.CitationStream("growing"), output.CitationStream("completed")
+    assert grow.step(copy, [sup]) == [copy, sup] and grow.step(None, ()) == []
+    assert done.step(copy, [sup]) == [sup] and done.step(None) == [copy]
+
+
+def test_chat_nest_stream_carries_support_before_the_last_chunk(tiny_lm) -> None:
+    """Through LangChain's ``ChatNest.stream``: support annotations arrive on the chunk that
+    completes their sentence, and all the chunks' citations add up to ``invoke``'s."""
+    from nest_integrations.integrations.langchain.chat_models import ChatNest
+
+    engine, _ = _streaming_engine(tiny_lm)
+    retriever = InMemoryRetriever(_passages())
+    engine.retriever = retriever
+    chat = ChatNest(engine=engine, max_tokens=64)
+    chunks = list(chat.stream(STREAM_PROMPT))
+    kinds = [[c["extras"]["kind"] for c in ch.additional_kwargs.get("citations", [])]
+             for ch in chunks]
+    assert any("support" in k for k in kinds[:-1])
+    streamed = [c for ch in chunks for c in ch.additional_kwargs.get("citations", [])]
+    whole = chat.invoke(STREAM_PROMPT).additional_kwargs["citations"]
+    key = lambda c: (c["start_index"], c["extras"]["kind"], c["id"])  # noqa: E731
+    assert sorted(streamed, key=key) == sorted(whole, key=key)
+    assert any(c["extras"]["kind"] == "support" for c in whole)
+
+
+def test_server_annotation_stream_merges_support_to_the_final_list(tiny_lm) -> None:
+    """The server's SSE annotations (``AnnotationStream`` over the engine's chunks, as
+    ``stream_events`` sends them): support ones before the end, merged == non-streamed."""
+    from nest_integrations.server import protocol as P
+
+    engine, _ = _streaming_engine(tiny_lm)
+    tracker, sent, before_end = P.AnnotationStream(), [], 0
+    for item in engine.stream(STREAM_PROMPT, max_new_tokens=64, passages=_passages()):
+        if item.result is not None:
+            sent += tracker.finish(item.result)
+            final = [P.annotation(c) for c in item.result.citations]
+        elif item.text:
+            step = tracker.step(item.citation, item.support)
+            before_end += sum(a["url_citation"]["kind"] == "support" for a in step)
+            sent += step
+    assert before_end >= 1
+    key = lambda a: (a["url_citation"]["start_index"], a["url_citation"]["kind"])  # noqa: E731
+    assert sorted(P.merge_annotations(sent), key=key) == sorted(final, key=key)

@@ -241,13 +241,18 @@ class NestEngine:
         offsets = list(memory.offsets) if memory is not None else [None] * len(passages)
         options = {**self.drafter_options, **(drafter_options or {})}
 
+        live = None  # NestConfig.attribute: the sentences judged so far (one per loop)
+
         def new_loop(ids: list[int], memory: Any, max_new: int) -> DecodeLoop:
+            nonlocal live
+            live = self._sentence_stream(cfg, passages) if cfg.attribute else None
             ctx = DrafterContext(self.lm, cfg, ids, passages, memory, options, self, stats)
             drafter = method.make_drafter(ctx) if method.make_drafter is not None else None
             return DecodeLoop(
                 self.lm, method, drafter, config=cfg, prompt_ids=ids, memory=memory,
                 passages=passages, offsets=offsets, max_new_tokens=max_new, stop=stop_list,
-                stats=stats, generator=gen, on_delta=self._deltas,
+                stats=stats, generator=gen,
+                on_delta=lambda lp, copied, ids=(): self._deltas(lp, copied, ids, live),
             )
 
         loop = new_loop(ids, memory, max_new)
@@ -263,23 +268,31 @@ class NestEngine:
             loop = new_loop(ids, memory, max_new)
             yield from loop.run()
         loop.done = True  # flush text held back for stop strings or partial characters
-        yield from self._deltas(loop, bool(loop.out.sources) and loop.out.sources[-1] is not None)
+        copied = bool(loop.out.sources) and loop.out.sources[-1] is not None
+        yield from self._deltas(loop, copied, (), live)
+        result = self._result(loop, method.uses_memory, live)
         stats.time_total = time.perf_counter() - t_start
         stats.mean_lambda = loop.lam_sum / loop.lam_n if loop.lam_n else 1.0
-        yield StreamChunk(text="", result=self._result(loop, method.uses_memory))
+        yield StreamChunk(text="", result=result)
 
     # ----------------------------------------------------------------- results
-    def _deltas(self, loop: DecodeLoop, copied: bool, ids: Sequence[int] = ()) -> Iterator[StreamChunk]:
+    def _deltas(
+        self, loop: DecodeLoop, copied: bool, ids: Sequence[int] = (), live: Any = None
+    ) -> Iterator[StreamChunk]:
         """Stream the text that is safe to show, with the citation of the last cited run that
         the delta touches (also when the delta ends in uncited text: a run that grew while its
-        text was held back is reported with its full extent)."""
+        text was held back is reported with its full extent), and, with ``live`` (a
+        ``SentenceStream``), the support citations of the sentences this delta completes."""
         out = loop.out
         start = out.emitted
         delta = out.delta(final=loop.done)
         if not delta:
             return
+        found = live.feed(out.text[: out.emitted]) if live is not None else None
+        support = tuple(found.citations) if found else ()
+        unsupported = tuple(found.unsupported) if found else ()
         yield StreamChunk(text=delta, citation=self._delta_citation(loop, start),
-                          token_ids=tuple(ids))
+                          token_ids=tuple(ids), support=support, unsupported=unsupported)
 
     def _delta_citation(self, loop: DecodeLoop, start: int) -> Any:
         out = loop.out
@@ -298,7 +311,7 @@ class NestEngine:
     def _kind(uses_memory: bool) -> str:
         return "copy" if uses_memory else "verbatim"
 
-    def _result(self, loop: DecodeLoop, uses_memory: bool) -> NestResult:
+    def _result(self, loop: DecodeLoop, uses_memory: bool, live: Any = None) -> NestResult:
         stats, out = loop.stats, loop.out
         stats.new_tokens = len(out.ids)
         stats.copied_tokens = sum(out.copied)
@@ -320,30 +333,37 @@ class NestEngine:
             passages=list(passages),
             token_sources=[(pid[s[0]], s[1]) if s is not None else None for s in out.sources],
         )
-        if loop.config.attribute:
-            self._attribute(result, loop.config)
+        if live is not None:
+            self._attribute(result, live)
         return result
 
-    def _attribute(self, result: NestResult, config: NestConfig) -> None:
-        """``NestConfig.attribute``: add support citations for the sentences the answer did not
-        copy, and the unsupported sentences (``attribution``; copied citations are kept)."""
-        from nest_integrations.attribution import AttributionConfig, Attributor
+    def _sentence_stream(self, config: NestConfig, passages: Sequence[Passage]) -> Any:
+        """``NestConfig.attribute``: a ``SentenceStream`` over this generation's passages, with
+        the engine's ``Attributor`` for the scorer (one per engine and scorer, built on first
+        use: its passage-sentence embeddings stay cached across generations)."""
+        from nest_integrations.attribution import AttributionConfig, Attributor, SentenceStream
 
         scorer = config.attribute_scorer
         attributors = self._attributors
-        if scorer not in attributors:  # one per engine and scorer: its embedding cache stays
+        if scorer not in attributors:
             uses_keys = scorer in ("keys", "combined")
             attributors[scorer] = Attributor(
                 AttributionConfig(scorer=scorer), lm=self.lm,
                 key_store=self.key_store if uses_keys else None,
             )
-        start = time.perf_counter()
-        found = attributors[scorer](result.text, result.passages)
-        support = [c for c in found.citations if c.kind == "support"]
+        return SentenceStream(attributors[scorer], passages)
+
+    @staticmethod
+    def _attribute(result: NestResult, live: Any) -> None:
+        """Add the support citations of the sentences the answer did not copy, and the
+        unsupported sentences: those streamed (``live``, a ``SentenceStream``) and the last
+        sentence's (copied citations keep their kind)."""
+        live.feed(result.text, final=True)
+        support = list(live.support)
         result.citations = sorted(result.citations + support, key=lambda c: (c.start, c.end))
-        result.unsupported = list(found.unsupported)
+        result.unsupported = list(live.unsupported)
         LOG.debug("attribution: %d support citations, %d unsupported, %.3f s", len(support),
-                  len(found.unsupported), time.perf_counter() - start)
+                  len(live.unsupported), live.time)
 
     # ----------------------------------------------------------------- prompts
     def prompt_ids(self, prompt: Prompt, ra: Sequence[Passage] = ()) -> list[int]:

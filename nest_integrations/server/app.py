@@ -371,7 +371,7 @@ def stream_events(
                                 chunk(None, [], P.finish_reason(res), usage=P.usage(res), nest=ext)
                             )
                     elif item.text:
-                        yield sse(chunk(item.text, tracker.step(item.citation)))
+                        yield sse(chunk(item.text, tracker.step(item.citation, item.support)))
         except Disconnected:
             return
         except ValueError as exc:

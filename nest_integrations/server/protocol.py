@@ -511,17 +511,20 @@ class AnnotationStream:
     def __init__(self) -> None:
         self.citations = output.CitationStream("growing")
 
-    def step(self, citation: Citation | None) -> list[dict[str, Any]]:
-        return [annotation(c) for c in self.citations.step(citation)]
+    def step(
+        self, citation: Citation | None, support: Sequence[Citation] = ()
+    ) -> list[dict[str, Any]]:
+        return [annotation(c) for c in self.citations.step(citation, support)]
 
     def finish(self, result: NestResult) -> list[dict[str, Any]]:
         return [annotation(c) for c in self.citations.finish(result)]
 
 
 def merge_annotations(stream: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Client side of ``AnnotationStream``: the last annotation per (passage, start), in order."""
-    merged: dict[tuple[str, int], dict[str, Any]] = {}
+    """Client side of ``AnnotationStream``: the last annotation per (passage, start, kind), in
+    order (a support citation may start where a copied span of its passage does)."""
+    merged: dict[tuple[str, int, Any], dict[str, Any]] = {}
     for a in stream:
         u = a["url_citation"]
-        merged[(u["passage_id"], u["start_index"])] = dict(a)
+        merged[(u["passage_id"], u["start_index"], u.get("kind"))] = dict(a)
     return sorted(merged.values(), key=lambda a: a["url_citation"]["start_index"])

@@ -164,7 +164,7 @@ class ChatNest(NestModelParams, BaseChatModel):
                     chunk_position="last",
                 )
             else:
-                done = tracker.step(item.citation)
+                done = tracker.step(item.citation, item.support)
                 extra = {"citations": [citation_payload(c) for c in done]} if done else {}
                 message = AIMessageChunk(
                     content=[_block(item.text, done, block_id)], additional_kwargs=extra

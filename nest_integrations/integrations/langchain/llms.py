@@ -112,7 +112,7 @@ class NestLLM(NestModelParams, LLM):
                 info = {**_info(item.result), "citations": [citation_payload(c) for c in done]}
                 chunk = GenerationChunk(text="", generation_info=info)
             else:
-                done = tracker.step(item.citation)
+                done = tracker.step(item.citation, item.support)
                 info = {"citations": [citation_payload(c) for c in done]} if done else None
                 chunk = GenerationChunk(text=item.text, generation_info=info)
             if run_manager is not None:

@@ -358,8 +358,9 @@ def _chat(result: NestResult, delta: str | None = None) -> ChatResponse:
 
 def _deltas(chunks: Iterator[StreamChunk]) -> Iterator[tuple[StreamChunk, dict[str, Any]]]:
     """Each stream chunk with its ``additional_kwargs``: ``citation`` (the span this delta is
-    part of, growing) and ``completed_citations`` (spans that ended before it, each once): the
-    two modes of ``output.CitationStream``."""
+    part of, growing) and ``completed_citations`` (spans that ended before it, each once, and
+    the support citations of the sentences it completes): the two modes of
+    ``output.CitationStream``."""
     growing, completed = output.CitationStream("growing"), output.CitationStream("completed")
     for chunk in chunks:
         if chunk.result is not None:
@@ -368,7 +369,7 @@ def _deltas(chunks: Iterator[StreamChunk]) -> Iterator[tuple[StreamChunk, dict[s
         extra: dict[str, Any] = {}
         for c in growing.step(chunk.citation):
             extra["citation"] = citation_payload(c)
-        done = completed.step(chunk.citation)
+        done = completed.step(chunk.citation, chunk.support)
         if done:
             extra["completed_citations"] = [citation_payload(c) for c in done]
         yield chunk, extra
