@@ -85,9 +85,6 @@ def live_server(tmp_path_factory: pytest.TempPathFactory, default_lm: Any) -> An
     engine = assembly.build_engine(
         assembly.EngineSpec.for_store("serve", persist_dir=str(store)), lm=default_lm
     )
-    # these tests check that citations reach the wire exactly, so every copy is shown (the
-    # default hides copies under 3 words: NestConfig.min_citation_words)
-    engine.config = engine.config.replace(min_citation_words=1)
     retriever = engine.retriever
     sources = {}
     for p in retriever.iter_passages():  # doc ids as ingested -> the original texts
@@ -99,6 +96,11 @@ def live_server(tmp_path_factory: pytest.TempPathFactory, default_lm: Any) -> An
         default_max_tokens=24, max_body_bytes=MAX_BODY,
     )
     app = create_app(engine, settings)
+    # these tests check that copies reach the wire as exact citations, on short answers: the
+    # on-topic guards (tests/test_topic.py) are off, so every copy is kept and shown (by default
+    # copies under 3 words are hidden, and copies from a second document dropped)
+    app.state.nest.base_config = app.state.nest.base_config.replace(
+        min_citation_words=1, lock_document=False, stop_on_repeat=False)
     sock = _free_socket()
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))

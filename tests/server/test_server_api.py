@@ -112,9 +112,11 @@ def test_openai_chat_streamed_equals_non_streamed(live_server: Any) -> None:
 
 
 def test_completions_endpoint(live_server: Any) -> None:
+    PROMPT = "Assert statements are a convenient way"
     """/v1/completions completes raw text, with annotations on the choice."""
     client = live_server.client()
-    resp = client.completions.create(model="nest", prompt="Assert statements are", max_tokens=16)
+    # (a prompt the sample corpus continues verbatim: "... to insert debugging assertions")
+    resp = client.completions.create(model="nest", prompt=PROMPT, max_tokens=24)
     choice = resp.choices[0]
     assert choice.text
     anns = choice.model_extra.get("annotations") or []
@@ -123,7 +125,7 @@ def test_completions_endpoint(live_server: Any) -> None:
     stream_text = "".join(
         c.choices[0].text
         for c in client.completions.create(
-            model="nest", prompt="Assert statements are", max_tokens=16, stream=True
+            model="nest", prompt=PROMPT, max_tokens=24, stream=True
         )
         if c.choices
     )

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
         ("langchain_existing_chroma.py", "Chroma id"),
         ("langchain_agent_tool.py", "ToolMessage (tool_call_id=call_1)"),
         ("langchain_attribute_any_model.py",
-         "Unsupported:\n- answer[183:234]: 'Its light can be seen from France on a clear night.'"),
+         "- answer[183:234]: 'Its light can be seen from France on a clear night.'"),
     ],
 )
 def test_cookbook_script_runs(script: str, expected: str, tmp_path: Path) -> None:
