@@ -2,8 +2,8 @@
 
 The question set is ``nest_integrations.evaluation.quality_set`` (three sources, split by
 document, seed 0): entity questions over a hardened generated corpus (distractor notes that
-outrank the gold document, dates and numbers), and cloze questions over the Wikipedia leads
-and pydoc topics of the sample corpus; plus an open-ended split ("What is X?", "Write the
+outrank the gold document, dates and numbers), and completion questions over the Wikipedia
+leads and pydoc topics of the sample corpus; plus an open-ended split ("What is X?", "Write the
 reference entry for X"). Make every choice on ``--split dev``; report ``--split test``.
 
     python benchmarks/quality.py --build                    # ingest the entity corpus (once)
@@ -45,7 +45,7 @@ def entity_persist_dir() -> Path:
 
 def build(persist_dir: Path, seed: int) -> None:
     """Write the hardened entity corpus as JSONL and ingest it (with token keys)."""
-    from nest_integrations.evaluation.quality_set import build_question_set
+    from nest_integrations.evaluation.quality_set import SOURCES, build_question_set
     from nest_integrations.ingest import IngestPipeline
     from nest_integrations.lm.hf import HFLanguageModel
     from nest_integrations.retrieval.chroma import ChromaPassageStore
@@ -65,7 +65,8 @@ def system(name: str) -> Any:
     return qa_dev.parse_system(name)
 
 
-def run_open(engine: Any, questions: list, specs: list, k: int, max_new_tokens: int) -> list:
+def run_open(engine: Any, questions: list, specs: list, k: int, max_new_tokens: int,
+             on_record: Any = None) -> list:
     """Every open-ended question through every system; one scored record each."""
     from nest_integrations.evaluation import open_ended, qa_dev
     from nest_integrations.evaluation.grounded import gold_cited_share
@@ -98,6 +99,8 @@ def run_open(engine: Any, questions: list, specs: list, k: int, max_new_tokens: 
                 "new_tokens": r.stats.new_tokens, "time_total": r.stats.time_total,
                 "finish_reason": r.stats.finish_reason,
             })
+            if on_record is not None:
+                on_record(records[-1])
     return records
 
 
@@ -185,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slice-seed", type=int, default=0, help="which questions of the split")
     ap.add_argument("--n", type=int, default=30, help="closed questions (0 = the whole split)")
     ap.add_argument("--n-open", type=int, default=10, help="open-ended questions (0 = all)")
+    ap.add_argument("--sources", default=None,
+                    help="closed-question sources to keep, comma-separated (default: all)")
     ap.add_argument("--systems", default=DEFAULT_SYSTEMS)
     ap.add_argument("--system", action="append", default=[], metavar="SPEC")
     ap.add_argument("--reference", default="rag")
@@ -197,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--tag", default="quality")
+    ap.add_argument("--from-records", type=Path, default=None, metavar="JSONL",
+                    help="summarise recorded answers (e.g. <tag>.partial.jsonl of a run that "
+                         "was stopped) instead of generating")
     args = ap.parse_args(argv)
 
     import torch
@@ -208,29 +216,66 @@ def main(argv: list[str] | None = None) -> int:
     from nest_integrations.evaluation.quality_set import build_question_set
 
     persist = args.persist_dir or entity_persist_dir()
+    args.out.mkdir(parents=True, exist_ok=True)
     if args.build:
         build(persist, args.seed)
     qs = build_question_set(args.seed)
-    closed = qs.interleaved(qs.closed(args.split), args.n or None, args.slice_seed)
+    pool = qs.closed(args.split)
+    if args.sources:
+        keep = {x.strip() for x in args.sources.split(",") if x.strip()}
+        bad = keep - set(SOURCES)
+        if bad:
+            ap.error(f"--sources: unknown {sorted(bad)}; choose from {list(SOURCES)}")
+        pool = [q for q in pool if qs.sources[q.id] in keep]
+    closed = qs.interleaved(pool, args.n or None, args.slice_seed)
     opened = qs.interleaved(qs.open(args.split), args.n_open or None, args.slice_seed)
     specs = [system(s) for s in args.systems.split(",") if s.strip()]
     specs += [qa_dev.parse_system(s) for s in args.system]
 
-    sample = NestEngine.from_defaults()
-    entities = build_engine(EngineSpec(collection=ENTITY_COLLECTION, persist_dir=str(persist)),
-                            lm=sample.lm)
-    start = time.perf_counter()
-    records = []
-    for eng, qsub in ((entities, [q for q in closed if qs.sources[q.id] == "entities-hard"]),
-                      (sample, [q for q in closed if qs.sources[q.id] != "entities-hard"])):
-        if qsub:
-            for r in qa_dev.run_questions(eng, qsub, specs, k=args.k,
-                                          max_new_tokens=args.max_new_tokens):
-                r["source"] = qs.sources[r["question_id"]]
-                records.append(r)
-    open_records = run_open(sample, opened, specs, args.k,
-                            args.max_new_tokens_open or args.max_new_tokens)
-    wall = time.perf_counter() - start
+    if args.from_records:
+        recs = [json.loads(line) for line in open(args.from_records, encoding="utf-8")
+                if line.strip()]
+        systems = list(dict.fromkeys(r["system"] for r in recs))
+        per_q: dict[str, set] = {}
+        for r in recs:
+            per_q.setdefault(r["question_id"], set()).add(r["system"])
+        done = {q for q, ss in per_q.items() if ss == set(systems)}  # every system answered
+        records = [r for r in recs if r["question_id"] in done
+                   and not str(r.get("source", "")).startswith("open-")]
+        open_records = [r for r in recs if r["question_id"] in done
+                        and str(r.get("source", "")).startswith("open-")]
+        ids = {r["question_id"] for r in records}
+        closed = [q for q in closed if q.id in ids]
+        oids = {r["question_id"] for r in open_records}
+        opened = [q for q in opened if q.id in oids]
+        specs = [type("S", (), {"name": n})() for n in systems]
+        start = time.perf_counter()
+        wall = float("nan")
+    else:
+        partial = open(args.out / f"{args.tag}.partial.jsonl", "w", encoding="utf-8")
+
+        def keep(rec: dict) -> None:
+            partial.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
+            partial.flush()
+
+        sample = NestEngine.from_defaults()
+        entities = build_engine(
+            EngineSpec(collection=ENTITY_COLLECTION, persist_dir=str(persist)), lm=sample.lm)
+        start = time.perf_counter()
+        records = []
+        for eng, qsub in ((entities, [q for q in closed if qs.sources[q.id] == "entities-hard"]),
+                          (sample, [q for q in closed if qs.sources[q.id] != "entities-hard"])):
+            if qsub:
+                for r in qa_dev.run_questions(eng, qsub, specs, k=args.k,
+                                              max_new_tokens=args.max_new_tokens,
+                                              on_record=lambda r: keep(
+                                                  {**r, "source": qs.sources[r["question_id"]]})):
+                    r["source"] = qs.sources[r["question_id"]]
+                    records.append(r)
+        open_records = run_open(sample, opened, specs, args.k,
+                                args.max_new_tokens_open or args.max_new_tokens, on_record=keep)
+        partial.close()
+        wall = time.perf_counter() - start
 
     rows = qa_dev.summarize(records, reference=args.reference, speed_reference=args.reference)
     per_source = []

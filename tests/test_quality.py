@@ -63,7 +63,10 @@ def test_closed_questions_hold_their_answer_in_the_gold_document(qset):
     for q in qset.closed("dev", "entities-hard")[:20]:
         assert q.answer in texts[q.gold_doc_id]
     for q in qset.closed("dev", "wiki") + qset.closed("dev", "pydoc"):
-        assert "____" in q.question and q.answer in q.answer_sentence
+        title, prefix = q.question.split("\n\n", 1)
+        assert title == q.entity
+        assert q.answer_sentence.startswith(prefix) and len(prefix.split()) >= 4
+        assert q.answer_sentence[len(prefix):].lstrip().startswith(q.answer)
         assert q.answer not in q.question
     assert SAMPLE_DIR.is_dir()
 

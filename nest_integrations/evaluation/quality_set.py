@@ -10,11 +10,15 @@ deterministic seed, so no document (and no sentence frame of one entity) serves 
   ("Korvanta Systems is often confused with Belmar Works. The founding year of Belmar Works
   is 1990. ..."). The note matches the question's entity, so it outranks the gold document for
   many questions and the gold one is not always first.
-- ``wiki``: cloze questions over the Wikipedia leads of the sample corpus
-  (``nest_integrations/data/sample/wikipedia.jsonl``, shipped): a lead sentence holding one
-  year or number, with that value blanked; the other numbers of the lead are the distractors.
-- ``pydoc``: cloze questions over the Python reference topics of the sample corpus
-  (``data/sample/pydoc``): a sentence with one content word blanked.
+- ``wiki``: completion questions over the Wikipedia leads of the sample corpus
+  (``nest_integrations/data/sample/wikipedia.jsonl``, shipped): the entry's title, a blank line
+  and the opening of a lead sentence holding one year or number, cut just before that value,
+  for the system to continue; the other numbers of the lead are the distractors.
+- ``pydoc``: completion questions over the Python reference topics of the sample corpus
+  (``data/sample/pydoc``): a sentence cut just before one content word.
+
+(Version 1 of the builder blanked the value mid-sentence, a cloze form at which every system
+scored at the floor on dev: pydoc 0/10, wiki 1/10.)
 
 An **open-ended split** asks "What is X?" (wiki) and "Write the reference entry for X"
 (pydoc); the gold passage is the document's opening text (``OpenQuestion.gold_text``).
@@ -44,7 +48,11 @@ from typing import Any, Sequence
 from nest_integrations.evaluation.entities import EntityQuestion, frame, generate_corpus
 
 #: The builder's version; a change of the output for a given seed bumps it.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
+#: The entity corpus is unchanged since version 1; its seed string keeps that version.
+_ENTITY_VERSION = 1
+#: A completion question keeps at least this many words of its sentence before the answer.
+MIN_PREFIX_WORDS = 4
 SPLITS = ("dev", "test")
 SOURCES = ("entities-hard", "wiki", "pydoc")
 SAMPLE_DIR = Path(__file__).resolve().parents[1] / "data" / "sample"
@@ -161,7 +169,7 @@ def _date(rng: random.Random) -> str:
 def entity_hard(seed: int = 0, per_kind: int = 15) -> tuple[EntityHardCorpus, list[EntityQuestion]]:
     """The hardened entity corpus and its questions (see the module docstring)."""
     base = generate_corpus(seed, per_kind)
-    rng = random.Random(f"entity-hard:v{BUILDER_VERSION}:{seed}")
+    rng = random.Random(f"entity-hard:v{_ENTITY_VERSION}:{seed}")
     by_kind: dict[str, list[Any]] = {}
     for d in base.documents:
         by_kind.setdefault(d.kind, []).append(d)
@@ -220,9 +228,18 @@ def _clean(text: str) -> str:
     return " ".join(text.split())
 
 
+def _completion(title: str, prefix: str) -> str:
+    """The prompt of a completion question: the document's title, a blank line, the prefix.
+    (Chosen on 8 dev questions over two instruction forms, "continue this sentence ..." and
+    "quote the sentence that begins ...", which the 135M chat model answered 0-3/8 for RAG.)"""
+    return f"{title}\n\n{prefix}"
+
+
 def wiki_questions(leads: Sequence[dict[str, Any]], per_doc: int = 2) -> list[EntityQuestion]:
-    """Cloze questions: a lead sentence holding exactly one number (a year, a count), blanked;
-    the lead's other numbers are the distractors."""
+    """Completion questions: the opening of a lead sentence that holds exactly one number (a
+    year, a count), cut just before that number; the answer is the number, and the lead's
+    other numbers are the distractors. (Version 1 blanked the number mid-sentence, a cloze
+    form the 135M model answered at the floor: 1/10 on dev for every system.)"""
     out = []
     for rec in leads:
         text = _clean(rec["text"])
@@ -234,13 +251,12 @@ def wiki_questions(leads: Sequence[dict[str, Any]], per_doc: int = 2) -> list[En
             if len(found) != 1 or not 6 <= len(sent.split()) <= 40:
                 continue
             value = found[0].group(1)
-            if value in title:
+            prefix = sent[: found[0].start()].rstrip()
+            if value in title or len(prefix.split()) < MIN_PREFIX_WORDS:
                 continue
-            blank = sent[: found[0].start()] + "____" + sent[found[0].end():]
             out.append(EntityQuestion(
                 id=f"wiki/{rec['id']}#{n}",
-                question=f'In the encyclopedia entry "{title}": "{blank}" '
-                         "What number goes in the blank?",
+                question=_completion(title, prefix),
                 answer=value, answer_sentence=sent, gold_doc_id=rec["id"], entity=title,
                 kind="wiki", attribute="number",
                 distractors=tuple(v for v in numbers if v != value),
@@ -252,7 +268,8 @@ def wiki_questions(leads: Sequence[dict[str, Any]], per_doc: int = 2) -> list[En
 
 
 def pydoc_questions(topics: Sequence[tuple[str, str]], per_doc: int = 3) -> list[EntityQuestion]:
-    """Cloze questions: a prose sentence of a topic with its longest content word blanked."""
+    """Completion questions: the opening of a prose sentence of a topic, cut just before its
+    longest content word after the first ``MIN_PREFIX_WORDS`` words; the answer is that word."""
     out = []
     for doc_id, raw in topics:
         name = doc_id.split("/", 1)[1].rsplit(".", 1)[0]
@@ -262,18 +279,20 @@ def pydoc_questions(topics: Sequence[tuple[str, str]], per_doc: int = 3) -> list
             for sent in _SENT.split(_clean(para)):
                 if not 8 <= len(sent.split()) <= 35 or "::=" in sent:
                     continue
-                words = [w for w in _CONTENT.findall(sent)
-                         if w.lower() not in _STOP and w.lower() not in name.lower()]
+                words = [m for m in _CONTENT.finditer(sent)
+                         if m.group().lower() not in _STOP
+                         and m.group().lower() not in name.lower()
+                         and len(sent[: m.start()].split()) >= MIN_PREFIX_WORDS]
                 if not words:
                     continue
-                word = max(words, key=lambda w: (len(w), w))
-                if sent.count(word) != 1:
+                best = max(words, key=lambda m: (len(m.group()), m.group()))
+                word = best.group()
+                prefix = sent[: best.start()].rstrip()
+                if word in prefix or not prefix:
                     continue
-                blank = sent.replace(word, "____", 1)
                 out.append(EntityQuestion(
                     id=f"{doc_id}#{n}",
-                    question=f'In the Python reference topic "{name}": "{blank}" '
-                             "What word goes in the blank?",
+                    question=_completion(name, prefix),
                     answer=word, answer_sentence=sent, gold_doc_id=doc_id, entity=name,
                     kind="pydoc", attribute="word", distractors=(),
                 ))
