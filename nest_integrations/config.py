@@ -77,6 +77,15 @@ class NestConfig:
             taken (None = off). Relaxed acceptance then only where the (RA) LM and the kNN
             agree that a token is plausible (issue 22, an option).
 
+    Answer routing (issue 22, ``core.question``):
+        fact_decoding: a lossless ``decoding=`` method (``"rag-copy"`` in ``grounded``) that
+            answers, instead of NEST's relaxed copying, a question that asks for a fact
+            (``core.question.asks_for_fact``: who/when/where/which/how many, "what is the
+            <attribute> of <X>?"). Lossless w.r.t. the RA prompt's LM, the answer is then
+            in-context RAG's greedy answer token for token, cited where it is verbatim; relaxed
+            copying stays for descriptive questions and completions. None = off (``paper``).
+            Applies only when the call's method is relaxed (``decoding="nest"``).
+
     On-topic guards (issue 22, ``core.topic``; None = on in relaxed modes, i.e. Eq. 7
     acceptance, and off in lossless ones, where they would change greedy output):
         stop_on_repeat: a sentence or line that repeats an earlier one (case and whitespace
@@ -132,6 +141,8 @@ class NestConfig:
     confidence_guard: float | None = None
     eos_guard: float | None = None
     lm_agreement: float | None = None
+    # -- answer routing
+    fact_decoding: str | None = None
     # -- on-topic guards
     stop_on_repeat: bool | None = None
     lock_document: bool | None = None
@@ -202,6 +213,10 @@ class NestConfig:
             bad("min_citation_tokens", "an integer >= 1")
         if self.attribute_scorer not in ATTRIBUTE_SCORERS:
             bad("attribute_scorer", f"one of {ATTRIBUTE_SCORERS}")
+        if self.fact_decoding is not None and (
+            not isinstance(self.fact_decoding, str) or not self.fact_decoding.strip()
+        ):
+            bad("fact_decoding", "None or a lossless decoding method name such as 'rag-copy'")
         for name in ("stop_on_repeat", "lock_document"):
             if not (getattr(self, name) is None or isinstance(getattr(self, name), bool)):
                 bad(name, "None (on in relaxed modes), True or False")
@@ -266,5 +281,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "confidence_guard": 0.3,
         "eos_guard": 0.5,
         "mask_token_mode": True,
+        "fact_decoding": "rag-copy",
     },
 }

@@ -21,7 +21,8 @@ from nest_integrations.config import NestConfig
 from nest_integrations.core.citations import build_citations, last_citation
 from nest_integrations.core.token_memory import TokenMemory
 from nest_integrations.defaults import DEFAULT_DECODING, DEFAULT_MAX_NEW_TOKENS
-from nest_integrations.drafters import DrafterContext, get_method
+from nest_integrations.core.question import asks_for_fact
+from nest_integrations.drafters import LOSSLESS, RELAXED, DrafterContext, get_method
 from nest_integrations.decoding.loop import DecodeLoop
 from nest_integrations.decoding.prompts import (
     Prompt,
@@ -213,6 +214,10 @@ class NestEngine:
         question = query_of(prompt)
         if not question.strip():
             raise ValueError("the prompt is empty: pass a non-empty string or user message")
+        routed = self._fact_method(cfg, method, question)
+        if routed is not None:  # NestConfig.fact_decoding: a fact question, answered losslessly
+            method = routed
+        stats.decoding = method.name
 
         t0 = time.perf_counter()
         if passages is None:
@@ -239,7 +244,8 @@ class NestEngine:
             else:
                 gen.seed()
         offsets = list(memory.offsets) if memory is not None else [None] * len(passages)
-        options = {**self.drafter_options, **(drafter_options or {})}
+        # a routed call's drafter takes its own defaults (the options were the relaxed method's)
+        options = {} if routed is not None else {**self.drafter_options, **(drafter_options or {})}
 
         live = None  # NestConfig.attribute: the sentences judged so far (one per loop)
 
@@ -274,6 +280,18 @@ class NestEngine:
         stats.time_total = time.perf_counter() - t_start
         stats.mean_lambda = loop.lam_sum / loop.lam_n if loop.lam_n else 1.0
         yield StreamChunk(text="", result=result)
+
+    @staticmethod
+    def _fact_method(cfg: NestConfig, method: Any, question: str) -> Any:
+        """The ``fact_decoding`` method for a relaxed call on a fact question, else None."""
+        if cfg.fact_decoding is None or method.verifier != RELAXED:
+            return None
+        routed = get_method(cfg.fact_decoding)
+        if routed.verifier != LOSSLESS:
+            raise ValueError(
+                f"NestConfig.fact_decoding={cfg.fact_decoding!r} is not lossless: name a "
+                "lossless method such as 'rag-copy' (or None)")
+        return routed if asks_for_fact(question) else None
 
     # ----------------------------------------------------------------- results
     def _deltas(
