@@ -45,7 +45,7 @@ def entity_persist_dir() -> Path:
 
 def build(persist_dir: Path, seed: int) -> None:
     """Write the hardened entity corpus as JSONL and ingest it (with token keys)."""
-    from nest_integrations.evaluation.quality_set import SOURCES, build_question_set
+    from nest_integrations.evaluation.quality_set import build_question_set
     from nest_integrations.ingest import IngestPipeline
     from nest_integrations.lm.hf import HFLanguageModel
     from nest_integrations.retrieval.chroma import ChromaPassageStore
@@ -102,6 +102,27 @@ def run_open(engine: Any, questions: list, specs: list, k: int, max_new_tokens: 
             if on_record is not None:
                 on_record(records[-1])
     return records
+
+
+def compose_default(records: list, facts: list) -> list:
+    """``records`` plus a ``default`` system: ``facts``' ``default`` records where the question
+    asks for a fact (the questions ``NestConfig.fact_decoding`` routes), and a relabelled copy
+    of the recorded ``grounded`` answer for every other question, where the routed default
+    runs exactly ``grounded``'s relaxed path (``tests/test_quality.py`` checks the routing on
+    every question of the set). A question the facts run lacks is left out of ``default``."""
+    from nest_integrations.core.question import asks_for_fact
+
+    routed = {r["question_id"]: r for r in facts if r["system"] == "default"}
+    out = list(records)
+    for r in records:
+        if r["system"] != "grounded":
+            continue
+        if asks_for_fact(r["question"]):
+            if r["question_id"] in routed:
+                out.append({**routed[r["question_id"]], "composed_from": "facts run"})
+        else:
+            out.append({**r, "system": "default", "composed_from": "grounded (not routed)"})
+    return out
 
 
 def summarize_open(records: list, reference: str) -> list[dict[str, Any]]:
@@ -188,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slice-seed", type=int, default=0, help="which questions of the split")
     ap.add_argument("--n", type=int, default=30, help="closed questions (0 = the whole split)")
     ap.add_argument("--n-open", type=int, default=10, help="open-ended questions (0 = all)")
+    ap.add_argument("--skip-open", action="store_true", help="no open-ended questions")
     ap.add_argument("--sources", default=None,
                     help="closed-question sources to keep, comma-separated (default: all)")
     ap.add_argument("--systems", default=DEFAULT_SYSTEMS)
@@ -205,6 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-records", type=Path, default=None, metavar="JSONL",
                     help="summarise recorded answers (e.g. <tag>.partial.jsonl of a run that "
                          "was stopped) instead of generating")
+    ap.add_argument("--compose-default", type=Path, default=None, metavar="JSONL",
+                    help="with --from-records: add a 'default' system made of this run's "
+                         "'default' records (the fact questions) and the recorded 'grounded' "
+                         "ones for every other question (see compose_default)")
     args = ap.parse_args(argv)
 
     import torch
@@ -213,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     from nest_integrations import NestEngine
     from nest_integrations.assembly import EngineSpec, build_engine
     from nest_integrations.evaluation import qa_dev
-    from nest_integrations.evaluation.quality_set import build_question_set
+    from nest_integrations.evaluation.quality_set import SOURCES, build_question_set
 
     persist = args.persist_dir or entity_persist_dir()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -228,13 +254,18 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--sources: unknown {sorted(bad)}; choose from {list(SOURCES)}")
         pool = [q for q in pool if qs.sources[q.id] in keep]
     closed = qs.interleaved(pool, args.n or None, args.slice_seed)
-    opened = qs.interleaved(qs.open(args.split), args.n_open or None, args.slice_seed)
+    opened = ([] if args.skip_open else
+              qs.interleaved(qs.open(args.split), args.n_open or None, args.slice_seed))
     specs = [system(s) for s in args.systems.split(",") if s.strip()]
     specs += [qa_dev.parse_system(s) for s in args.system]
 
     if args.from_records:
         recs = [json.loads(line) for line in open(args.from_records, encoding="utf-8")
                 if line.strip()]
+        if args.compose_default:
+            facts = [json.loads(line) for line in open(args.compose_default, encoding="utf-8")
+                     if line.strip()]
+            recs = compose_default(recs, facts)
         systems = list(dict.fromkeys(r["system"] for r in recs))
         per_q: dict[str, set] = {}
         for r in recs:

@@ -115,3 +115,14 @@ def test_open_ended_metrics():
     assert not open_ended.substantial_citation([C("one two three")])
     assert open_ended.rouge_l("", "anything") == 0.0
     assert open_ended.rouge_l("a b c", "a b c") == pytest.approx(1.0)
+
+
+def test_the_default_routes_exactly_the_entity_questions_as_facts(qset):
+    """``grounded``'s ``fact_decoding`` fires on every entity question and on no completion or
+    open-ended prompt, so on those the default's code path is the relaxed one (what
+    ``benchmarks/quality.py``'s composed ``default`` row relies on)."""
+    from nest_integrations.core.question import asks_for_fact
+
+    for q in qset.questions:
+        assert asks_for_fact(q.question) is (qset.sources[q.id] == "entities-hard"), q.question
+    assert not any(asks_for_fact(q.question) for q in qset.open_questions)
