@@ -276,6 +276,10 @@ def main(argv: list[str] | None = None) -> int:
                    and not str(r.get("source", "")).startswith("open-")]
         open_records = [r for r in recs if r["question_id"] in done
                         and str(r.get("source", "")).startswith("open-")]
+        from nest_integrations.evaluation import open_ended
+
+        for r in open_records:  # the metric as it is now (records may predate a change)
+            r["degenerate"] = open_ended.degenerate(r["text"])
         ids = {r["question_id"] for r in records}
         closed = [q for q in closed if q.id in ids]
         oids = {r["question_id"] for r in open_records}

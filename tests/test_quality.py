@@ -99,6 +99,10 @@ def test_open_ended_metrics():
     assert open_ended.degenerate("It is a dance. It is a dance.")
     assert open_ended.degenerate("it is also referred to as, it is also referred to as,")
     assert not open_ended.degenerate("Belly dance is a Middle Eastern dance.")
+    # runs of empty lines, and one short line over and over (first test-split run)
+    assert open_ended.degenerate('See the entry for "if".' + "\n" * 40)
+    assert open_ended.degenerate("The Ellipsis Object\n\n" + "Python\n\n" * 5)
+    assert not open_ended.degenerate("Usage:\n\n    x = 1\n\nNote: x is 1.\n\n\nEnd.")
 
     class P:
         def __init__(self, pid, doc):
