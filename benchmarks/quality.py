@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--tag", default="quality")
-    ap.add_argument("--from-records", type=Path, default=None, metavar="JSONL",
+    ap.add_argument("--from-records", type=Path, nargs="+", default=None, metavar="JSONL",
                     help="summarise recorded answers (e.g. <tag>.partial.jsonl of a run that "
                          "was stopped) instead of generating")
     ap.add_argument("--compose-default", type=Path, default=None, metavar="JSONL",
@@ -261,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     specs += [qa_dev.parse_system(s) for s in args.system]
 
     if args.from_records:
-        recs = [json.loads(line) for line in open(args.from_records, encoding="utf-8")
-                if line.strip()]
+        recs = [json.loads(line) for path in args.from_records
+                for line in open(path, encoding="utf-8") if line.strip()]
         if args.compose_default:
             facts = [json.loads(line) for line in open(args.compose_default, encoding="utf-8")
                      if line.strip()]
@@ -325,9 +325,17 @@ def main(argv: list[str] | None = None) -> int:
     top3 = sum((r["gold_rank"] or 99) <= 3 for r in retrieved) / max(1, len(retrieved))
     cmd = " ".join(argv if argv is not None else sys.argv[1:])
     counts = qs.counts()
-    whole = (not args.n or args.n >= len(qs.closed(args.split))) and (
-        not args.n_open or args.n_open >= len(qs.open(args.split)))
-    scope = "the whole split" if whole else "a SMALL SLICE of the split (validation, not a result)"
+    n_closed, n_open = len(qs.closed(args.split)), len(qs.open(args.split))
+    whole = len(closed) >= n_closed and len(opened) >= n_open
+    scope = ("the whole split" if whole else
+             f"{len(closed)} of {n_closed} closed and {len(opened)} of {n_open} open-ended "
+             "questions of the split (slice seed " + str(args.slice_seed) + ")")
+    if args.from_records:
+        scope += ", summarised from the recorded answers " + ", ".join(
+            f"`{p.name}`" for p in args.from_records)
+        if args.compose_default:
+            scope += (" with the routed `default` composed from "
+                      f"`{args.compose_default.name}` (see `compose_default`)")
     md = (
         f"# Quality: grounded QA and open-ended answers, {args.split} split, {scope}\n\n"
         f"Question set: `evaluation/quality_set.py`, seed {args.seed}, split by document "
@@ -336,8 +344,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.slice_seed}, gold document first for {100 * first:.0f}%, in the top 3 for "
         f"{100 * top3:.0f}%) and {len(opened)} open-ended, k = {args.k}, max_new_tokens = "
         f"{args.max_new_tokens}, chat messages, SmolLM2-135M-Instruct, "
-        f"{torch.get_num_threads()} torch thread(s), wall {wall:.0f} s, load "
-        f"{os.getloadavg()[0]:.1f}.\n\nCommand: `python benchmarks/quality.py {cmd}`\n\n"
+        f"{torch.get_num_threads()} torch thread(s)"
+        + ("" if args.from_records else
+           f", wall {wall:.0f} s, load {os.getloadavg()[0]:.1f}")
+        + f".\n\nCommand: `python benchmarks/quality.py {cmd}`\n\n"
         "Full run (hours on 2 shared cores): `python benchmarks/quality.py --split test --n 0 "
         "--n-open 0 --max-new-tokens 40 --max-new-tokens-open 64`\n\n"
         "## Grounded QA (strict: gold value present, no other entity's value)\n\n"
