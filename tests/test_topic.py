@@ -211,3 +211,42 @@ def test_an_unfinished_possible_repeat_at_the_budget_is_dropped_not_called_a_rep
     assert out.delta(final=False).strip() == LOOP  # the possible repeat is held back
     assert out.finish() is False and not out.repeated
     assert out.text.strip() == LOOP
+
+
+def test_junk_guard_finds_separator_runs_and_blank_line_runs():
+    from nest_integrations.core.topic import junk_start, open_junk_start
+
+    text = "Belly dance is a Middle Eastern dance.,,,,,,,,,,,,,,,,"
+    assert junk_start(text) == text.index(",")
+    assert junk_start("x, , , ,") == 1
+    assert junk_start("end.\n\n\n\n\n\nmore") == 4
+    for fine in ("a, b, c, d", "list:\n\n- a\n\n- b", "a:b;c,d", "one,, two", "x\n\n\n\ny"):
+        assert junk_start(fine) is None, fine
+    assert open_junk_start("abc, ,") == 3 and open_junk_start("abc\n\n") == 3
+    assert open_junk_start("abc") is None and open_junk_start("abc ") is None
+
+
+def test_junk_run_ends_a_relaxed_answer_and_is_never_streamed():
+    """An output text with the guard on, fed one piece at a time: the run of commas is cut
+    (``repeated``), no streamed delta held a comma of it, and the guard off keeps it all."""
+    from nest_integrations.decoding.text_stream import OutputText
+
+    pieces = ["Belly", " dance", " is", " a", " dance", ".", ",", ",", ",", ",", ",", ","]
+    vocab = {p: i for i, p in enumerate(dict.fromkeys(pieces))}
+    inv = {i: p for p, i in vocab.items()}
+
+    def run(guard):
+        out, streamed = OutputText(lambda ids: "".join(inv[i] for i in ids),
+                                   repeat_guard=guard), ""
+        for p in pieces:
+            if out.stopped:
+                break
+            out.append([vocab[p]], [None], False)
+            streamed += out.delta(final=False)
+        out.finish()
+        return out, streamed + out.delta(final=True)
+
+    cut, streamed = run(True)
+    assert cut.repeated and cut.text == "Belly dance is a dance." and streamed == cut.text
+    free, all_text = run(False)
+    assert not free.repeated and all_text == "Belly dance is a dance.,,,,,,"

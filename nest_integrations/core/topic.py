@@ -15,6 +15,12 @@ answer on its topic and make it end:
   ``MIN_LOOP_WORDS`` words (``MIN_REPEAT_CHARS`` characters, two distinct words) followed at
   once by itself ("it is also referred to as, it is also referred to as") ends the answer
   before its second copy: a loop inside one sentence, which the repeat guard cannot see.
+- **Junk guard** (``junk_start``, ``open_junk_start``): a run of ``JUNK_RUN`` or more
+  separators (``,`` ``;`` ``:``, whitespace between them allowed) or of ``BLANK_LINES`` or more
+  empty lines ends the answer before the run. A small model at small lambda emits these when the
+  kNN mass lands on punctuation (the playground's "What is belly dance?" ended in
+  ``,,,,,,,,,,,,,,,,``; test-split answers ran into dozens of empty lines). A trailing run that
+  may still grow into one is held back from a stream.
 - **Answer document** (``answer_document``): the document of the first copied run of at least
   ``LOCK_MIN_TOKENS`` tokens. Once it is set, span proposals and token-mode citations from
   other documents are dropped (``drafters.nest``): a copy never continues into another
@@ -43,6 +49,13 @@ MIN_REPEAT_CHARS = 12
 MIN_LOOP_WORDS = 3
 #: Longest phrase (words) the loop guard compares.
 MAX_LOOP_WORDS = 40
+#: Separators in a row (",,,,", ", , , ,") that end the answer.
+JUNK_RUN = 4
+#: Empty lines in a row that end the answer.
+BLANK_LINES = 4
+_JUNK = re.compile(r"[,;:](?:\s*[,;:]){%d,}|\n(?:[ \t]*\n){%d,}" % (JUNK_RUN - 1, BLANK_LINES))
+_OPEN_JUNK = re.compile(r"(?:[,;:](?:\s*[,;:]){0,%d}\s*|\n(?:[ \t]*\n){0,%d}[ \t]*)$"
+                        % (JUNK_RUN - 2, BLANK_LINES - 1))
 #: Tokens of the first copied run that fix the answer's document.
 LOCK_MIN_TOKENS = 4
 #: Fewest words a shown citation holds in relaxed modes (see the module docstring).
@@ -170,6 +183,20 @@ def open_repeat_start(text: str, min_chars: int = MIN_REPEAT_CHARS) -> int | Non
     return None
 
 
+def junk_start(text: str) -> int | None:
+    """Start char of the first run of ``JUNK_RUN`` separators or ``BLANK_LINES`` empty lines
+    (see the module docstring), or None."""
+    m = _JUNK.search(text)
+    return m.start() if m else None
+
+
+def open_junk_start(text: str) -> int | None:
+    """Start char of a trailing run of separators or newlines that may still become junk (a
+    stream holds it back until the next token decides), or None."""
+    m = _OPEN_JUNK.search(text)
+    return m.start() if m and m.end() > m.start() else None
+
+
 def answer_document(
     doc_ids: Sequence[str | None], n_accepted: int, min_tokens: int = LOCK_MIN_TOKENS
 ) -> str | None:
@@ -194,7 +221,9 @@ __all__ = [
     "answer_document",
     "citation_words",
     "complete_words",
+    "junk_start",
     "loop_start",
+    "open_junk_start",
     "open_loop_start",
     "normalize_sentence",
     "open_repeat_start",

@@ -20,7 +20,9 @@ from typing import Callable, Sequence
 
 from nest_integrations.core.topic import (
     complete_words,
+    junk_start,
     loop_start,
+    open_junk_start,
     open_loop_start,
     open_repeat_start,
     repeat_start,
@@ -115,7 +117,7 @@ class OutputText:
             text = self.text
             loop = loop_start(text, first_end=self._loop_checked + 1)
             self._loop_checked = complete_words(text)
-            self._cut_repeat(_first(repeat_start(text), loop))
+            self._cut_repeat(_first(repeat_start(text), loop, junk_start(text)))
 
     def finish(self) -> bool:
         """The text has ended: with ``repeat_guard``, cut a last sentence that repeats an
@@ -125,7 +127,8 @@ class OutputText:
             return False
         text = self.text
         cut = _first(repeat_start(text, final=True),
-                     loop_start(text, final=True, first_end=self._loop_checked + 1))
+                     loop_start(text, final=True, first_end=self._loop_checked + 1),
+                     junk_start(text))
         if cut is None:  # an unfinished sentence held back as a possible repeat: drop it, but
             held = open_repeat_start(text)  # the text ended for its own reason (the budget)
             if held is not None:
@@ -168,7 +171,8 @@ class OutputText:
                 return ""  # hold back an incomplete multi-byte character
             overlap = stop_prefix_overlap(self.text, self.stop)  # it may become a stop string
             if self.repeat_guard:  # an unfinished sentence or phrase that may become a repeat
-                held = _first(open_repeat_start(self.text), open_loop_start(self.text))
+                held = _first(open_repeat_start(self.text), open_loop_start(self.text),
+                              open_junk_start(self.text))
                 if held is not None:
                     overlap = max(overlap, len(self.text) - held)
             if overlap:  # a stop cuts whole tokens: hold back the token the overlap starts in
