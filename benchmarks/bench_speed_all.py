@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import math
 import os
 import platform
@@ -66,7 +65,7 @@ os.environ.setdefault("NEST_HOME", str(REPO / ".nest"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
 
-from bench_speed import SETS, fmt, pct, row  # noqa: E402
+from bench_speed import SETS, fmt, pct, row, write_outputs  # noqa: E402
 
 RA = 3  # passages in the prompt of the RA methods (the `grounded` preset's ra_passages)
 QUICKSTART = "How does the assert statement work in Python?"
@@ -667,12 +666,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rows": rows,
     }
     result["targets"] = targets(result)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "speed_all.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
-    md = markdown(result)
-    (out / "speed_all.md").write_text(md)
-    sys.stdout.write(md)
+    write_outputs(args.out, "speed_all", result, markdown(result))
     return 0
 
 
