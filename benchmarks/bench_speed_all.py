@@ -161,8 +161,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def command_line(argv: Sequence[str]) -> str:
-    return "python benchmarks/bench_speed_all.py" + "".join(" " + shlex.quote(a) for a in argv)
+def command_line(argv: Sequence[str], threads_env: str | None = None) -> str:
+    """The command as typed (with ``NEST_THREADS=`` in front when it was set)."""
+    env = f"NEST_THREADS={shlex.quote(threads_env)} " if threads_env else ""
+    return env + "python benchmarks/bench_speed_all.py" + "".join(" " + shlex.quote(a) for a in argv)
 
 
 # ----------------------------------------------------------------------------- llama.cpp
@@ -413,9 +415,8 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         1.5)
     for m in ("prompt-lookup+psg", "rag-copy"):
         qa = by.get("qa", {})
-        hf = get(qa, "hf-lookup+psg", "tokens_per_s")
-        add(f"`{m}` >= HF prompt lookup (qa, same RA prompt)",
-            ratio(get(qa, m, "tokens_per_s"), hf), 1.0)
+        add(f"`{m}` >= HF prompt lookup (all prompts, same RA prompt)",
+            ratio(get(allp, m, "tokens_per_s"), get(allp, "hf-lookup+psg", "tokens_per_s")), 1.0)
         add(f"`{m}` >= 1.3x greedy on grounded QA (vs RAG greedy, same prompt)",
             get(qa, m, "vs_rag_greedy"), 1.3)
     add("KNN-SSD >= 1.0x HF greedy (all prompts)", get(allp, "knn-ssd", "vs_hf_greedy"), 1.0)
@@ -640,7 +641,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "datastore": (f"{args.n_train} \"Tell me about {{title}}.\" prompts' 128-token greedy "
                       "responses, titles disjoint from the prompts" if bench.datastore else "-"),
         "llama_cpp": bench.llama_info,
-        "command": command_line(argv),
+        "command": command_line(argv, os.environ.get("NEST_THREADS")),
         "methods": methods,
         "labels": {m: LABELS[m] for m in methods},
         "summary": summarize(rows, methods),

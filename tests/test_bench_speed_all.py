@@ -33,6 +33,7 @@ def test_methods_subset_pulls_in_its_references(bench):
         bench.parse_args(["--per-set", "0"])
     assert bench.command_line(["--per-set", "2", "--out", "a b"]) == (
         "python benchmarks/bench_speed_all.py --per-set 2 --out 'a b'")
+    assert bench.command_line([], "1") == "NEST_THREADS=1 python benchmarks/bench_speed_all.py"
 
 
 def run(tokens, seconds, ids, text="x", **extra):
