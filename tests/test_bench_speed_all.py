@@ -97,15 +97,17 @@ def test_profile_names_the_largest_share(bench, rows):
 def test_targets_and_markdown(bench, rows):
     methods = ["hf-greedy", "rag-greedy", "greedy", "grounded"]
     result = {
-        "summary": bench.summarize(rows, methods),
-        "by_set": {s: bench.summarize([r for r in rows if r["set"] == s], methods)
-                   for s in bench.SETS},
+        "rows": rows,
+        "methods": methods,
         "quickstart": {"question": "q?", "max_new_tokens": 96, "repeats": 1, "text": "a",
                        "grounded_vs_hf_fp32": 2.6,
                        "runs": {"grounded": {"tokens_per_s": 26.0, "tokens": 96, "forwards": 30,
                                              "vs_hf_fp32": 2.6}}},
     }
-    t = {x["target"]: x for x in bench.targets(result)}
+    bench.derive(result)  # summaries, profiles and targets from the rows
+    assert result["by_set"]["qa"]["grounded"]["vs_rag_greedy"] == pytest.approx(4.0)
+    assert result["profile_greedy"] is None and result["profile"]["runs"] == 2
+    t = {x["target"]: x for x in result["targets"]}
     qa = t["`grounded` >= 1.5x RAG greedy on grounded QA (qa)"]
     assert qa["measured"] == pytest.approx(4.0) and qa["met"] is True  # 20/s vs 5/s
     held = t["`grounded` >= 1.0x HF greedy on held-out prompts"]
@@ -114,12 +116,11 @@ def test_targets_and_markdown(bench, rows):
     assert t["DReSD in-domain (qa) >= 1.5x HF greedy"]["met"] is None  # not run
     assert t["quickstart `nest ask` (grounded) >= 2.5x HF fp32 greedy"]["met"] is True
     result.update(
-        targets=bench.targets(result), methods=methods, when="now", model="m", dtype="bf16",
+        when="now", model="m", dtype="bf16",
         device="cpu", passages=3, n_passages=8, per_set=1, max_new_tokens=48,
         heldout_source="h", datastore="-", llama_cpp={"status": "not importable: x"},
         command="python benchmarks/bench_speed_all.py", curve_tokens=[1, 9],
         curves={"bf16": {"tokens": [1, 9], "seconds": [0.05, 0.06]}},
-        profile=bench.profile(rows), profile_rag=None,
         machine={"torch_threads": 1, "cpus": 2, "cpu": "x", "native_bf16": True,
                  "loadavg_start": [1.0], "loadavg_end": [1.0]},
     )
