@@ -376,6 +376,7 @@ def summarize(rows: list[dict[str, Any]], methods: Sequence[str]) -> dict[str, A
         same = [x["ids"] == r[ref]["ids"] for r, x in res if ref and r.get(ref)]
         r_ref = [x["rougeL_ref"] for _, x in res if x.get("rougeL_ref") is not None]
         r_hf = [x["rougeL_greedy"] for _, x in res if x.get("rougeL_greedy") is not None]
+        r_text = [x["rougeL_text"] for _, x in res if x.get("rougeL_text") is not None]
         attributed = [x["attributed"] for _, x in res if x.get("attributed") is not None]
         steps = sum(x.get("verify_steps") or 0 for _, x in res)
         tps = pooled([r for r, _ in res], m)
@@ -392,6 +393,7 @@ def summarize(rows: list[dict[str, Any]], methods: Sequence[str]) -> dict[str, A
             "identical_n": sum(same) if same else None,
             "rougeL_ref": sum(r_ref) / len(r_ref) if r_ref else None,
             "rougeL_greedy": sum(r_hf) / len(r_hf) if r_hf else None,
+            "rougeL_text": sum(r_text) / len(r_text) if r_text else None,
             "cited": sum(attributed) / tok if attributed and tok else None,
             "accepted_per_verify": (sum(x.get("accepted") or 0 for _, x in res) / steps
                                     if steps else None),
@@ -485,6 +487,7 @@ def markdown(result: dict[str, Any]) -> str:
         "fp32; **×RAG** = over RAG greedy on the same RA prompt (RA methods); **== ref** = outputs "
         "identical to the reference (HF greedy for plain-prompt methods, RAG greedy for RA ones); "
         "**R-L ref** / **R-L HF** = ROUGE-L F1 x100 against that reference / against HF greedy; "
+        "**R-L text** = against the document's true continuation (completion sets only); "
         "**cited** = output tokens with a corpus source; **acc/verify** = draft tokens accepted "
         "per verification.",
     ]
@@ -494,8 +497,8 @@ def markdown(result: dict[str, Any]) -> str:
             continue
         lines += ["", f"## {s} ({summ['prompts']} prompts)", "",
                   row("method", "tok/s", "×HF", "×fp32", "×RAG", "== ref", "R-L ref", "R-L HF",
-                      "cited %", "acc/verify"),
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                      "R-L text", "cited %", "acc/verify"),
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for meth in methods:
             x = summ.get(meth)
             if not x:
@@ -504,7 +507,8 @@ def markdown(result: dict[str, Any]) -> str:
                 LABELS[meth], fmt(x["tokens_per_s"], 1),
                 f"{fmt(x['vs_hf_greedy'])} ({fmt(x['vs_hf_greedy_geomean'])})",
                 fmt(x["vs_hf_fp32"]), fmt(x["vs_rag_greedy"]), x["identical"] or "-",
-                pct(x["rougeL_ref"]), pct(x["rougeL_greedy"]), pct(x["cited"]),
+                pct(x["rougeL_ref"]), pct(x["rougeL_greedy"]), pct(x.get("rougeL_text")),
+                pct(x["cited"]),
                 fmt(x["accepted_per_verify"], 1)))
     lines += ["", "## Targets (issue 21; ratios against HF greedy in the same dtype)", "",
               row("target", "measured", "goal", "met"), "|---|---|---|---|"]
@@ -593,6 +597,21 @@ def quickstart(bench: Bench, tokens: int, repeats: int) -> dict[str, Any]:
             "grounded_vs_hf_fp32": acc["grounded"]["vs_hf_fp32"], "text": text}
 
 
+def score(r: dict[str, Any], methods: Sequence[str], scorer: Any) -> None:
+    """ROUGE-L F1 of every method's text in row ``r`` against its reference method's, HF
+    greedy's and the true continuation (``r["reference"]``, completion prompts only)."""
+    from nest_integrations.evaluation.metrics import rouge
+
+    def f(a: str, b: str | None) -> float | None:
+        return rouge(a, b, scorer)["rougeL"]["f"] if b and b.strip() else None
+
+    for m in methods:
+        x, ref = r[m], REFERENCE[m]
+        x["rougeL_ref"] = f(x["text"], r[ref]["text"]) if ref else None
+        x["rougeL_greedy"] = f(x["text"], r["hf-greedy"]["text"])
+        x["rougeL_text"] = f(x["text"], r.get("reference"))
+
+
 def derive(result: dict[str, Any]) -> dict[str, Any]:
     """The summaries, time profiles and targets of ``result["rows"]`` (in place, returned)."""
     rows, methods = result["rows"], result["methods"]
@@ -609,7 +628,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     if args.render_only:
+        from nest_integrations.evaluation.metrics import rouge_scorer
+
         result = json.loads((Path(args.out) / "speed_all.json").read_text())
+        scorer = rouge_scorer()
+        for r in result["rows"]:  # rows of older versions lack some scores
+            score(r, result["methods"], scorer)
         derive(result)
         write_outputs(args.out, "speed_all", result, markdown(result))
         return 0
@@ -619,7 +643,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from bench_speed import build_prompts
 
-    from nest_integrations.evaluation.metrics import rouge, rouge_scorer
+    from nest_integrations.evaluation.metrics import rouge_scorer
     from nest_integrations.ingest import (
         default_token_counter,
         load_documents,
@@ -658,13 +682,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         k = i % len(methods)
         for m in methods[k:] + methods[:k]:  # rotate the order
             r[m] = bench.run(m, q, args.max_new_tokens)
-        hf_text = r["hf-greedy"]["text"]
-        for m in methods:
-            x, ref = r[m], REFERENCE[m]
-            x["rougeL_ref"] = (rouge(x["text"], r[ref]["text"], scorer)["rougeL"]["f"]
-                               if ref and r[ref]["text"].strip() else None)
-            x["rougeL_greedy"] = (rouge(x["text"], hf_text, scorer)["rougeL"]["f"]
-                                  if hf_text.strip() else None)
+        score(r, methods, scorer)
         rows.append(r)
         say(f"prompt {i + 1}/{len(prompts)} ({q['set']}) done, {time.perf_counter() - t_start:.0f} s: "
             + " ".join(f"{m}={rate(r[m]) or 0:.1f}" for m in methods))
