@@ -477,8 +477,11 @@ def markdown(result: dict[str, Any]) -> str:
         f"{result['heldout_source']}. DReSD datastore: {result['datastore']}. llama.cpp: "
         f"{result['llama_cpp'].get('status')}"
         + (f" (`llama-cpp-python` {result['llama_cpp'].get('version')}, "
-           f"`{Path(result['llama_cpp']['gguf']).name}`)" if result['llama_cpp'].get('status') == 'ok'
-           else "") + ".",
+           f"`{Path(result['llama_cpp']['gguf']).name}`, n_threads = torch threads, temperature 0"
+           + ("" if result["llama_cpp"].get("use_extra_bufts", True) else
+              "; extra buffer types off: built with `GGML_NATIVE=ON`, its AMX tile kernels die "
+              "of SIGILL where the kernel does not enable AMX, as in this VM") + ")"
+           if result['llama_cpp'].get('status') == 'ok' else "") + ".",
         "",
         f"Command: `{result['command']}`",
         "",
@@ -521,8 +524,9 @@ def markdown(result: dict[str, Any]) -> str:
     qs = result.get("quickstart")
     if qs:
         lines += ["", f"## The quickstart question at {qs['max_new_tokens']} tokens", "",
-                  f"`nest ask \"{qs['question']}\"`, {qs['repeats']} interleaved repeats, pooled; "
-                  "`grounded` = the engine `nest ask` builds, in each dtype.", "",
+                  f"`nest ask \"{qs['question']}\"`, {qs['repeats']} interleaved repeats, pooled "
+                  "(tokens and passes are totals over the repeats; `grounded` may stop before "
+                  "the limit); `grounded` = the engine `nest ask` builds, in each dtype.", "",
                   row("run", "tok/s", "tokens", "forward passes", "×HF fp32"),
                   "|---|---|---|---|---|"]
         for name, x in qs["runs"].items():
