@@ -83,8 +83,8 @@ def ood_datastore(lm: Any) -> Path:
     return path
 
 
-def id_datastore(lm: Any, train: list[dict], max_new: int) -> Path:
-    path = default_datastore_path(f"bench-lossless-train{len(train)}")
+def id_datastore(lm: Any, train: list[dict], max_new: int, name: str = "bench-lossless") -> Path:
+    path = default_datastore_path(f"{name}-train{len(train)}")
     path.mkdir(parents=True, exist_ok=True)
     prompts = path / "train_prompts.jsonl"
     prompts.write_text("".join(json.dumps(p) + "\n" for p in train))

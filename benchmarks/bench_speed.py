@@ -364,6 +364,15 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def write_outputs(folder: str | Path, stem: str, result: dict[str, Any], md: str) -> None:
+    """``<stem>.json`` and ``<stem>.md`` in ``folder`` (created), and the markdown on stdout."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    (out / f"{stem}.md").write_text(md)
+    sys.stdout.write(md)
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -473,12 +482,7 @@ def main() -> int:
         },
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "speed.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
-    md = markdown(result)
-    (out / "speed.md").write_text(md)
-    sys.stdout.write(md)
+    write_outputs(args.out, "speed", result, markdown(result))
     return 0
 
 
