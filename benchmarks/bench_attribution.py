@@ -597,7 +597,7 @@ def answer_retrieval(persist_dir: Path | None, store_dir: Path | None) -> Any:
 
 def attribute_answers(
     records: list[dict[str, Any]], attributor: Attributor, retrieve: Any, k: int,
-    systems: list[str] | None = None,
+    systems: list[str] | None = None, recorded_k: int = 8,
 ) -> dict[str, Any]:
     """Attribute recorded closed-question answers (``benchmarks/quality.py``'s or
     ``qa_dev.py``'s JSONL: ``question``, ``system``, ``text``, ``correct``, ``gold_doc_id``,
@@ -606,19 +606,26 @@ def attribute_answers(
     **flagged** when one of its sentences is unsupported, or supported only by another
     document than the gold one. Per system: the share of wrong answers flagged (the issue's
     target: >= 60%), of right answers flagged (<= 15%), with Wilson 95% intervals, overall and
-    per source."""
+    per source. ``recorded_k`` passages are retrieved (quality.py's ``--k``) to check that the
+    retrieval is the generator's: ``same_gold_rank`` counts the questions whose gold rank
+    equals the recorded ``gold_rank``."""
     from nest_integrations.evaluation.stats import wilson_ci
 
     closed = [r for r in records if "correct" in r and "error" not in r]
     names = systems or list(dict.fromkeys(r["system"] for r in closed))
     passages: dict[tuple[str, str], list[Passage]] = {}
+    ranks: dict[tuple[str, str], bool] = {}
     per: dict[str, list[dict[str, Any]]] = {}
     for r in closed:
         if r["system"] not in names:
             continue
         key = (r.get("source", "entities-hard"), r["question"])
         if key not in passages:
-            passages[key] = retrieve(key[0], r["question"], k)
+            found = retrieve(key[0], r["question"], max(k, recorded_k))
+            docs = [p.doc_id for p in found[:recorded_k]]
+            rank = docs.index(r["gold_doc_id"]) + 1 if r.get("gold_doc_id") in docs else None
+            ranks[key] = rank == r.get("gold_rank")
+            passages[key] = found[:k]
         t0 = time.perf_counter()
         a = attributor(r["text"], passages[key])
         dt = time.perf_counter() - t0
@@ -645,7 +652,8 @@ def attribute_answers(
             "ms_per_answer": 1000 * sum(x["time"] for x in rows) / max(len(rows), 1),
         }
 
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"_retrieval": {"questions": len(ranks),
+                                          "same_gold_rank": sum(ranks.values())}}
     for name in names:
         rows = per.get(name, [])
         out[name] = {**summary(rows), "by_source": {
@@ -667,7 +675,9 @@ def render_answers(r: dict[str, Any]) -> str:
              f"these answers); passages: the top {r['k']} of the retrieval the generator used "
              "(`benchmarks/quality.py`'s stores). Flagged: a sentence unsupported, or supported "
              "only by a document other than the question's gold one. Targets (issue 23): "
-             ">= 60% of wrong answers flagged, <= 15% of right ones. 95% Wilson intervals.", "",
+             ">= 60% of wrong answers flagged, <= 15% of right ones. 95% Wilson intervals. "
+             f"The retrieval gives the recorded gold rank on {r['retrieval']['same_gold_rank']} "
+             f"of {r['retrieval']['questions']} questions.", "",
              "| system | answers (right / wrong) | wrong flagged | of which other-document | "
              "right flagged | supported sentences | ms / answer |",
              "|---|---|---|---|---|---|---|"]
@@ -703,12 +713,15 @@ def answers_main(args: Any, argv: list[str] | None) -> int:
     att = Attributor(cfg, embedder=shared_embedder())
     systems = [s for s in args.answers_systems.split(",") if s] or None
     res = attribute_answers(records, att, retrieve, args.answers_k, systems)
+    retrieval = res.pop("_retrieval")
+    print(f"retrieval: the recorded gold rank on {retrieval['same_gold_rank']} of "
+          f"{retrieval['questions']} questions", flush=True)
     for name, g in res.items():
         print(f"{name}: n {g['n']} ({g['right']} right) wrong flagged {g['wrong_flagged']} "
               f"right flagged {g['right_flagged']}", flush=True)
     report = {"records": str(path.relative_to(REPO) if path.is_relative_to(REPO) else path),
               "scorer": cfg.scorer, "threshold": cfg.threshold, "k": args.answers_k,
-              "systems": res,
+              "systems": res, "retrieval": retrieval,
               "sources": sorted({s for g in res.values() for s in g["by_source"]}),
               "command": "python benchmarks/bench_attribution.py "
               + " ".join(argv if argv is not None else sys.argv[1:]),
