@@ -553,17 +553,23 @@ def generator_answers(path: Path, attributor: Attributor, systems: tuple[str, ..
 # ------------------------------------------------------------------------------------ answers
 
 
-def _flagged_sentences(a: Any, gold_doc_id: str | None) -> list[str]:
+def _flagged_sentences(a: Any, gold_doc_id: str | None, attributor: Attributor) -> list[str]:
     """Why each flagged unit of an attribution is flagged: ``"unsupported"``, or
-    ``"other-document"`` when every citation of the unit is on a document other than the
-    question's gold one."""
+    ``"other-document"`` when the unit is supported only by documents other than the
+    question's gold one: its citations are all elsewhere, and attributed to the gold
+    document's passages alone it is unsupported (a true sentence that a decoy note repeats
+    word for word is cited to whichever passage comes first, and is not flagged for that)."""
     why = []
+    gold = [p for p in a.passages if p.doc_id == gold_doc_id]
     for u in a.sentences:
         if u.verdict == "unsupported":
             why.append("unsupported")
             continue
         docs = {c.doc_id for c in a.citations if c.start < u.end and c.end > u.start}
-        if gold_doc_id is not None and docs and gold_doc_id not in docs:
+        if gold_doc_id is None or not docs or gold_doc_id in docs:
+            continue
+        alone = attributor(a.text[: u.end], gold, span=(u.start, u.end)) if gold else None
+        if alone is None or any(s.verdict == "unsupported" for s in alone.sentences):
             why.append("other-document")
     return why
 
@@ -629,7 +635,7 @@ def attribute_answers(
         t0 = time.perf_counter()
         a = attributor(r["text"], passages[key])
         dt = time.perf_counter() - t0
-        why = _flagged_sentences(a, r.get("gold_doc_id"))
+        why = _flagged_sentences(a, r.get("gold_doc_id"), attributor)
         per.setdefault(r["system"], []).append({
             "question_id": r["question_id"], "source": key[0], "correct": bool(r["correct"]),
             "flagged": bool(why), "why": why, "units": len(a.sentences),
