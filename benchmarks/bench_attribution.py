@@ -556,7 +556,8 @@ def generator_answers(path: Path, attributor: Attributor, systems: tuple[str, ..
 def _flagged_sentences(a: Any, gold_doc_id: str | None, attributor: Attributor) -> list[str]:
     """Why each flagged unit of an attribution is flagged: ``"unsupported"``, or
     ``"other-document"`` when the unit is supported only by documents other than the
-    question's gold one: its citations are all elsewhere, and attributed to the gold
+    question's gold one: the citations that decided its verdict are all elsewhere, and
+    attributed to the gold
     document's passages alone it is unsupported (a true sentence that a decoy note repeats
     word for word is cited to whichever passage comes first, and is not flagged for that)."""
     why = []
@@ -565,7 +566,10 @@ def _flagged_sentences(a: Any, gold_doc_id: str | None, attributor: Attributor) 
         if u.verdict == "unsupported":
             why.append("unsupported")
             continue
-        docs = {c.doc_id for c in a.citations if c.start < u.end and c.end > u.start}
+        # the citations that decided the verdict (as in run_scorer): a support verdict's
+        # support citation, not a verbatim run of the sentence frame it also holds
+        docs = {c.doc_id for c in a.citations if c.start < u.end and c.end > u.start
+                and (c.kind == "support") == (u.verdict == "support")}
         if gold_doc_id is None or not docs or gold_doc_id in docs:
             continue
         alone = attributor(a.text[: u.end], gold, span=(u.start, u.end)) if gold else None
@@ -725,7 +729,12 @@ def answers_main(args: Any, argv: list[str] | None) -> int:
     for name, g in res.items():
         print(f"{name}: n {g['n']} ({g['right']} right) wrong flagged {g['wrong_flagged']} "
               f"right flagged {g['right_flagged']}", flush=True)
-    report = {"records": str(path.relative_to(REPO) if path.is_relative_to(REPO) else path),
+    shown = path.resolve()
+    if shown.is_relative_to(REPO):
+        shown = shown.relative_to(REPO)
+    elif "benchmarks/results/" in shown.as_posix():  # another checkout's results: their name
+        shown = Path("benchmarks/results") / shown.as_posix().split("benchmarks/results/", 1)[1]
+    report = {"records": str(shown),
               "scorer": cfg.scorer, "threshold": cfg.threshold, "k": args.answers_k,
               "systems": res, "retrieval": retrieval,
               "sources": sorted({s for g in res.values() for s in g["by_source"]}),

@@ -75,11 +75,15 @@ GOLD = ("Pouthubrirt Labs is a company. The founding year of Pouthubrirt Labs is
         "The approval year of Pouthubrirt Labs is 1981.")
 NOTE = ("Biziom Labs is often confused with Pouthubrirt Labs. The founding year of Pouthubrirt "
         "Labs is 1938. The stock ticker of Biziom Labs is QZNX.")
+NOTE2 = ("Biziom Labs is often confused with Pouthubrirt Labs. The founding year of Biziom Labs "
+         "is 1990.")
 
 
 def test_recorded_answers_flags() -> None:
-    passages = [Passage("n", NOTE, doc_id="note"), Passage("g", GOLD, doc_id="gold")]
+    passages = {"note": [Passage("n", NOTE, doc_id="note"), Passage("g", GOLD, doc_id="gold")],
+                "note2": [Passage("n2", NOTE2, doc_id="note2"), Passage("g", GOLD, doc_id="gold")]}
     q = "What is the founding year of Pouthubrirt Labs?"
+    q2 = "When was Pouthubrirt Labs founded?"
     records = [
         # true, and word for word in the decoy note ranked first: not flagged
         {"question_id": "1", "question": q, "system": "rag", "correct": True,
@@ -93,6 +97,11 @@ def test_recorded_answers_flags() -> None:
         {"question_id": "1", "question": q, "system": "other", "correct": False,
          "gold_doc_id": "gold", "gold_rank": 2, "source": "entities-hard",
          "text": "The stock ticker of Biziom Labs is QZNX."},
+        # the gold document's sentence frame copied, the value from the note's other entity:
+        # the verbatim frame on the gold document does not make it supported there
+        {"question_id": "2", "question": q2, "system": "frame", "correct": False,
+         "gold_doc_id": "gold", "gold_rank": 2, "source": "entities-hard",
+         "text": "The founding year of Pouthubrirt Labs is 1990."},
         {"question_id": "1", "question": q, "system": "rag", "correct": False, "error": "x",
          "gold_doc_id": "gold", "text": ""},  # a failed generation is left out
     ]
@@ -100,14 +109,15 @@ def test_recorded_answers_flags() -> None:
 
     def retrieve(source: str, question: str, k: int) -> list[Passage]:
         calls.append((source, question, k))
-        return passages
+        return passages["note" if question == q else "note2"]
 
     att = Attributor(AttributionConfig(scorer="fuzzy"))
     out = B.attribute_answers(records, att, retrieve, k=4)
-    assert out["_retrieval"] == {"questions": 1, "same_gold_rank": 1}
-    assert calls == [("entities-hard", q, 8)]  # once per question, the recorded k
+    assert out["_retrieval"] == {"questions": 2, "same_gold_rank": 2}
+    assert calls == [("entities-hard", q, 8), ("entities-hard", q2, 8)]  # once per question
     assert out["rag"]["n"] == 1 and out["rag"]["right_flagged"] == 0.0
     assert out["base"]["wrong_flagged"] == 1.0
     assert out["base"]["answers"][0]["why"] == ["unsupported"]
     assert out["other"]["answers"][0]["why"] == ["other-document"]
     assert out["other"]["wrong_other_document"] == 1.0
+    assert out["frame"]["answers"][0]["why"] == ["other-document"]
