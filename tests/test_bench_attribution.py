@@ -84,26 +84,22 @@ def test_recorded_answers_flags() -> None:
                 "note2": [Passage("n2", NOTE2, doc_id="note2"), Passage("g", GOLD, doc_id="gold")]}
     q = "What is the founding year of Pouthubrirt Labs?"
     q2 = "When was Pouthubrirt Labs founded?"
+    def record(system: str, correct: bool, text: str, question: str = q) -> dict:
+        return {"question_id": question, "question": question, "system": system,
+                "correct": correct, "gold_doc_id": "gold", "gold_rank": 2,
+                "source": "entities-hard", "text": text}
+
     records = [
         # true, and word for word in the decoy note ranked first: not flagged
-        {"question_id": "1", "question": q, "system": "rag", "correct": True,
-         "gold_doc_id": "gold", "gold_rank": 2, "source": "entities-hard",
-         "text": "The founding year of Pouthubrirt Labs is 1938."},
+        record("rag", True, "The founding year of Pouthubrirt Labs is 1938."),
         # a value no passage holds: unsupported
-        {"question_id": "1", "question": q, "system": "base", "correct": False,
-         "gold_doc_id": "gold", "gold_rank": 2, "source": "entities-hard",
-         "text": "The founding year of Pouthubrirt Labs is 1777."},
+        record("base", False, "The founding year of Pouthubrirt Labs is 1777."),
         # only the note supports it
-        {"question_id": "1", "question": q, "system": "other", "correct": False,
-         "gold_doc_id": "gold", "gold_rank": 2, "source": "entities-hard",
-         "text": "The stock ticker of Biziom Labs is QZNX."},
+        record("other", False, "The stock ticker of Biziom Labs is QZNX."),
         # the gold document's sentence frame copied, the value from the note's other entity:
         # the verbatim frame on the gold document does not make it supported there
-        {"question_id": "2", "question": q2, "system": "frame", "correct": False,
-         "gold_doc_id": "gold", "gold_rank": 2, "source": "entities-hard",
-         "text": "The founding year of Pouthubrirt Labs is 1990."},
-        {"question_id": "1", "question": q, "system": "rag", "correct": False, "error": "x",
-         "gold_doc_id": "gold", "text": ""},  # a failed generation is left out
+        record("frame", False, "The founding year of Pouthubrirt Labs is 1990.", q2),
+        {**record("rag", False, ""), "error": "x"},  # a failed generation is left out
     ]
     calls = []
 
