@@ -171,6 +171,37 @@ def test_a_wrong_value_is_not_supported(attributor: Attributor) -> None:
     assert wrong.sentences[0].verdict == "unsupported"
 
 
+HQ = ("Biziom Labs is a company founded in Velmora. The headquarters city of Biziom Labs is "
+      "Thoudrond. The chief executive of Biziom Labs is Ada Quistan.")
+OPS = 'The "^" operator yields the bitwise XOR of its arguments. See also "|" and "&".'
+
+
+@pytest.mark.parametrize("text, verdict", [
+    ("Thoudrond is the headquarters city of Biziom Labs.", "support"),
+    # the value is the first word: capitalised at the start, and still a name
+    ("Brouthort is the headquarters city of Biziom Labs.", "unsupported"),
+    # a lead-in phrase or a function word opening the sentence is no value
+    ("Broadly speaking, the headquarters city of Biziom Labs is Thoudrond.", "support"),
+    ("In short, the headquarters city of Biziom Labs is Thoudrond.", "support"),
+    # all or nothing: one wrong name among several right ones is enough
+    ("Ada Quistan is the chief executive of Biziom Labs in Marrowind.", "unsupported"),
+    # a quoted code name must be in the supporting sentence, not just in its passage
+    ('The "^" operator gives the bitwise XOR of its arguments.', "support"),
+    ('The "|" operator yields the bitwise XOR of its arguments.', "unsupported"),
+])
+def test_the_value_check(text: str, verdict: str) -> None:
+    passages = [Passage("hq", HQ, doc_id="hq"), Passage("ops", OPS, doc_id="ops")]
+    a = attribute(text, passages, config=AttributionConfig(scorer="fuzzy",
+                                                           support_threshold=0.5))
+    assert [s.verdict for s in a.sentences] == [verdict], a.sentences
+    if verdict == "unsupported":  # the check decided, not the string score
+        unchecked = attribute(text, passages, config=AttributionConfig(
+            scorer="fuzzy", support_threshold=0.5, check_values=False))
+        assert unchecked.sentences[0].verdict in ("support", "verbatim")
+    else:
+        assert a.sentences[0].score >= 0.5
+
+
 def test_retriever_finds_the_passages_with_the_question(attributor: Attributor) -> None:
     retriever = InMemoryRetriever(_passages())
     a = attribute("He hired an army of Greek mercenaries to seize the throne.",

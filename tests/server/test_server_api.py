@@ -111,6 +111,85 @@ def test_openai_chat_streamed_equals_non_streamed(live_server: Any) -> None:
     assert finish == full.choices[0].finish_reason
 
 
+#: With ``attribute`` on, the embedded model's answer to this question has sentences it did not
+#: copy that the corpus supports (measured: a support annotation on the wire).
+ATTRIBUTED_QUESTION = QUESTIONS[1]
+
+
+def _sse(server: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``data:`` events of a streamed request over plain HTTP, up to ``[DONE]``."""
+    import httpx
+
+    events, done = [], False
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=120,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                done = True
+                break
+            events.append(json.loads(line[len("data: "):]))
+    assert done, "the stream ended without [DONE]"
+    return events
+
+
+def test_sse_chat_with_attribution_on(live_server: Any) -> None:
+    """``attribute`` on at the server (its base config): over plain HTTP SSE, support
+    annotations arrive in the stream with the delta that ends their sentence, before the
+    final chunk; merged, the streamed annotations equal the non-streamed response's; each is
+    exact (a support annotation's ``cited_text`` is its passage's sentence, the answer span one
+    of the answer's sentences), and the engine's own result for the same request has the same
+    text, citations and unsupported sentences, none of which a support annotation covers."""
+    import httpx
+
+    from nest_integrations.attribution import split_units
+    from nest_integrations.server.protocol import annotation, merge_annotations
+
+    state = live_server.app.state.nest
+    base = state.base_config
+    state.base_config = base.replace(attribute=True)
+    body = {"model": "nest", "max_tokens": 64,
+            "messages": [{"role": "user", "content": ATTRIBUTED_QUESTION}]}
+    try:
+        r = httpx.post(f"{live_server.url}/v1/chat/completions", json=body, timeout=120,
+                       headers={"Authorization": f"Bearer {API_KEY}"})
+        assert r.status_code == 200, r.text
+        message = r.json()["choices"][0]["message"]
+        events = _sse(live_server, {**body, "stream": True})
+        engine = live_server.engine.generate(
+            [{"role": "user", "content": ATTRIBUTED_QUESTION}], max_new_tokens=64,
+            config=state.base_config)
+    finally:
+        state.base_config = base
+    text, streamed, support_before_end = "", [], 0
+    for i, ev in enumerate(events):
+        choice = ev["choices"][0] if ev["choices"] else {}
+        delta = choice.get("delta", {})
+        text += delta.get("content") or ""
+        got = delta.get("annotations") or []
+        streamed += got
+        if choice.get("finish_reason") is None and i < len(events) - 1:
+            support_before_end += sum(a["url_citation"]["kind"] == "support" for a in got)
+    assert text == message["content"] == engine.text
+    merged = merge_annotations(streamed)
+    assert merged == message["annotations"] == [annotation(c) for c in engine.citations]
+    support = [a["url_citation"] for a in merged if a["url_citation"]["kind"] == "support"]
+    assert support and support_before_end == len(support)
+    units = {(s, e) for s, e in split_units(text)}
+    for u in support:
+        assert (u["start_index"], u["end_index"]) in units
+        assert isinstance(u["score"], float) and u["copied"] is False
+        p = _passage(live_server, u["passage_id"])
+        assert p["text"][u["passage_start"] : u["passage_end"]] == u["cited_text"]
+        source = live_server.sources[u["doc_id"]]
+        assert source[u["source_start"] : u["source_end"]] == u["cited_text"]
+    for un in engine.unsupported:
+        assert text[un.start : un.end] == un.text
+        assert not any(u["start_index"] < un.end and un.start < u["end_index"] for u in support)
+
+
 def test_completions_endpoint(live_server: Any) -> None:
     PROMPT = "Assert statements are a convenient way"
     """/v1/completions completes raw text, with annotations on the choice."""
