@@ -210,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=30, help="closed questions (0 = the whole split)")
     ap.add_argument("--n-open", type=int, default=10, help="open-ended questions (0 = all)")
     ap.add_argument("--skip-open", action="store_true", help="no open-ended questions")
+    ap.add_argument("--offset", type=int, default=0,
+                    help="skip the first N closed questions of the slice (questions an earlier "
+                         "run of the same slice already answered)")
     ap.add_argument("--skip-closed", action="store_true", help="no closed questions")
     ap.add_argument("--sources", default=None,
                     help="closed-question sources to keep, comma-separated (default: all)")
@@ -255,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--sources: unknown {sorted(bad)}; choose from {list(SOURCES)}")
         pool = [q for q in pool if qs.sources[q.id] in keep]
     closed = [] if args.skip_closed else qs.interleaved(pool, args.n or None, args.slice_seed)
+    closed = closed[args.offset:]
     opened = ([] if args.skip_open else
               qs.interleaved(qs.open(args.split), args.n_open or None, args.slice_seed))
     specs = [system(s) for s in args.systems.split(",") if s.strip()]
