@@ -371,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.out / f"{args.tag}.jsonl", "w", encoding="utf-8") as f:
         for r in records + open_records:
             f.write(json.dumps(r, ensure_ascii=False, default=str) + "\n")
+    if not args.from_records:  # the run finished: its partial record is the .jsonl now
+        (args.out / f"{args.tag}.partial.jsonl").unlink(missing_ok=True)
     return 0
 
 
