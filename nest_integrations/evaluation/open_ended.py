@@ -4,10 +4,11 @@ and where the citations point. Pure functions (hand-computed cases in tests/test
 - **ROUGE-L** (``rouge_l``): F-measure of the answer against the gold passage (``metrics.rouge``).
 - **degenerate** (``degenerate``): the answer is empty, mostly punctuation (under half of its
   non-space characters are letters or digits), repeats a sentence or line, or loops on a phrase
-  (``core.topic.repeat_start`` / ``loop_start``, with the text taken as ended), or runs into
-  ``BLANK_RUN`` empty lines in a row or one short line ``LINE_REPEATS`` times ("Python" line
-  after line: the guards' 12-character line minimum lets these through; added after the first
-  test-split run showed both, for every system alike).
+  (``core.topic.repeat_start`` / ``loop_start``, with the text taken as ended), runs into junk
+  (``core.topic.junk_start``: 4+ separators or 4+ empty lines in a row, what the relaxed modes'
+  guard now cuts), or repeats one short line ``LINE_REPEATS`` times ("Python" line after line:
+  the guards' 12-character line minimum lets it through; added after the first test-split run
+  showed it, for every system alike).
 - **run-on** (``other_document_tokens``): output tokens attributed to a passage of another
   document than the gold one: text that belongs to another document.
 - **gold-cited share**: as in ``grounded.gold_cited_share``; **substantial citation**: the
@@ -18,27 +19,25 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from nest_integrations.core.topic import citation_words, loop_start, repeat_start
+from nest_integrations.core.topic import citation_words, junk_start, loop_start, repeat_start
 
 #: Words of a citation counted as a substantial copy (the issue's ">= 4-word citation").
 SUBSTANTIAL_WORDS = 4
 
 
-#: Empty lines in a row that make an answer degenerate.
-BLANK_RUN = 4
 #: Times one non-empty line may occur before the answer is degenerate.
 LINE_REPEATS = 3
 
 
 def degenerate(text: str) -> bool:
-    """Empty, mostly punctuation, a repeated sentence or line, a phrase loop, a run of empty
-    lines or a short line repeated (see the module docstring)."""
+    """Empty, mostly punctuation, a repeated sentence or line, a phrase loop, junk, or a short
+    line repeated (see the module docstring)."""
     chars = [ch for ch in text if not ch.isspace()]
     if not chars:
         return True
     if sum(ch.isalnum() for ch in chars) < 0.5 * len(chars):
         return True
-    if "\n" * (BLANK_RUN + 1) in text.replace("\r", "").replace(" ", ""):
+    if junk_start(text) is not None:
         return True
     lines = [ln.strip().lower() for ln in text.splitlines() if ln.strip()]
     if lines and max(lines.count(ln) for ln in set(lines)) >= LINE_REPEATS:
@@ -68,5 +67,5 @@ def rouge_l(prediction: str, reference: str, scorer: Any = None) -> float:
     return rouge(prediction, reference, scorer)["rougeL"]["f"]
 
 
-__all__ = ["BLANK_RUN", "LINE_REPEATS", "SUBSTANTIAL_WORDS", "degenerate", "other_document_tokens", "rouge_l",
+__all__ = ["LINE_REPEATS", "SUBSTANTIAL_WORDS", "degenerate", "other_document_tokens", "rouge_l",
            "substantial_citation"]
