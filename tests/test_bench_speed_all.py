@@ -25,7 +25,7 @@ def bench():
 def test_methods_subset_pulls_in_its_references(bench):
     args = bench.parse_args(["--methods", "grounded,dresd", "--per-set", "2"])
     # the order of METHODS, plus the references the chosen methods are measured against
-    assert args.methods == ("hf-greedy", "rag-greedy", "dresd", "grounded")
+    assert args.methods == ("hf-greedy", "hf-greedy-model", "rag-greedy", "dresd", "grounded")
     assert args.per_set == 2 and args.dtype == "bf16"
     with pytest.raises(SystemExit):
         bench.parse_args(["--methods", "grounded,turbo"])
@@ -50,12 +50,14 @@ def rows():
     return [
         {"set": "qa",
          "hf-greedy": run(10, 1.0, [1, 2]),
+         "hf-greedy-model": run(10, 0.9, [1, 2]),
          "rag-greedy": run(10, 2.0, [3, 4]),
          "greedy": run(10, 1.25, [1, 2], verify_steps=0, accepted=0, forwards=11),
          "grounded": run(10, 0.5, [3, 5], attributed=5, verify_steps=2, accepted=6, forwards=3,
                          rougeL_ref=0.5, time=timing(0.05, 0.05, 0.2, 0.3, 0.05, 0.0, 0.5))},
         {"set": "held-out",
          "hf-greedy": run(20, 1.0, [7]),
+         "hf-greedy-model": run(20, 0.9, [7]),
          "rag-greedy": run(20, 2.0, [8]),
          "greedy": run(20, 1.0, [9], verify_steps=0, accepted=0, forwards=21),
          "grounded": run(20, 2.0, [8], attributed=0, verify_steps=4, accepted=2, forwards=10,
@@ -64,7 +66,7 @@ def rows():
 
 
 def test_summary_ratios_and_quality(bench, rows):
-    methods = ("hf-greedy", "rag-greedy", "greedy", "grounded")
+    methods = ("hf-greedy", "hf-greedy-model", "rag-greedy", "greedy", "grounded")
     s = bench.summarize(rows, methods)
     assert s["prompts"] == 2
     # pooled: HF 30 tok / 2 s = 15/s; RAG 30 / 4 = 7.5/s; grounded 30 / 2.5 = 12/s
@@ -75,7 +77,7 @@ def test_summary_ratios_and_quality(bench, rows):
     assert s["hf-greedy"]["vs_hf_fp32"] is None  # no fp32 baseline in these rows
     # geo-mean of per-prompt ratios: grounded 20/s vs 10/s and 10/s vs 20/s -> 1.0
     assert s["grounded"]["vs_hf_greedy_geomean"] == pytest.approx(1.0)
-    assert s["greedy"]["identical"] == "1/2" and s["greedy"]["reference"] == "hf-greedy"
+    assert s["greedy"]["identical"] == "1/2" and s["greedy"]["reference"] == "hf-greedy-model"
     assert s["grounded"]["identical"] == "1/2" and s["grounded"]["reference"] == "rag-greedy"
     assert s["grounded"]["cited"] == pytest.approx(5 / 30)
     assert s["grounded"]["rougeL_ref"] == pytest.approx(0.75)
@@ -112,7 +114,7 @@ def test_targets_and_markdown(bench, rows):
     assert qa["measured"] == pytest.approx(4.0) and qa["met"] is True  # 20/s vs 5/s
     held = t["`grounded` >= 1.0x HF greedy on held-out prompts"]
     assert held["measured"] == pytest.approx(0.5) and held["met"] is False
-    assert t["`greedy` identical to greedy on every prompt (hf-greedy)"]["met"] is False
+    assert t["`greedy` identical to greedy on every prompt (hf-greedy-model)"]["met"] is False
     assert t["DReSD in-domain (qa) >= 1.5x HF greedy"]["met"] is None  # not run
     assert t["quickstart `nest ask` (grounded) >= 2.5x HF fp32 greedy"]["met"] is True
     result.update(

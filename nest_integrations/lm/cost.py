@@ -141,9 +141,13 @@ def machine_name() -> str:
 
 
 def _lm_dtype(lm: Any) -> str:
+    """The weights' dtype, ``+packed`` when ``lm.packing`` prepacked them and ``+rowwise`` with
+    ``lm.rowwise_attention`` (other kernels, another curve)."""
     model = getattr(lm, "model", None)
     dtype = getattr(model, "dtype", None)
-    return str(dtype).replace("torch.", "") if dtype is not None else "unknown"
+    name = str(dtype).replace("torch.", "") if dtype is not None else "unknown"
+    return (name + ("+packed" if getattr(lm, "packed_linears", 0) else "")
+            + ("+rowwise" if getattr(lm, "rowwise_attention", False) else ""))
 
 
 def _device(lm: Any) -> str:
@@ -163,7 +167,7 @@ def curve_path(lm: Any) -> Path:
     key = curve_key(lm)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", key["machine"]).strip("-")[:60] or "machine"
     device = re.sub(r"[^A-Za-z0-9]+", "", key["device"])
-    name = f"{key['dtype']}-{device}-t{key['threads']}-{slug}.json"
+    name = f"{key['dtype'].replace('+', '-')}-{device}-t{key['threads']}-{slug}.json"
     return nest_home() / "cost" / key["model"].replace("/", "_").replace(os.sep, "_") / name
 
 

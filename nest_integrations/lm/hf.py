@@ -43,6 +43,8 @@ import torch
 
 from nest_integrations.config import KEY_SOURCES
 from nest_integrations.lm.backend import resolve_dtype
+from nest_integrations.lm import rowwise_attention
+from nest_integrations.lm.packing import pack_linear_weights, packing_wanted
 
 LOG = logging.getLogger(__name__)
 
@@ -138,6 +140,19 @@ class HFLanguageModel:
         self._has_logits_to_keep = "logits_to_keep" in params
         self._offsets_warned = False
         self._lock = threading.RLock()
+        #: How many ``nn.Linear`` layers ``from_pretrained`` prepacked (``lm.packing``).
+        self.packed_linears = 0
+
+    @property
+    def rowwise_attention(self) -> bool:
+        """Whether verify passes compute each row as a one-token step would, bit for bit
+        (``lm.rowwise_attention``: bf16 on CPU)."""
+        return getattr(self.model.config, "_attn_implementation", None) == rowwise_attention.NAME
+
+    def inexact_rows(self) -> Any:
+        """A context in which forwards may round rows differently from one-token steps (one
+        attention call per pass: faster). The decode loop uses it for relaxed decoding."""
+        return rowwise_attention.inexact_rows()
 
     # ----------------------------------------------------------------------------- loading
 
@@ -149,6 +164,7 @@ class HFLanguageModel:
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
         key_source: str | int = "ffn_input",
+        pack_weights: bool | None = None,
         **hf_kwargs: Any,
     ) -> "HFLanguageModel":
         """Load a model and tokenizer with ``AutoModelForCausalLM`` / ``AutoTokenizer``.
@@ -162,6 +178,9 @@ class HFLanguageModel:
                 multiply bf16 natively, else fp32; ``"fp32"``, ``"bf16"``, ``"fp16"`` or a
                 ``torch.dtype``; ``"checkpoint"`` keeps the checkpoint's (see ``lm.backend``).
             key_source: see the class docstring.
+            pack_weights: prepack the linear weights for oneDNN (``lm.packing``): ``None`` =
+                on for a bf16 model on CPU unless ``NEST_PACK_WEIGHTS=0``; ``False`` = never.
+                A faster kernel, the same parameters and fingerprint.
             **hf_kwargs: passed to ``AutoModelForCausalLM.from_pretrained`` (``revision``,
                 ``trust_remote_code``, ``token``, ... also go to the tokenizer).
         """
@@ -180,9 +199,18 @@ class HFLanguageModel:
         )
         if "device_map" not in hf_kwargs:
             model.to(dev)
-        LOG.info("loaded %s on %s (%s) in %.1f s", model_id_or_path, dev,
-                 next(model.parameters()).dtype, time.perf_counter() - start)
-        return cls(model, tokenizer, name=str(model_id_or_path), key_source=key_source)
+        weights = next(model.parameters())
+        packed = 0
+        if packing_wanted(pack_weights, weights.device, weights.dtype):
+            packed = pack_linear_weights(model)
+        rowwise = bool(packed) and rowwise_attention.wanted(
+            model, "attn_implementation" in hf_kwargs) and rowwise_attention.use_rowwise(model)
+        LOG.info("loaded %s on %s (%s%s%s) in %.1f s", model_id_or_path, dev, weights.dtype,
+                 f", {packed} linears prepacked" if packed else "",
+                 ", row-wise verify attention" if rowwise else "", time.perf_counter() - start)
+        lm = cls(model, tokenizer, name=str(model_id_or_path), key_source=key_source)
+        lm.packed_linears = packed
+        return lm
 
     @classmethod
     def from_default(
@@ -190,12 +218,17 @@ class HFLanguageModel:
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
         key_source: str | int = "ffn_input",
+        pack_weights: bool | None = None,
+        **hf_kwargs: Any,
     ) -> "HFLanguageModel":
-        """The embedded SmolLM2-135M-Instruct (converted from GGUF on first use)."""
+        """The embedded SmolLM2-135M-Instruct (converted from GGUF on first use); ``hf_kwargs``
+        go to ``from_pretrained`` (e.g. ``attn_implementation="sdpa"``: transformers' own
+        attention, as a plain transformers load gets it)."""
         from nest_integrations.lm.default import DEFAULT_MODEL_NAME, default_model_path
 
         lm = cls.from_pretrained(
-            str(default_model_path()), device=device, dtype=dtype, key_source=key_source
+            str(default_model_path()), device=device, dtype=dtype, key_source=key_source,
+            pack_weights=pack_weights, **hf_kwargs,
         )
         lm.name = DEFAULT_MODEL_NAME
         return lm

@@ -1,0 +1,146 @@
+"""Row-wise attention: a verify forward computes each new token's attention exactly as a
+one-token decode step would, so lossless speculative decoding equals greedy decoding bit for bit.
+
+The problem: a speculative verify runs T draft tokens in one forward and keeps the tokens whose
+argmax agrees with the draft. That is lossless only if row i of the verify equals what a
+one-token step at that position would compute. In bf16 on CPU the linear layers are row-exact
+in blocks of up to 32 rows (``lm.packing``), but scaled-dot-product attention is not:
+``F.scaled_dot_product_attention`` with T queries rounds differently from T calls with one
+query each. Measured on the embedded model: the rows of a 9-token verify differ from 9
+one-token steps by up to 0.4 in the logits, and 12-20 of 30 outputs of each lossless method
+left greedy's path in bf16. With this attention the rows are identical, and so are the
+outputs: 30/30 for every lossless method (``benchmarks/results/speed_all.md``,
+``benchmarks/results/packed_weights.md``, ``tests/test_rowwise_attention.py``).
+
+How: a forward that extends a cache (fewer queries than keys) calls transformers' own SDPA
+attention once per query row, with that row's keys (a causal prefix, or the rows a tree mask
+allows) and no mask, which is the call a one-token step makes. A prefill (as many queries as
+keys) and forwards of more than ``MAX_ROWS`` queries take one SDPA call, as before. The cost is
+one small attention call per row and layer: a 9-token verify after a 120-token cache measured
+83 ms against 54 ms with one SDPA call (``packed_weights.md``, a noisy VM); a fused row-exact
+kernel would remove most of it. Relaxed decoding, which needs no bit-exact rows, opts out per
+forward (``inexact_rows``).
+
+``HFLanguageModel.from_pretrained`` selects this attention only for models it prepacked (bf16 on
+CPU) whose implementation is ``"sdpa"``, unless ``NEST_ROWWISE_ATTENTION=0`` or the caller chose
+an implementation. Registered with transformers as ``"nest_rowwise"`` (with SDPA's mask
+function).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+
+#: The name under which transformers knows this attention.
+NAME = "nest_rowwise"
+#: Environment switch: ``0``/``false``/``no``/``off`` keeps transformers' SDPA.
+ENV = "NEST_ROWWISE_ATTENTION"
+#: Forwards with more new tokens than this take one SDPA call (a prefill-sized chunk).
+MAX_ROWS = 128
+_OFF = {"0", "false", "no", "off"}
+_registered = False
+#: False inside ``inexact_rows()``: one SDPA call per forward, as transformers makes it.
+_EXACT = contextvars.ContextVar("nest_rowwise_exact", default=True)
+
+
+@contextmanager
+def inexact_rows() -> Iterator[None]:
+    """Within the block, forwards take one SDPA call (faster; rows may round differently from
+    one-token steps). For decoding that does not need bit-exact rows: NEST's relaxed
+    acceptance. Wrap single forwards, not generators."""
+    token = _EXACT.set(False)
+    try:
+        yield
+    finally:
+        _EXACT.reset(token)
+
+
+def _allowed(mask: torch.Tensor | None, q_len: int, k_len: int) -> torch.Tensor | None:
+    """(q_len, k_len) bool: which keys each query row may read, from a 4D bool or additive
+    mask (batch 1, shared by heads); None means causal with the queries at the end."""
+    if mask is None:
+        return None
+    m = mask[0, 0] if mask.dim() == 4 else mask
+    m = m[-q_len:, -k_len:]
+    return m if m.dtype == torch.bool else m == 0
+
+
+def rowwise_sdpa_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention signature: ``query`` (B, H, q, d), ``key``/``value``
+    (B, H_kv, k, d); returns ((B, q, H, d), None)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    q_len, k_len = query.shape[2], key.shape[2]
+    if q_len >= k_len or q_len > MAX_ROWS or query.shape[0] != 1 or not _EXACT.get():
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    allowed = _allowed(attention_mask, q_len, k_len)
+    kwargs = {k: v for k, v in kwargs.items() if k != "is_causal"}
+    rows = []
+    for i in range(q_len):
+        if allowed is None:
+            n = k_len - q_len + i + 1
+            k_i, v_i = key[:, :, :n], value[:, :, :n]
+        else:
+            keep = allowed[i]
+            n = int(keep.sum())
+            if bool(keep[:n].all()):  # a prefix: a view, like the one-token step's cache
+                k_i, v_i = key[:, :, :n], value[:, :, :n]
+            else:  # a tree row: its ancestors, in order
+                idx = keep.nonzero().squeeze(1)
+                k_i, v_i = key.index_select(2, idx), value.index_select(2, idx)
+        out, _ = sdpa_attention_forward(module, query[:, :, i : i + 1], k_i, v_i, None,
+                                        is_causal=False, **kwargs)
+        rows.append(out)
+    return torch.cat(rows, dim=1), None
+
+
+def register() -> None:
+    """Make ``"nest_rowwise"`` known to transformers (attention and mask functions); once."""
+    global _registered
+    if _registered:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, rowwise_sdpa_forward)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+    _registered = True
+
+
+def wanted(model: Any, user_chose: bool) -> bool:
+    """Whether the loader switches ``model`` to row-wise attention: a bf16 model on CPU on
+    transformers' SDPA, no implementation chosen by the caller, and ``$NEST_ROWWISE_ATTENTION``
+    not off."""
+    if user_chose or os.environ.get(ENV, "").strip().lower() in _OFF:
+        return False
+    param = next(model.parameters(), None)
+    if param is None or param.device.type != "cpu" or param.dtype != torch.bfloat16:
+        return False
+    return getattr(model.config, "_attn_implementation", None) == "sdpa" and hasattr(
+        model, "set_attn_implementation")
+
+
+def use_rowwise(model: Any) -> bool:
+    """Switch ``model`` to row-wise attention; False (and unchanged) if transformers refuses."""
+    register()
+    try:
+        model.set_attn_implementation(NAME)
+    except (ValueError, TypeError, AttributeError, ImportError):
+        return False
+    return getattr(model.config, "_attn_implementation", None) == NAME
+
+
+__all__ = ["ENV", "MAX_ROWS", "NAME", "inexact_rows", "register", "rowwise_sdpa_forward", "use_rowwise",
+           "wanted"]
