@@ -224,6 +224,15 @@ def test_junk_guard_finds_separator_runs_and_blank_line_runs():
         assert junk_start(fine) is None, fine
     assert open_junk_start("abc, ,") == 3 and open_junk_start("abc\n\n") == 3
     assert open_junk_start("abc") is None and open_junk_start("abc ") is None
+    # a line opening with 8+ copies of one symbol: a copied reStructuredText rule
+    assert junk_start("The\n************") == 3
+    assert junk_start("In version 3.10.\n\n\n============ x") == len("In version 3.10.\n\n")
+    assert junk_start("************ first") == 0
+    for fine in ("a **bold** word", "line\n--- rule", "----- five", "a\n|---|---|",
+                 "code ``` here", "dots........ mid-line"):
+        assert junk_start(fine) is None, fine
+    assert open_junk_start("abc\n***") == 3 and open_junk_start("abc\n  ==") == 3
+    assert open_junk_start("abc\n**x") is None and open_junk_start("abc*") is None
 
 
 def test_junk_run_ends_a_relaxed_answer_and_is_never_streamed():
@@ -250,3 +259,10 @@ def test_junk_run_ends_a_relaxed_answer_and_is_never_streamed():
     assert cut.repeated and cut.text == "Belly dance is a dance." and streamed == cut.text
     free, all_text = run(False)
     assert not free.repeated and all_text == "Belly dance is a dance.,,,,,,"
+    # a copied rule line, arriving a few symbols at a time, is cut at its newline, unstreamed
+    pieces[:] = ["The", " assert", " statement", ".", "\n", "***", "***", "**", "***", "\n"]
+    vocab.clear(), vocab.update({p: i for i, p in enumerate(dict.fromkeys(pieces))})
+    inv.clear(), inv.update({i: p for p, i in vocab.items()})
+    cut, streamed = run(True)
+    assert cut.repeated and cut.text == "The assert statement." and streamed == cut.text
+    assert run(False)[1] == "".join(pieces)

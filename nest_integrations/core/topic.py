@@ -19,8 +19,12 @@ answer on its topic and make it end:
   separators (``,`` ``;`` ``:``, whitespace between them allowed) or of ``BLANK_LINES`` or more
   empty lines ends the answer before the run. A small model at small lambda emits these when the
   kNN mass lands on punctuation (the playground's "What is belly dance?" ended in
-  ``,,,,,,,,,,,,,,,,``; test-split answers ran into dozens of empty lines). A trailing run that
-  may still grow into one is held back from a stream.
+  ``,,,,,,,,,,,,,,,,``; test-split answers ran into dozens of empty lines). So does a line that
+  opens with ``SYMBOL_RUN`` or more copies of one symbol: the reStructuredText rules of the
+  Python docs (``************``, ``============``) that relaxed copies ran into after the
+  content (9 answers in the quality records: 6 wrong closed answers and 3 open-ended ones,
+  each after its content; and the bf16 quickstart answer).
+  A trailing run that may still grow into one is held back from a stream.
 - **Answer document** (``answer_document``): the document of the first copied run of at least
   ``LOCK_MIN_TOKENS`` tokens. Once it is set, span proposals and token-mode citations from
   other documents are dropped (``drafters.nest``): a copy never continues into another
@@ -53,9 +57,13 @@ MAX_LOOP_WORDS = 40
 JUNK_RUN = 4
 #: Empty lines in a row that end the answer.
 BLANK_LINES = 4
-_JUNK = re.compile(r"[,;:](?:\s*[,;:]){%d,}|\n(?:[ \t]*\n){%d,}" % (JUNK_RUN - 1, BLANK_LINES))
-_OPEN_JUNK = re.compile(r"(?:[,;:](?:\s*[,;:]){0,%d}\s*|\n(?:[ \t]*\n){0,%d}[ \t]*)$"
-                        % (JUNK_RUN - 2, BLANK_LINES - 1))
+#: A line that opens with this many copies of one symbol ("************", "========") ends it.
+SYMBOL_RUN = 8
+_JUNK = re.compile(r"[,;:](?:\s*[,;:]){%d,}|\n(?:[ \t]*\n){%d,}|(?:^|\n)[ \t]*([^\w\s])\1{%d,}"
+                   % (JUNK_RUN - 1, BLANK_LINES, SYMBOL_RUN - 1))
+_OPEN_JUNK = re.compile(r"(?:[,;:](?:\s*[,;:]){0,%d}\s*|\n(?:[ \t]*\n){0,%d}[ \t]*"
+                        r"|(?:^|\n)[ \t]*([^\w\s])\1{0,%d})$"
+                        % (JUNK_RUN - 2, BLANK_LINES - 1, SYMBOL_RUN - 2))
 #: Tokens of the first copied run that fix the answer's document.
 LOCK_MIN_TOKENS = 4
 #: Fewest words a shown citation holds in relaxed modes (see the module docstring).
@@ -184,8 +192,9 @@ def open_repeat_start(text: str, min_chars: int = MIN_REPEAT_CHARS) -> int | Non
 
 
 def junk_start(text: str) -> int | None:
-    """Start char of the first run of ``JUNK_RUN`` separators or ``BLANK_LINES`` empty lines
-    (see the module docstring), or None."""
+    """Start char of the first run of ``JUNK_RUN`` separators, of ``BLANK_LINES`` empty lines,
+    or of a line opening with ``SYMBOL_RUN`` copies of one symbol (from its newline; see the
+    module docstring), or None."""
     m = _JUNK.search(text)
     return m.start() if m else None
 
@@ -218,6 +227,7 @@ __all__ = [
     "MIN_LOOP_WORDS",
     "MIN_CITATION_WORDS",
     "MIN_REPEAT_CHARS",
+    "SYMBOL_RUN",
     "answer_document",
     "citation_words",
     "complete_words",
