@@ -38,6 +38,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 os.environ.setdefault("NEST_HOME", str(REPO / ".nest"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -58,15 +59,6 @@ def leads(n: int) -> list[str]:
     pool = sorted((v.extract for v in texts.values() if len(v.extract) > 1200), key=len)
     step = max(1, len(pool) // max(1, n))
     return pool[::step][:n]
-
-
-def forward_ms(lm: Any, t: int) -> float:
-    cache = lm.new_cache()
-    lm.forward(list(range(1000, 1120)), cache, last=1)
-    ids = list(range(2000, 2000 + t))
-    t0 = time.perf_counter()
-    lm.forward(ids, cache)
-    return (time.perf_counter() - t0) * 1e3
 
 
 def exact_rows(lm: Any) -> tuple[int, int]:
@@ -120,6 +112,8 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     args = ap.parse_args()
 
+    from verify_cost import verify_ms  # one forward of T tokens after a 120-token cache
+
     from nest_integrations.lm import backend
     from nest_integrations.lm.hf import HFLanguageModel
 
@@ -135,12 +129,12 @@ def main() -> int:
         raise SystemExit("prepacked bf16 linears are not available in this torch build")
     load0 = os.getloadavg()
     for lm in lms.values():
-        forward_ms(lm, 2)  # warm-up
+        verify_ms(lm, 2, 1, False)  # warm-up
     cost: dict[str, dict[int, list[float]]] = {n: {t: [] for t in TOKENS} for n in lms}
     for _ in range(args.repeats):
         for t in TOKENS:
             for n, lm in lms.items():
-                cost[n][t].append(forward_ms(lm, t))
+                cost[n][t].append(verify_ms(lm, t, 1, False))
     curve = {n: {t: statistics.median(v) for t, v in c.items()} for n, c in cost.items()}
 
     exact = {n: exact_rows(lm) for n, lm in lms.items()}

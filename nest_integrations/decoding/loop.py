@@ -210,6 +210,8 @@ class DecodeLoop:
         self.eos = lm.eos_token_ids if eos is None else frozenset(eos)
         #: NEST's Eq. 7 acceptance: the modes whose on-topic guards are on by default
         self.relaxed = method.verifier == RELAXED and not config.strict_acceptance
+        # relaxed decoding needs no bit-exact verify rows: the LM's faster passes, if it has them
+        self._inexact_rows = getattr(lm, "inexact_rows", None) if self.relaxed else None
         self.out = OutputText(lm.detokenize, stop, repeat_guard=config.repeat_guard(self.relaxed))
         self.min_citation_words = config.citation_min_words(self.relaxed)
         self.verifier = make_verifier(method, config, generator, self.eos)
@@ -256,8 +258,7 @@ class DecodeLoop:
         bit, so where the LM offers it (``inexact_rows``, see ``lm.rowwise_attention``) the
         pass takes the faster attention."""
         t0 = time.perf_counter()
-        inexact = getattr(self.lm, "inexact_rows", None) if self.relaxed else None
-        with inexact() if inexact is not None else nullcontext():
+        with self._inexact_rows() if self._inexact_rows is not None else nullcontext():
             if parents is not None:
                 out = self.lm.forward_tree(ids, parents, self.cache)
             else:

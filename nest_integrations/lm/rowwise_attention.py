@@ -36,12 +36,15 @@ from typing import Any, Iterator
 
 import torch
 
+from nest_integrations.lm.packing import EXACT_ROWS
+
 #: The name under which transformers knows this attention.
 NAME = "nest_rowwise"
 #: Environment switch: ``0``/``false``/``no``/``off`` keeps transformers' SDPA.
 ENV = "NEST_ROWWISE_ATTENTION"
-#: Forwards with more new tokens than this take one SDPA call (a prefill-sized chunk).
-MAX_ROWS = 128
+#: Forwards with more new tokens than this take one SDPA call (a prefill-sized chunk): the
+#: bound up to which ``lm.packing`` keeps the linear layers row-exact too.
+MAX_ROWS = EXACT_ROWS
 _OFF = {"0", "false", "no", "off"}
 _registered = False
 #: False inside ``inexact_rows()``: one SDPA call per forward, as transformers makes it.
@@ -120,13 +123,10 @@ def register() -> None:
 
 
 def wanted(model: Any, user_chose: bool) -> bool:
-    """Whether the loader switches ``model`` to row-wise attention: a bf16 model on CPU on
-    transformers' SDPA, no implementation chosen by the caller, and ``$NEST_ROWWISE_ATTENTION``
-    not off."""
+    """Whether the loader switches a model it prepacked (``lm.packing``: bf16 on CPU) to
+    row-wise attention: it runs transformers' SDPA, the caller chose no implementation, and
+    ``$NEST_ROWWISE_ATTENTION`` is not off."""
     if user_chose or os.environ.get(ENV, "").strip().lower() in _OFF:
-        return False
-    param = next(model.parameters(), None)
-    if param is None or param.device.type != "cpu" or param.dtype != torch.bfloat16:
         return False
     return getattr(model.config, "_attn_implementation", None) == "sdpa" and hasattr(
         model, "set_attn_implementation")
