@@ -225,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="open-ended answers (default: --max-new-tokens)")
     ap.add_argument("--persist-dir", type=Path, default=None,
                     help="entity store (default $NEST_HOME/quality)")
+    ap.add_argument("--no-title-match", action="store_true",
+                    help="shared stage-1 retrieval without NestConfig.title_match (the dense "
+                         "ranking every system got before issue 22's title match)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--tag", default="quality")
@@ -235,6 +238,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --from-records: add a 'default' system made of this run's "
                          "'default' records (the fact questions) and the recorded 'grounded' "
                          "ones for every other question (see compose_default)")
+    ap.add_argument("--relabel", action="append", default=[], metavar="FILE:OLD=NEW",
+                    help="with --from-records: rename system OLD to NEW in the records of FILE "
+                         "(its file name), e.g. a dense-retrieval run's rag as rag-dense")
+    ap.add_argument("--keep-systems", default=None,
+                    help="with --from-records: summarise only these systems (comma-separated)")
     args = ap.parse_args(argv)
 
     import torch
@@ -265,8 +273,23 @@ def main(argv: list[str] | None = None) -> int:
     specs += [qa_dev.parse_system(s) for s in args.system]
 
     if args.from_records:
-        recs = [json.loads(line) for path in args.from_records
-                for line in open(path, encoding="utf-8") if line.strip()]
+        relabel: dict[tuple[str, str], str] = {}
+        for item in args.relabel:
+            fname, _, pair = item.rpartition(":")
+            old_name, _, new_name = pair.partition("=")
+            if not fname or not old_name or not new_name:
+                ap.error(f"--relabel {item!r}: use FILE:OLD=NEW")
+            relabel[(Path(fname).name, old_name)] = new_name
+        recs = []
+        for path in args.from_records:
+            for line in open(path, encoding="utf-8"):
+                if line.strip():
+                    r = json.loads(line)
+                    r["system"] = relabel.get((path.name, r["system"]), r["system"])
+                    recs.append(r)
+        if args.keep_systems:
+            keep_s = {x.strip() for x in args.keep_systems.split(",") if x.strip()}
+            recs = [r for r in recs if r["system"] in keep_s]
         if args.compose_default:
             facts = [json.loads(line) for line in open(args.compose_default, encoding="utf-8")
                      if line.strip()]
@@ -301,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         sample = NestEngine.from_defaults()
         entities = build_engine(
             EngineSpec(collection=ENTITY_COLLECTION, persist_dir=str(persist)), lm=sample.lm)
+        for eng in (sample, entities):  # the retrieval every system shares
+            eng.config = eng.config.replace(title_match=not args.no_title_match)
         start = time.perf_counter()
         records = []
         for eng, qsub in ((entities, [q for q in closed if qs.sources[q.id] == "entities-hard"]),
@@ -347,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{json.dumps(counts)}). This run: {len(closed)} closed questions (slice seed "
         f"{args.slice_seed}, gold document first for {100 * first:.0f}%, in the top 3 for "
         f"{100 * top3:.0f}%) and {len(opened)} open-ended, k = {args.k}, max_new_tokens = "
-        f"{args.max_new_tokens}, chat messages, SmolLM2-135M-Instruct, "
+        f"{args.max_new_tokens}, chat messages, SmolLM2-135M-Instruct, shared retrieval "
+        + ("dense only" if args.no_title_match else "with title match") + ", "
         f"{torch.get_num_threads()} torch thread(s)"
         + ("" if args.from_records else
            f", wall {wall:.0f} s, load {os.getloadavg()[0]:.1f}")

@@ -130,3 +130,22 @@ def test_the_default_routes_exactly_the_entity_questions_as_facts(qset):
     for q in qset.questions:
         assert asks_for_fact(q.question) is (qset.sources[q.id] == "entities-hard"), q.question
     assert not any(asks_for_fact(q.question) for q in qset.open_questions)
+
+
+def test_title_match_reads_an_entity_from_every_question_but_the_completions(qset):
+    """``NestConfig.title_match`` needs the question's entity: every entity question and
+    open-ended prompt names one (their gold document's title), no completion prompt does, so
+    on completions the default's retrieval and prompt are the dense ones (what lets
+    ``benchmarks/quality.py`` compare runs made before and after the title match there)."""
+    from nest_integrations.core.question import question_entities, question_entity
+    from nest_integrations.retrieval.titles import norm_title
+
+    titles = {d["id"]: d["metadata"]["title"] for d in qset.entities.documents}
+    for q in qset.questions:
+        names = [norm_title(e) for e in question_entities(q.question)]
+        if qset.sources[q.id] == "entities-hard":
+            assert norm_title(titles[q.gold_doc_id]) in names, q.question
+        else:
+            assert question_entity(q.question) is None, q.question
+    for q in qset.open_questions:
+        assert question_entity(q.question), q.question

@@ -64,4 +64,83 @@ def asks_for_fact(prompt: str) -> bool:
     return bool(_WH_FACT.match(q) or _ATTRIBUTE_OF.match(q))
 
 
-__all__ = ["asks_for_fact", "question_line"]
+# "What is the founding year of X?" -> X
+_OF_ENTITY = re.compile(
+    r"^what\s+(?:is|was|are|were|'s)\s+(?-i:the)\s+(?:\w[\w'-]*\s+){0,4}?\w[\w'-]*\s+of\s+"
+    r"(?P<e>.+?)\s*\?$",
+    re.IGNORECASE,
+)
+# "What is X?", "Who was X?", "What are X?"
+_IS_ENTITY = re.compile(r"^(?:what|who)\s+(?:is|was|are|were)\s+(?P<e>.+?)\s*\?$", re.IGNORECASE)
+# "Write the (Python reference) entry for X.", "Tell me about X", "Describe X", "Explain X"
+_ASK_ENTITY = re.compile(
+    r"^(?:write\s+(?:the|an?)\s+(?:[\w'-]+\s+){0,4}?(?:entry|article|page|summary)\s+"
+    r"(?:for|on|about)|tell\s+me\s+about|describe|explain|summari[sz]e)\s+(?P<e>.+?)\s*[.?!]?$",
+    re.IGNORECASE,
+)
+_QUOTED = re.compile(
+    r'["\u201c`](?P<e>[^"\u201d`]{1,80})["\u201d`]'
+    r"|(?:(?<=\s)|^)['\u2018](?P<s>[^'\u2019]{1,80})['\u2019](?=[\s.,;:?!]|$)"
+)
+_ARTICLE = re.compile(r"^(?:a|an|(?-i:the))\s+", re.IGNORECASE)
+_MAX_ENTITY_WORDS = 12
+
+
+def question_entities(prompt: str) -> list[str]:
+    """``question_entity`` and, for "... of X?", each shorter name after a later " of ",
+    longest first: "What is the number of employees of Biquaza Labs?" gives
+    ``["employees of Biquaza Labs", "Biquaza Labs"]`` (the title match takes the first that is
+    a title).
+
+    >>> question_entities("What is the number of employees of Biquaza Labs?")
+    ['employees of Biquaza Labs', 'Biquaza Labs']
+    """
+    first = question_entity(prompt)
+    if first is None:
+        return []
+    out = [first]
+    if _OF_ENTITY.match(question_line(prompt)):
+        rest = first
+        while True:
+            head, sep, tail = rest.partition(" of ")
+            if not sep:
+                break
+            rest = _ARTICLE.sub("", tail.strip())
+            if rest:
+                out.append(rest)
+    return list(dict.fromkeys(out))
+
+
+def question_entity(prompt: str) -> str | None:
+    """The entity a question is about, or None: what ``NestConfig.title_match`` looks for
+    among the retrieved documents' titles.
+
+    Read from the last line: a quoted name (``Write the entry for "for".``), the X of
+    "What is the <attribute> of X?", "What is X?" / "Who was X?", or "Write the ... entry for
+    X" / "Tell me about X" / "Describe X" / "Explain X". A leading "a", "an" or lower-case
+    "the" is dropped; a candidate of more than 12 words is no name (None).
+
+    >>> question_entity("What is the founding year of Korvanta Systems?")
+    'Korvanta Systems'
+    >>> question_entity('Write the Python reference entry for "for".')
+    'for'
+    >>> question_entity("What is a dishwasher?"), question_entity("How does it work?")
+    ('dishwasher', None)
+    """
+    q = question_line(prompt)
+    if not q:
+        return None
+    m = (_OF_ENTITY.match(q) or _IS_ENTITY.match(q) or _ASK_ENTITY.match(q))
+    candidate = m.group("e") if m else None
+    quoted = _QUOTED.search(candidate if candidate is not None else q)
+    if quoted and (m is not None or _ASK_ENTITY.match(q) or q.endswith("?")):
+        candidate = quoted.group("e") or quoted.group("s")
+    if candidate is None:
+        return None
+    candidate = _ARTICLE.sub("", candidate.strip().strip("\"'`\u201c\u201d\u2018\u2019")).strip()
+    if not candidate or len(candidate.split()) > _MAX_ENTITY_WORDS:
+        return None
+    return candidate
+
+
+__all__ = ["asks_for_fact", "question_entities", "question_entity", "question_line"]

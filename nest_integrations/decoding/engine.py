@@ -21,7 +21,7 @@ from nest_integrations.config import NestConfig
 from nest_integrations.core.citations import build_citations, last_citation
 from nest_integrations.core.token_memory import TokenMemory
 from nest_integrations.defaults import DEFAULT_DECODING, DEFAULT_MAX_NEW_TOKENS
-from nest_integrations.core.question import asks_for_fact
+from nest_integrations.core.question import asks_for_fact, question_entities
 from nest_integrations.drafters import LOSSLESS, RELAXED, DrafterContext, get_method
 from nest_integrations.decoding.loop import DecodeLoop
 from nest_integrations.decoding.prompts import (
@@ -32,6 +32,7 @@ from nest_integrations.decoding.prompts import (
     query_of,
     string_as_chat,
 )
+from nest_integrations.retrieval.titles import lookup_of, prompt_passages, title_first
 from nest_integrations.types import NestResult, NestStats, Passage, StreamChunk
 
 LOG = logging.getLogger(__name__)
@@ -133,17 +134,24 @@ class NestEngine:
         return config
 
     # ----------------------------------------------------------------- stage 1 and 2
-    def retrieve(self, query: str, k: int | None = None) -> list[Passage]:
-        """Stage 1: the top-k passages for ``query`` (k defaults to ``n_passages``)."""
+    def retrieve(
+        self, query: str, k: int | None = None, config: NestConfig | None = None
+    ) -> list[Passage]:
+        """Stage 1: the top-k passages for ``query`` (k defaults to ``n_passages``); with
+        ``title_match`` (``grounded``), the document titled with the question's entity first
+        (``retrieval.titles``)."""
+        cfg = config or self.config
         if self.retriever is None or not query.strip():
             return []
-        passages = self.retriever.retrieve(query, k or self.config.n_passages)
+        passages = self.retriever.retrieve(query, k or cfg.n_passages)
         seen: set[str] = set()
         unique = []
         for p in passages:
             if p.id not in seen:
                 seen.add(p.id)
                 unique.append(p)
+        if cfg.title_match:
+            unique = title_first(unique, question_entities(query), lookup_of(self.retriever))
         return unique
 
     def build_memory(self, passages: Sequence[Passage]) -> TokenMemory:
@@ -221,7 +229,7 @@ class NestEngine:
 
         t0 = time.perf_counter()
         if passages is None:
-            passages = self.retrieve(query or question, cfg.n_passages)
+            passages = self.retrieve(query or question, cfg.n_passages, cfg)
         passages = list(passages)
         stats.time_retrieval = time.perf_counter() - t0
 
@@ -231,7 +239,10 @@ class NestEngine:
         stats.n_passages = len(passages)
         stats.n_keys = len(memory) if memory is not None else 0
 
-        ra = passages[: cfg.ra_passages or method.ra_passages]
+        # NestConfig.title_context: a fact question about a titled entity is answered from
+        # that entity's document alone (title_match put its passages first)
+        ra = prompt_passages(passages, cfg.ra_passages or method.ra_passages,
+                             cfg.title_match and cfg.title_context and asks_for_fact(question))
         as_chat = string_as_chat(self.lm, prompt, self.string_prompts)
         ids = prompt_ids(self.lm, prompt, ra, as_chat=as_chat)
         max_new = self._check_length(len(ids), max_new_tokens)
@@ -252,7 +263,7 @@ class NestEngine:
         def new_loop(ids: list[int], memory: Any, max_new: int) -> DecodeLoop:
             nonlocal live
             live = self._sentence_stream(cfg, passages) if cfg.attribute else None
-            ctx = DrafterContext(self.lm, cfg, ids, passages, memory, options, self, stats)
+            ctx = DrafterContext(self.lm, cfg, ids, passages, memory, options, self, stats, ra)
             drafter = method.make_drafter(ctx) if method.make_drafter is not None else None
             return DecodeLoop(
                 self.lm, method, drafter, config=cfg, prompt_ids=ids, memory=memory,

@@ -177,6 +177,7 @@ class DrafterContext:
     options: dict[str, Any] = field(default_factory=dict)
     engine: Any = None
     stats: NestStats = field(default_factory=NestStats)
+    prompt_passages: list[Passage] | None = None  # the RA prompt's (None: the first ra_passages)
 
 
 @dataclass(frozen=True)

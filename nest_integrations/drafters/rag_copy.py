@@ -50,7 +50,8 @@ class RagCopyDrafter(AdaptiveLength):
         self.num_tokens = self.options.num_tokens
         self.use_cost_model(ctx.lm)
         n_ra = ctx.config.ra_passages or METHOD.ra_passages
-        self.passages = list(ctx.passages[:n_ra])
+        self.passages = (list(ctx.prompt_passages) if ctx.prompt_passages is not None
+                         else list(ctx.passages[:n_ra]))
         self.lm = ctx.lm
         self._tokens: list[list[int]] | None = None
         self._index: list[int] = []  # passage index in state.passages

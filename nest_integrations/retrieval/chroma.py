@@ -209,6 +209,20 @@ class ChromaPassageStore:
             )
         ]
 
+    def passages_titled(self, titles: Sequence[str], limit: int = 32) -> list[Passage]:
+        """Up to ``limit`` stored passages whose metadata ``title`` is one of ``titles``
+        (exact match; ``NestConfig.title_match`` looks the question's entity up here)."""
+        titles = [str(t) for t in titles if str(t)]
+        if not titles or limit < 1:
+            return []
+        col = self._read_collection()
+        where = {"title": titles[0]} if len(titles) == 1 else {"title": {"$in": titles}}
+        res = col.get(where=where, limit=int(limit), include=["documents", "metadatas"])
+        return [
+            _passage(pid, text, meta, None)
+            for pid, text, meta in zip(res["ids"], res["documents"], res["metadatas"], strict=True)
+        ]
+
     def get_passages(self, ids: Sequence[str]) -> list[Passage]:
         """Passages by id, in the order given; unknown ids are left out."""
         col = self._read_collection()

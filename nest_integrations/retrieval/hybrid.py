@@ -116,6 +116,11 @@ class HybridRetriever:
         self.sparse = sparse if isinstance(sparse, BM25Index) else BM25Index(sparse)
         self.n_candidates = n_candidates
 
+    def passages_titled(self, titles: Sequence[str], limit: int = 32) -> list[Passage]:
+        """The dense retriever's title lookup (``NestConfig.title_match``), if it has one."""
+        fn = getattr(self.dense, "passages_titled", None)
+        return list(fn(titles, limit)) if callable(fn) else []
+
     def retrieve(self, query: str, k: int) -> list[Passage]:
         """Top ``k`` passages by fused score; ``metadata`` gains ``dense_score`` and
         ``sparse_score`` (the per-list scores used in the fusion)."""

@@ -79,6 +79,15 @@ class InMemoryRetriever:
             order = [i for i in order if scores[i] > 0]
         return [_with_score(self.passages[i], float(scores[i])) for i in order[:k]]
 
+    def passages_titled(self, titles: Sequence[str], limit: int = 32) -> list[Passage]:
+        """Up to ``limit`` passages whose metadata ``title`` is one of ``titles`` (compared
+        case-folded; ``NestConfig.title_match``)."""
+        from nest_integrations.retrieval.titles import norm_title
+
+        want = {norm_title(t) for t in titles}
+        out = [p for p in self.passages if norm_title(p.metadata.get("title") or "") in want]
+        return out[: max(0, limit)]
+
     def _bm25(self, query: str) -> list[float]:
         terms = [w for w in set(words(query)) if w in self._idf]
         out = []
