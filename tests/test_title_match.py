@@ -251,3 +251,15 @@ def test_title_context_applies_to_fact_questions_only():
     result = engine.generate(messages, max_new_tokens=3)
     assert result.stats.decoding == "nest"
     assert result.stats.prompt_tokens == len(prompt_ids(lm, messages, passages[:3]))
+
+
+def test_the_lookup_runs_once_for_every_candidate_name():
+    calls = []
+
+    def lookup(titles, limit):
+        calls.append(list(titles))
+        return [_p("z0", "zeta", "Zeta Labs")]
+
+    got = title_first(RETRIEVED, ["employees of Zeta Labs", "Zeta Labs"], lookup)
+    assert got[0].id == "z0" and len(calls) == 1
+    assert "Zeta Labs" in calls[0] and "employees of Zeta Labs" in calls[0]

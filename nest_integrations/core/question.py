@@ -133,7 +133,7 @@ def question_entity(prompt: str) -> str | None:
     m = (_OF_ENTITY.match(q) or _IS_ENTITY.match(q) or _ASK_ENTITY.match(q))
     candidate = m.group("e") if m else None
     quoted = _QUOTED.search(candidate if candidate is not None else q)
-    if quoted and (m is not None or _ASK_ENTITY.match(q) or q.endswith("?")):
+    if quoted and (m is not None or q.endswith("?")):
         candidate = quoted.group("e") or quoted.group("s")
     if candidate is None:
         return None

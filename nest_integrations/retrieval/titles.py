@@ -25,18 +25,23 @@ from typing import Any, Callable, Sequence
 from nest_integrations.types import Passage
 
 _SPACE = re.compile(r"\s+")
+_QUOTES = "\"'`\u201c\u201d\u2018\u2019"
 #: Passages a title lookup reads per call (the first passage of each titled document is kept).
 LOOKUP_LIMIT = 32
 
 
+def _clean(text: str) -> str:
+    return _SPACE.sub(" ", str(text)).strip().strip(_QUOTES).strip()
+
+
 def norm_title(text: str) -> str:
     """A title or entity as compared: case-folded, whitespace collapsed, quotes stripped."""
-    return _SPACE.sub(" ", str(text)).strip().strip("\"'`\u201c\u201d\u2018\u2019").strip().casefold()
+    return _clean(text).casefold()
 
 
 def title_variants(entity: str) -> list[str]:
     """Spellings of ``entity`` to look up in a store that matches titles exactly."""
-    e = _SPACE.sub(" ", entity).strip().strip("\"'`\u201c\u201d\u2018\u2019").strip()
+    e = _clean(entity)
     out = [e, e.lower(), e[:1].upper() + e[1:], e.title(), e.capitalize()]
     return list(dict.fromkeys(v for v in out if v))
 
@@ -68,35 +73,30 @@ def title_first(
     lookup: Callable[[Sequence[str], int], Sequence[Passage]] | None = None,
 ) -> list[Passage]:
     """``passages`` with the passages of the document titled ``entity`` first (see the module
-    docstring). ``lookup(titles, limit)`` returns stored passages whose title is one of
-    ``titles``; it is called only when no retrieved passage matches. ``entity`` may be a list
-    of candidate names (``core.question.question_entities``, longest first): the first that
-    is a title wins."""
+    docstring). ``entity`` may be a list of candidate names (``core.question.question_entities``,
+    longest first): the first that is a title wins. ``lookup(titles, limit)`` returns stored
+    passages whose title is one of ``titles``; it is called at most once, with every
+    candidate's spellings, and only when no retrieved passage matches any candidate."""
     passages = list(passages)
-    if not entity or not passages:
+    names = [entity] if isinstance(entity, str) else list(entity or [])
+    wanted = list(dict.fromkeys(w for w in (norm_title(n) for n in names) if w))
+    if not wanted or not passages:
         return passages
-    if not isinstance(entity, str):
-        for name in entity:
-            ordered = title_first(passages, name, lookup)
-            if ordered and ordered[0].metadata.get("title_match"):
-                return ordered
+    for want in wanted:
+        hit = [p for p in passages if norm_title(title_of(p)) == want]
+        if hit:
+            hit_ids = {p.id for p in hit}
+            return [_mark(p) for p in hit] + [p for p in passages if p.id not in hit_ids]
+    if lookup is None:
         return passages
-    want = norm_title(entity)
-    if not want:
-        return passages
-    hit = [p for p in passages if norm_title(title_of(p)) == want]
-    if not hit and lookup is not None:
-        found = [p for p in lookup(title_variants(entity), LOOKUP_LIMIT)
-                 if norm_title(title_of(p)) == want]
-        ids = {p.id for p in passages}
-        extra = [p for p in first_passages(found) if p.id not in ids][:1]
+    spellings = list(dict.fromkeys(v for n in names for v in title_variants(n)))
+    found = first_passages(lookup(spellings, LOOKUP_LIMIT))
+    ids = {p.id for p in passages}
+    for want in wanted:
+        extra = [p for p in found if norm_title(title_of(p)) == want and p.id not in ids]
         if extra:
             return [_mark(extra[0])] + passages[: len(passages) - 1]
-        return passages
-    if not hit:
-        return passages
-    hit_ids = {p.id for p in hit}
-    return [_mark(p) for p in hit] + [p for p in passages if p.id not in hit_ids]
+    return passages
 
 
 def prompt_passages(passages: Sequence[Passage], n: int, titled_only: bool = False) -> list[Passage]:
