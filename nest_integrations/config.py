@@ -62,6 +62,11 @@ class NestConfig:
         span_copying: False turns spans off (token-level two-stage kNN-LM with RRC).
         span_threshold: delta of Eq. 6: propose a span when lambda <= delta (paper 0.5).
         max_span: n, draft length in tokens (paper 64).
+        lookahead: the longest guess fed after a committed token (0 = off, the paper). A
+            one-token pass of the target-first schedule also feeds the prompt-lookup
+            continuation of the context, and a later pass over the same tokens reuses those
+            rows (``DecodeLoop.feed``): fewer passes, the same tokens up to the numerics of a
+            wider pass. On in ``grounded``.
         span_passages: start spans only from neighbours in the top this-many stage-1 passages
             (None = any retrieved passage, the paper). Ties a copy to the passages the question
             is about instead of any document sharing the sentence frame.
@@ -86,6 +91,15 @@ class NestConfig:
             on p_LM (``p_LM(w) > (lm_agreement/2) * max p_LM``), else the LM's top token is
             taken (None = off). Relaxed acceptance then only where the (RA) LM and the kNN
             agree that a token is plausible (issue 22, an option).
+        pick_agreement: a gamma for the LM alone, for chosen tokens: the mixture picks a token
+            (a token-mode token, a span's first token, a correction) only among those the LM
+            alone accepts by Eq. 7 with this gamma (``core.verification.plausible_choice``);
+            draft tokens after it are verified as before (None = off, the paper, and
+            ``grounded``). At small lambda p_kNN puts its mass on the passages' frequent
+            tokens, and a copy starting with one is committed unchecked ("Fred Rogers was a,
+            and author,,"). On dev, 0.01 removed most such answers but lost more ROUGE-L where
+            the junk token opened a good copy of the lead than it won (see the README), so it
+            is an option.
 
     Answer routing (issue 22, ``core.question``):
         fact_decoding: a lossless ``decoding=`` method (``"rag-copy"`` in ``grounded``) that
@@ -144,6 +158,7 @@ class NestConfig:
     span_copying: bool = True
     span_threshold: float = 0.5
     max_span: int = 64
+    lookahead: int = 0
     span_passages: int | None = None
     mask_token_mode: bool = False
     # -- verification
@@ -153,6 +168,7 @@ class NestConfig:
     confidence_guard: float | None = None
     eos_guard: float | None = None
     lm_agreement: float | None = None
+    pick_agreement: float | None = None
     # -- answer routing
     fact_decoding: str | None = None
     # -- on-topic guards
@@ -178,6 +194,9 @@ class NestConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 bad(name, "an integer >= 1")
+        if isinstance(self.lookahead, bool) or not isinstance(self.lookahead, int) \
+                or self.lookahead < 0:
+            bad("lookahead", "an integer >= 0 (0 = off)")
         if self.knn_temperature is not None and not (
             math.isfinite(self.knn_temperature) and self.knn_temperature > 0
         ):
@@ -217,8 +236,10 @@ class NestConfig:
             bad("confidence_guard", "None or a float in (0, 1]")
         if self.eos_guard is not None and not (0.0 < self.eos_guard <= 1.0):
             bad("eos_guard", "None or a float in (0, 1]")
-        if self.lm_agreement is not None and not (0.0 < self.lm_agreement <= 1.0):
-            bad("lm_agreement", "None or a float in (0, 1]")
+        for name in ("lm_agreement", "pick_agreement"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not 0.0 < value <= 1.0):
+                bad(name, "None or a float in (0, 1]")
         if isinstance(self.min_citation_tokens, bool) or not isinstance(
             self.min_citation_tokens, int
         ) or self.min_citation_tokens < 1:
@@ -301,5 +322,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "fact_decoding": "rag-copy",
         "title_match": True,
         "title_context": True,
+        "lookahead": 8,
     },
 }

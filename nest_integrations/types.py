@@ -154,6 +154,10 @@ class NestStats:
     route_similarity: float | None = None
     route_fallback: bool = False
     time_route: float = 0.0
+    #: look-ahead (``NestConfig.lookahead``): guessed tokens fed after a committed token, and
+    #: how many of them a later pass took instead of computing them again
+    ahead_fed: int = 0
+    ahead_tokens: int = 0
 
     @property
     def accepted_per_verify(self) -> float:

@@ -128,3 +128,40 @@ def test_lm_agreement_keeps_only_tokens_the_lm_also_accepts():
     assert guard_veto(p_lm, draft, [], None, None, 0.1).tolist() == [True, True]
     with pytest.raises(ValueError, match="lm_agreement"):
         NestConfig(lm_agreement=0.0)
+
+
+def test_pick_agreement_restricts_the_mixtures_choice_to_lm_plausible_tokens():
+    """``pick_agreement``: a token the relaxed verifier chooses (token mode, a span's first
+    token, a correction) is the mixture's best among the tokens the LM alone accepts by Eq. 7
+    (not the LM's own top token, which ``lm_agreement`` falls back to); draft tokens are
+    accepted as without it."""
+    from nest_integrations.core.mixture import StepDistribution
+    from nest_integrations.core.verification import plausible_choice
+    from nest_integrations.decoding.loop import RelaxedVerifier
+
+    # p_M prefers token 2 (a frequent passage token); the LM finds it implausible (0.001) and
+    # wants 0; among the tokens the LM accepts, the mixture prefers 1
+    p_m = torch.tensor([[0.1, 0.2, 0.6, 0.1]])
+    p_lm = torch.tensor([[0.6, 0.3, 0.001, 0.099]])
+    empty = torch.zeros((1, 0))
+    dist = StepDistribution(p_m, torch.tensor([0.1]), Hits(empty, empty.long()), p_lm)
+
+    def verifier(**kw):
+        return RelaxedVerifier(NestConfig(relaxation=0.05, **kw), None)
+
+    assert verifier().pick(dist) == 2  # the paper: the mixture's top token
+    assert verifier(pick_agreement=0.05).pick(dist) == 1  # the mixture's best plausible one
+    assert verifier(lm_agreement=0.05).pick(dist) == 0  # lm_agreement: the LM's top token
+    assert verifier(pick_agreement=0.001).pick(dist) == 2  # 0.001 > 0.0005 * 0.6 passes
+    q = plausible_choice(p_m, p_lm, 0.05)
+    assert q[0, 2] == 0 and float(q.sum()) == pytest.approx(1.0)
+    p_m0 = torch.tensor([[0.5, 0.5, 0.0, 0.0]])  # no mass on the LM's head set {2}: unchanged
+    assert torch.equal(plausible_choice(p_m0, torch.tensor([[0.0, 0.0, 1.0, 0.0]]), 0.05), p_m0)
+    draft = torch.tensor([2])
+    assert verifier(pick_agreement=0.05).accept(dist, draft) == 1  # drafts: unchanged
+    assert verifier(lm_agreement=0.05).accept(dist, draft) == 0
+    for bad in (0.0, 1.5, True):
+        with pytest.raises(ValueError, match="pick_agreement"):
+            NestConfig(pick_agreement=bad)
+    assert NestConfig().pick_agreement is None
+    assert NestConfig.from_preset("grounded").pick_agreement is None  # an option (README)

@@ -149,3 +149,23 @@ def test_title_match_reads_an_entity_from_every_question_but_the_completions(qse
             assert question_entity(q.question) is None, q.question
     for q in qset.open_questions:
         assert question_entity(q.question), q.question
+
+
+def test_open_split_asks_who_was_x_about_every_person(qset):
+    """``open-who``: "Who was X?" per People lead of the sample corpus, with that lead's gold
+    text and split, besides its "What is X?" prompt."""
+    import json
+
+    from nest_integrations.evaluation.quality_set import SAMPLE_DIR
+
+    leads = [json.loads(x) for x in (SAMPLE_DIR / "wikipedia.jsonl").read_text().splitlines()
+             if x.strip()]
+    people = {d["id"]: d["metadata"]["title"] for d in leads
+              if d["metadata"].get("topic") == "People"}
+    who = [q for q in qset.open_questions if q.source == "open-who"]
+    assert len(people) >= 50 and {q.gold_doc_id for q in who} == set(people)
+    what = {q.gold_doc_id: q for q in qset.open_questions if q.source == "open-wiki"}
+    for q in who:
+        assert q.question == f"Who was {people[q.gold_doc_id]}?"
+        assert q.gold_text == what[q.gold_doc_id].gold_text
+        assert qset.split[q.id] == qset.split[what[q.gold_doc_id].id]

@@ -76,6 +76,23 @@ def lm_agreement_veto(p_lm: torch.Tensor, draft: torch.Tensor, gamma: float) -> 
     return p_w <= 0.5 * gamma * p_lm.max(dim=-1).values
 
 
+def plausible_choice(p: torch.Tensor, p_lm: torch.Tensor, gamma: float) -> torch.Tensor:
+    """p_M restricted to the tokens the LM alone accepts by Eq. 7, renormalised:
+    ``p(w) * [p_LM(w) > (gamma / 2) * max p_LM]`` (the adaptive plausibility constraint of
+    contrastive decoding, Li et al. 2023, with NEST's Eq. 7 as the head set). The choice of a
+    token (``NestConfig.pick_agreement``) then stays the mixture's, among tokens the LM finds
+    plausible: at small lambda p_kNN can put its mass on a frequent passage token the LM
+    rejects there. Rows whose head set holds no mass of ``p`` are returned unchanged.
+
+    Args:
+        p: ``(..., V)`` target probabilities; ``p_lm``: the LM's, same shape.
+    """
+    keep = p_lm > 0.5 * gamma * p_lm.max(dim=-1, keepdim=True).values
+    q = torch.where(keep, p, torch.zeros_like(p))
+    total = q.sum(dim=-1, keepdim=True)
+    return torch.where(total > 0, q / total.clamp_min(1e-30), p)
+
+
 def guard_veto(
     p_lm: torch.Tensor,
     draft: torch.Tensor,

@@ -9,7 +9,10 @@ Two schedules, chosen by ``Method.needs_target``:
 - **target first** (NEST): the drafter needs p_M at the next position before it can propose (it
   picks the span start from it), so the loop keeps ``cur`` = the model output at the last cached
   position. Invariant: either the cache holds every committed token and ``cur`` is set, or it
-  holds all but the last committed token (``pending``), which the next step feeds alone.
+  holds all but the last committed token (``pending``), which the next step feeds alone. With
+  ``NestConfig.lookahead`` that pass also feeds a prompt-lookup guess of what follows; the
+  cache then holds the guess after the fed tokens (``_ahead``), and the next pass takes the
+  rows of the part it matches and crops the rest (``feed``, ``_take_ahead``).
 - **draft first** (lossless methods, as in HF's assisted decoding): the cache always holds the
   context except its last token (``pending``); each step feeds ``[pending] + draft`` in one pass,
   and row i of the output scores draft token i. A step with no draft is an ordinary decoding
@@ -40,6 +43,7 @@ from nest_integrations.core.topic import citation_words
 from nest_integrations.core.verification import (
     guard_veto,
     guarded_token,
+    plausible_choice,
     relaxed_accept_count,
     sampled_accept_count,
     speculative_sampling,
@@ -55,6 +59,7 @@ from nest_integrations.drafters.base import (
     as_sources,
     validate_draft,
 )
+from nest_integrations.drafters.prompt_lookup import PromptLookupDrafter
 from nest_integrations.decoding.text_stream import OutputText
 from nest_integrations.types import NestStats, StreamChunk
 
@@ -150,7 +155,10 @@ class RelaxedVerifier(Verifier):
 
     def pick(self, dist: Distribution, row: int = 0) -> int:
         cfg = self.config
-        return guarded_token(self.choose(dist.p[row]), dist.p_lm[row], self.eos_ids,
+        p = dist.p[row]
+        if cfg.pick_agreement is not None:  # the mixture's choice among LM-plausible tokens
+            p = plausible_choice(p, dist.p_lm[row], cfg.pick_agreement)
+        return guarded_token(self.choose(p), dist.p_lm[row], self.eos_ids,
                              cfg.confidence_guard, cfg.eos_guard, cfg.lm_agreement)  # fmt: skip
 
     def accept(self, dist: Distribution, draft: torch.Tensor) -> int:
@@ -216,6 +224,15 @@ class DecodeLoop:
         self.min_citation_words = config.citation_min_words(self.relaxed)
         self.verifier = make_verifier(method, config, generator, self.eos)
         self.cache = lm.new_cache()
+        #: Look-ahead of the target-first schedule (``NestConfig.lookahead``, see ``feed``):
+        #: guessed tokens the cache holds after the fed ones, with their output rows
+        #: (row i follows ahead[i]), and the n-gram drafter that guesses them.
+        self._ahead: list[int] = []
+        self._ahead_rows: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._guesser = (PromptLookupDrafter(num_tokens=config.lookahead)
+                         if config.lookahead and method.needs_target else None)
+        self._guess: Draft | None = None
+        self._guess_used = 0
         self.done = False
         self.lam_sum = 0.0
         self.lam_n = 0
@@ -257,6 +274,11 @@ class DecodeLoop:
         A relaxed method does not need a verify pass's rows to equal one-token steps bit for
         bit, so where the LM offers it (``inexact_rows``, see ``lm.rowwise_attention``) the
         pass takes the faster attention."""
+        reused = self._take_ahead(ids) if self._ahead else None
+        if reused is not None:
+            if reused[0].shape[0] == len(ids):
+                return reused
+            ids = ids[reused[0].shape[0]:]
         t0 = time.perf_counter()
         with self._inexact_rows() if self._inexact_rows is not None else nullcontext():
             if parents is not None:
@@ -265,7 +287,60 @@ class DecodeLoop:
                 out = self.lm.forward(ids, self.cache, last=last)
         self.stats.time_lm += time.perf_counter() - t0
         self.stats.forward_passes += 1
+        if reused is not None:
+            out = (torch.cat([reused[0], out[0]]), torch.cat([reused[1], out[1]]))
         return out
+
+    # ----------------------------------------------------------------- look-ahead
+    def committed_length(self) -> int:
+        """Cached positions before the look-ahead: the tokens fed so far."""
+        return self.lm.cache_length(self.cache) - len(self._ahead)
+
+    def feed(self, token: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed the last committed token (target-first schedule): its output row.
+
+        With ``NestConfig.lookahead`` the same pass also feeds a guess of what follows: the
+        n-gram continuation of the context (prompt lookup over the prompt, its passages and the
+        output). Its rows are kept, and a later pass over the same tokens (the next ordinary
+        tokens, or the start of a span) takes them instead of computing them again. A guess
+        never decides a token, so the output is the same as without it, up to the numerics of
+        a wider pass; only the number of passes changes."""
+        if self._ahead and self._ahead[0] == token:
+            return self.forward([token])  # the guess was right: no pass
+        if self._ahead:
+            self._take_ahead([])  # a wrong guess: drop it
+        guess = self._guesser.propose(self._guess_state()) if self._guesser is not None else None
+        if guess is None:
+            return self.forward([token])
+        logits, keys = self.forward([token] + guess.tokens)
+        self._ahead, self._ahead_rows = list(guess.tokens), (logits[1:], keys[1:])
+        self._guess, self._guess_used = guess, 0
+        self.stats.ahead_fed += len(guess)
+        return logits[:1], keys[:1]
+
+    def _guess_state(self) -> DecodeState:
+        self.state.budget = self.budget - 1  # the guess follows the token being fed
+        return self.state
+
+    def _take_ahead(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The look-ahead rows of ``ids``' common prefix with it (None when empty). A look-ahead
+        that ``ids`` only partly matches is dropped from the cache after that prefix."""
+        ahead, rows = self._ahead, self._ahead_rows
+        assert rows is not None
+        j = 0
+        while j < min(len(ahead), len(ids)) and ahead[j] == ids[j]:
+            j += 1
+        self._guess_used += j
+        self.stats.ahead_tokens += j
+        if j == len(ids) and j < len(ahead):  # all of ids was guessed: keep the rest
+            self._ahead, self._ahead_rows = ahead[j:], (rows[0][j:], rows[1][j:])
+        else:
+            self.lm.crop_cache(self.cache, self.committed_length() + j)
+            self._ahead, self._ahead_rows = [], None
+            if self._guesser is not None and self._guess is not None:
+                self._guesser.update(self.state, self._guess, self._guess_used)
+            self._guess = None
+        return (rows[0][:j], rows[1][:j]) if j else None
 
     def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The prompt's forward pass (last row only). When the drafter wants the prompt's
@@ -385,7 +460,7 @@ class DecodeLoop:
         pending: int | None = None
         while not self.done and self.budget > 0:
             if cur is None:  # feed the pending token: the cache then holds every commit
-                cur = self.forward([pending])  # type: ignore[list-item]
+                cur = self.feed(pending)  # type: ignore[arg-type]
             dist = self.distribution(*cur)
             self.state.dist, self.state.hidden, self.state.pending = dist, cur[1][-1], None
             draft = self.propose(self.budget)
@@ -400,7 +475,7 @@ class DecodeLoop:
             assert draft is not None
             tokens, sources = draft.tokens, as_sources(draft.sources, len(draft))
             d = torch.as_tensor(tokens, device=dist.p.device)
-            before = lm.cache_length(self.cache)
+            before = self.committed_length()
             logits, keys = self.forward(tokens)  # ONE pass: (L, V), (L, d)
             vdist = self.distribution(logits[:-1], keys[:-1]) if len(tokens) > 1 else None
             # row i of vdist scores draft token i + 1 (token 0 was accepted above)

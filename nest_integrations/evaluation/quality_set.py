@@ -20,8 +20,10 @@ deterministic seed, so no document (and no sentence frame of one entity) serves 
 (Version 1 of the builder blanked the value mid-sentence, a cloze form at which every system
 scored at the floor on dev: pydoc 0/10, wiki 1/10.)
 
-An **open-ended split** asks "What is X?" (wiki) and "Write the reference entry for X"
-(pydoc); the gold passage is the document's opening text (``OpenQuestion.gold_text``).
+An **open-ended split** asks "What is X?" (wiki), "Who was X?" (wiki leads of the People topic,
+source ``open-who``: added after issue 22, where the default's token-mode answers to this form
+were junk) and "Write the reference entry for X" (pydoc); the gold passage is the document's
+opening text (``OpenQuestion.gold_text``).
 
 Closed questions are ``entities.EntityQuestion`` (answer, distractors, gold document), scored
 with the strict metric of ``evaluation.grounded``; ``kind`` holds the source. ``corpus`` of a
@@ -307,13 +309,19 @@ def pydoc_questions(topics: Sequence[tuple[str, str]], per_doc: int = 3) -> list
 def open_questions(
     leads: Sequence[dict[str, Any]], topics: Sequence[tuple[str, str]], gold_chars: int = 600
 ) -> list[OpenQuestion]:
-    """"What is X?" per Wikipedia lead, "Write the reference entry" per pydoc topic; the gold
-    text is the document's first ``gold_chars`` characters."""
+    """"What is X?" per Wikipedia lead (and "Who was X?" per lead of the People topic),
+    "Write the reference entry" per pydoc topic; the gold text is the document's first
+    ``gold_chars`` characters."""
     out = []
     for rec in leads:
         title = rec.get("metadata", {}).get("title") or rec["id"]
         out.append(OpenQuestion(f"open/wiki/{rec['id']}", f"What is {title}?", rec["id"],
                                 _clean(rec["text"])[:gold_chars], "open-wiki"))
+    for rec in leads:
+        if rec.get("metadata", {}).get("topic") == "People":
+            title = rec["metadata"].get("title") or rec["id"]
+            out.append(OpenQuestion(f"open/who/{rec['id']}", f"Who was {title}?", rec["id"],
+                                    _clean(rec["text"])[:gold_chars], "open-who"))
     for doc_id, raw in topics:
         name = doc_id.split("/", 1)[1].rsplit(".", 1)[0]
         out.append(OpenQuestion(
