@@ -164,8 +164,10 @@ def test_offline_runs_cite_exactly_under_any_tokenizer(any_lm):
 
 def _engine_cfg(**kw) -> NestConfig:
     # span_threshold 1: propose a span at every step (a random tiny model rarely has lambda
-    # <= 0.5), so copying really happens; min_citation_tokens 1 keeps every citation.
-    return NestConfig(span_threshold=1.0, min_citation_tokens=1, **kw)
+    # <= 0.5), so copying really happens; min_citation_tokens 1 and min_citation_words 1 keep
+    # every citation (the relaxed default of 3 words dropped all of them in one CI run, where
+    # the per-process WordPiece vocabulary made every copied run shorter than 3 words).
+    return NestConfig(span_threshold=1.0, min_citation_tokens=1, min_citation_words=1, **kw)
 
 
 @pytest.mark.parametrize("case", ["max_new_tokens", "rejection", "stop"])
