@@ -21,8 +21,8 @@ deterministic seed, so no document (and no sentence frame of one entity) serves 
 scored at the floor on dev: pydoc 0/10, wiki 1/10.)
 
 An **open-ended split** asks "What is X?" (wiki), "Who was X?" (wiki leads of the People topic,
-source ``open-who``: added after issue 22, where the default's token-mode answers to this form
-were junk) and "Write the reference entry for X" (pydoc); the gold passage is the document's
+source ``open-who``: added after issue 22, where the default's answers to this form held junk
+copies such as "was a, and author,,") and "Write the reference entry for X" (pydoc); the gold passage is the document's
 opening text (``OpenQuestion.gold_text``).
 
 Closed questions are ``entities.EntityQuestion`` (answer, distractors, gold document), scored
