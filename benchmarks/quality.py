@@ -90,6 +90,7 @@ def run_open(engine: Any, questions: list, specs: list, k: int, max_new_tokens: 
                 "text": r.text,
                 "rouge_l": open_ended.rouge_l(r.text, q.gold_text, scorer),
                 "degenerate": open_ended.degenerate(r.text),
+                "junk": open_ended.junky(r.text),
                 "other_doc_tokens": open_ended.other_document_tokens(
                     r.token_sources, r.passages, q.gold_doc_id),
                 "substantial_citation": open_ended.substantial_citation(cites),
@@ -144,6 +145,7 @@ def summarize_open(records: list, reference: str) -> list[dict[str, Any]]:
         row = {
             "system": s, "n": len(rs), "rouge_l": rl, "rouge_l_ci": (lo, hi),
             "degenerate": sum(r["degenerate"] for r in rs),
+            "junk": sum(r["junk"] for r in rs),
             "run_on_share": sum(r["other_doc_tokens"] for r in rs) / new if new else None,
             "substantial": sum(r["substantial_citation"] for r in rs),
             "gold_cited_share": (sum(r["gold_cited_chars"] for r in rs) / cited
@@ -185,8 +187,8 @@ def closed_table(rows: list, reference: str) -> str:
 
 def open_table(rows: list, reference: str) -> str:
     lines = ["| system | n | ROUGE-L (95% CI) | vs " + reference + " (diff, 95% CI) | "
-             "degenerate | run-on (other-doc tokens) | >= 4-word citation | "
-             "gold-cited chars | tok/s | vs " + reference + " speed |", "|" + "---|" * 10]
+             "degenerate | junk | run-on (other-doc tokens) | >= 4-word citation | "
+             "gold-cited chars | tok/s | vs " + reference + " speed |", "|" + "---|" * 11]
     ref_tps = next((r["tokens_per_s"] for r in rows if r["system"] == reference), None)
     for r in rows:
         lo, hi = r["rouge_l_ci"]
@@ -196,7 +198,8 @@ def open_table(rows: list, reference: str) -> str:
         sp = f"{tps / ref_tps:.2f}x" if tps and ref_tps else "-"
         lines.append(
             f"| {r['system']} | {r['n']} | {100 * r['rouge_l']:.1f} ({100 * lo:.1f}-"
-            f"{100 * hi:.1f}) | {diff} | {r['degenerate']}/{r['n']} | {_pct(r['run_on_share'])} "
+            f"{100 * hi:.1f}) | {diff} | {r['degenerate']}/{r['n']} | {r['junk']}/{r['n']} "
+            f"| {_pct(r['run_on_share'])} "
             f"| {r['substantial']}/{r['n']} | {_pct(r['gold_cited_share'])} | "
             f"{'-' if tps is None else f'{tps:.1f}'} | {sp} |")
     return "\n".join(lines)
@@ -234,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="shared stage-1 retrieval without NestConfig.title_match (the dense "
                          "ranking every system got before issue 22's title match)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", default=None,
+                    help="model weights for every system: auto, fp32, bf16, ... (default: the "
+                         "engine's default dtype)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--tag", default="quality")
     ap.add_argument("--from-records", type=Path, nargs="+", default=None, metavar="JSONL",
@@ -320,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
 
         for r in open_records:  # the metric as it is now (records may predate a change)
             r["degenerate"] = open_ended.degenerate(r["text"])
+            r["junk"] = open_ended.junky(r["text"])
         ids = {r["question_id"] for r in records}
         closed = [q for q in closed if q.id in ids]
         oids = {r["question_id"] for r in open_records}
@@ -334,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             partial.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
             partial.flush()
 
-        sample = NestEngine.from_defaults()
+        sample = NestEngine.from_defaults(dtype=args.dtype)
         entities = build_engine(
             EngineSpec(collection=ENTITY_COLLECTION, persist_dir=str(persist)), lm=sample.lm)
         for eng in (sample, entities):  # the retrieval every system shares
@@ -385,7 +392,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{json.dumps(counts)}). This run: {len(closed)} closed questions (slice seed "
         f"{args.slice_seed}, gold document first for {100 * first:.0f}%, in the top 3 for "
         f"{100 * top3:.0f}%) and {len(opened)} open-ended, k = {args.k}, max_new_tokens = "
-        f"{args.max_new_tokens}, chat messages, SmolLM2-135M-Instruct, shared retrieval "
+        f"{args.max_new_tokens}, chat messages, SmolLM2-135M-Instruct"
+        + ("" if args.from_records else f" ({str(sample.lm.model.dtype).removeprefix('torch.')})")
+        + ", shared retrieval "
         + ("dense only" if args.no_title_match else "with title match") + ", "
         f"{torch.get_num_threads()} torch thread(s)"
         + ("" if args.from_records else
@@ -398,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
         + "\n\n## Open-ended\n\n" + (open_table(orows, args.reference) if orows else "none")
         + "\n\nrun-on (open-ended): output tokens attributed to another document than the gold "
         "one. degenerate: empty, mostly punctuation, a repeated sentence/line or a phrase loop. "
+        "junk: a rough pattern count (`open_ended.JUNK_PATTERN`: ',,', a function word before a "
+        "comma, an opening comma, a doubled word). "
         "Speed: pooled tokens/s over the reference's on the same questions.\n"
     )
     print(md)

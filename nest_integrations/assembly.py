@@ -115,7 +115,7 @@ class EngineSpec:
         model: a Hugging Face id or folder; None = the embedded SmolLM2-135M-Instruct.
         device: torch device (None = CPU).
         dtype: model weights (``lm.backend.DTYPE_CHOICES``: ``"auto"``, ``"fp32"``, ``"bf16"``,
-            ...); None = the process default (fp32 on CPU, bf16 on CUDA unless
+            ...); None = the process default (``"auto"`` unless
             ``backend.set_default_dtype`` or ``--dtype`` set it). Validated here.
         config: a ``NestConfig``, preset name or None (``DEFAULT_PRESET``); resolved here.
         decoding: a ``drafters.METHODS`` name (None = ``DEFAULT_DECODING``); the engine

@@ -30,10 +30,15 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session")
 def default_lm():
-    """The embedded SmolLM2-135M-Instruct (fp32, CPU, key_source="ffn_input")."""
+    """The embedded SmolLM2-135M-Instruct (fp32, CPU, key_source="ffn_input").
+
+    fp32 explicitly: the product default is ``dtype="auto"`` (bf16 on a CPU with native bf16),
+    which differs by machine; the tests that assert model-level numbers use one dtype
+    everywhere, and the bf16 path has its own tests (``test_lossless_oracles``, ``test_backend``,
+    ``test_packing``, ``test_rowwise_attention``) and the CLI / README tests run the default."""
     from nest_integrations.lm.hf import HFLanguageModel
 
-    return HFLanguageModel.from_default()
+    return HFLanguageModel.from_default(dtype="fp32")
 
 
 @pytest.fixture(scope="session")
@@ -46,10 +51,11 @@ def tiny_lm_path(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_lm(tiny_lm_path):
-    """The tiny random Llama loaded through ``HFLanguageModel.from_pretrained`` (fp32, CPU)."""
+    """The tiny random Llama loaded through ``HFLanguageModel.from_pretrained`` (fp32, CPU:
+    explicitly, as ``default_lm``)."""
     from nest_integrations.lm.hf import HFLanguageModel
 
-    return HFLanguageModel.from_pretrained(str(tiny_lm_path))
+    return HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="fp32")
 
 
 @pytest.fixture(scope="session")
@@ -80,7 +86,7 @@ def sample_store(tmp_path_factory) -> Path:
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         proc = subprocess.run(
             [sys.executable, "-m", "nest_integrations.cli", "ingest", "--sample",
-             "--persist-dir", str(root)],
+             "--persist-dir", str(root), "--dtype", "fp32"],  # keys as default_lm encodes them
             env=env, capture_output=True, text=True, timeout=1500,
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]

@@ -282,7 +282,7 @@ def test_stored_calibration_is_used_by_default_for_completion_configs(
     assert off.knn_temperature is None and off.rrc_offset == 0.3
     ra = assembly.build_engine(assembly.EngineSpec.for_store(persist_dir=str(store_dir),
                                                              config="grounded")).config
-    assert ra.knn_temperature is None
+    assert ra.knn_temperature == 0.25  # the preset's own mu, not the calibration's
     ra_on = assembly.build_engine(assembly.EngineSpec.for_store(
         persist_dir=str(store_dir), config="grounded", calibrated=True)).config
     assert ra_on.knn_temperature == 2.5 and ra_on.span_passages == 1

@@ -51,7 +51,7 @@ def test_auto_on_cpu_follows_the_native_bf16_check(monkeypatch, native) -> None:
     want = torch.bfloat16 if native else torch.float32
     assert backend.resolve_dtype("auto", "cpu") == want
     assert backend.resolve_dtype("auto", "cuda") == torch.bfloat16  # CUDA: always bf16
-    assert backend.resolve_dtype(None, "cpu") == torch.float32  # the default is unchanged
+    assert backend.resolve_dtype(None, "cpu") == want  # the default is auto (issue 21)
     assert backend.resolve_dtype(None, "cuda") == torch.bfloat16
     assert backend.resolve_dtype("checkpoint", "cpu") == "auto"  # transformers' spelling
 
@@ -80,12 +80,13 @@ def test_native_bf16_falls_back_to_proc_cpuinfo(monkeypatch, tmp_path) -> None:
     assert backend.cpu_has_native_bf16() is False
 
 
-def test_process_default_dtype_is_what_none_means() -> None:
-    backend.set_default_dtype("bf16")
-    assert backend.resolve_dtype(None, "cpu") == torch.bfloat16
-    assert backend.resolve_dtype("fp32", "cpu") == torch.float32  # explicit beats the default
-    backend.set_default_dtype(None)
+def test_process_default_dtype_is_what_none_means(monkeypatch) -> None:
+    monkeypatch.setattr(backend, "cpu_has_native_bf16", lambda: True)
+    backend.set_default_dtype("fp32")
     assert backend.resolve_dtype(None, "cpu") == torch.float32
+    assert backend.resolve_dtype("bf16", "cpu") == torch.bfloat16  # explicit beats the default
+    backend.set_default_dtype(None)
+    assert backend.resolve_dtype(None, "cpu") == torch.bfloat16  # back to auto
     with pytest.raises(ValueError, match="not supported"):
         backend.set_default_dtype("int4")
 
@@ -181,14 +182,15 @@ def test_shared_model_keys_on_the_resolved_dtype(monkeypatch) -> None:
     monkeypatch.setattr(backend, "cpu_has_native_bf16", lambda: True)
     assembly.clear_model_cache()
     try:
-        fp32 = assembly.shared_model("m")
-        assert assembly.shared_model("m", dtype="fp32") is fp32  # None is fp32 on CPU
+        default = assembly.shared_model("m")
+        fp32 = assembly.shared_model("m", dtype="fp32")
+        assert fp32 is not default
         bf16 = assembly.shared_model("m", dtype="bf16")
-        assert bf16 is not fp32
-        assert assembly.shared_model("m", dtype="auto") is bf16  # auto -> bf16 on this CPU
+        assert bf16 is default  # None is auto, and auto is bf16 on this (patched) CPU
+        assert assembly.shared_model("m", dtype="auto") is bf16
         spec = assembly.EngineSpec(model="m", dtype="bfloat16")
         assert assembly.spec_model(spec) is bf16
-        assert loads == [("m", None), ("m", "bf16")]
+        assert loads == [("m", None), ("m", "fp32")]
     finally:
         assembly.clear_model_cache()
 
@@ -218,7 +220,10 @@ def test_tiny_model_loads_in_bf16_and_returns_fp32(tiny_lm_path) -> None:
     assert logits.dtype == torch.float32 and keys.dtype == torch.float32  # the core's dtype
     (passage,) = lm.encode_passages([lm.tokenize("A passage of text.")])
     assert passage.dtype.name == "float32"
-    assert HFLanguageModel.from_pretrained(str(tiny_lm_path)).dtype == torch.float32
+    assert HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="fp32").dtype == torch.float32
+    # no dtype: the process default, auto (bf16 on a CPU with native bf16)
+    assert HFLanguageModel.from_pretrained(str(tiny_lm_path)).dtype == backend.resolve_dtype(
+        "auto", "cpu")
     with pytest.raises(ValueError, match="not supported"):
         HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="int8")
 
@@ -237,7 +242,7 @@ def test_fp32_store_is_read_under_bf16_with_a_note(tiny_lm_path, tmp_path, caplo
     from nest_integrations.index.store import DiskKeyStore
     from nest_integrations.types import Passage
 
-    lm32 = HFLanguageModel.from_pretrained(str(tiny_lm_path))
+    lm32 = HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="fp32")
     lm16 = HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="bf16")
     assert lm32.fingerprint == lm16.fingerprint
     passages = [Passage("p1", "The quick brown fox jumps over the lazy dog.", doc_id="d")]

@@ -46,7 +46,7 @@ import os, sys
 sys.path.insert(0, os.environ["REPO_TESTS"])
 from nest_integrations.lm.hf import HFLanguageModel
 from test_crashes import LONG, PASSAGES
-lm = HFLanguageModel.from_pretrained(os.environ["TINY"])
+lm = HFLanguageModel.from_pretrained(os.environ["TINY"], dtype="fp32")
 root = os.environ["ROOT"]
 """
 

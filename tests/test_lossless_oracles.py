@@ -297,7 +297,7 @@ def markov_lm(tmp_path_factory):
     folder = tmp_path_factory.mktemp("markov-llama")
     model.save_pretrained(folder)
     smollm2_tokenizer().save_pretrained(folder)
-    return HFLanguageModel.from_pretrained(str(folder))
+    return HFLanguageModel.from_pretrained(str(folder), dtype="fp32")
 
 
 @pytest.fixture(scope="module")

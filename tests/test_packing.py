@@ -40,7 +40,7 @@ def test_loader_packs_a_bf16_model_and_keeps_its_parameters(tiny_lm_path, monkey
     monkeypatch.delenv(PACK_ENV, raising=False)
     plain = HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="bf16", pack_weights=False)
     packed = HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="bf16")
-    fp32 = HFLanguageModel.from_pretrained(str(tiny_lm_path))
+    fp32 = HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="fp32")
     n = _linears(plain.model)
     assert plain.packed_linears == 0 and fp32.packed_linears == 0
     assert _linears(fp32.model) == n

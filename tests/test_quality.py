@@ -103,6 +103,13 @@ def test_open_ended_metrics():
     assert open_ended.degenerate('See the entry for "if".' + "\n" * 40)
     assert open_ended.degenerate("The Ellipsis Object\n\n" + "Python\n\n" * 5)
     assert not open_ended.degenerate("Usage:\n\n    x = 1\n\nNote: x is 1.\n\n\nEnd.")
+    # junk that degenerate lets through (the open-who answers)
+    assert open_ended.junky("Fred Rogers was a, and author,, Presbyterian minister.")
+    assert open_ended.junky(", a salt is a chemical compound.")
+    assert open_ended.junky("It is the the largest city.")
+    assert not open_ended.degenerate("Fred Rogers was a, and author,, Presbyterian minister.")
+    assert not open_ended.junky("Fred Rogers was an American television host, author, and minister.")
+    assert not open_ended.junky("Usage: x, y = 1, 2")
 
     class P:
         def __init__(self, pid, doc):

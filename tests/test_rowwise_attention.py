@@ -28,7 +28,7 @@ def test_bf16_cpu_models_load_with_rowwise_attention(tiny_lm_path, monkeypatch) 
     bf16 = HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="bf16")
     assert bf16.rowwise_attention
     assert bf16.model.config._attn_implementation == rowwise_attention.NAME
-    assert not HFLanguageModel.from_pretrained(str(tiny_lm_path)).rowwise_attention  # fp32
+    assert not HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="fp32").rowwise_attention
     chosen = HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="bf16",
                                              attn_implementation="eager")
     assert not chosen.rowwise_attention  # the caller's choice stands

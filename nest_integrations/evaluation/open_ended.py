@@ -9,6 +9,11 @@ and where the citations point. Pure functions (hand-computed cases in tests/test
   guard now cuts), or repeats one short line ``LINE_REPEATS`` times ("Python" line after line:
   the guards' 12-character line minimum lets it through; added after the first test-split run
   showed it, for every system alike).
+- **junk** (``junky``): a rough pattern count of broken text that ``degenerate`` lets through:
+  two commas with nothing between, a function word right before a comma ("was a, and"), a
+  sentence that opens with punctuation, or a word doubled ("the the"). Added after the
+  ``open-who`` prompts showed "Fred Rogers was a, and author,, Presbyterian minister", which
+  ROUGE-L against the lead rewards.
 - **run-on** (``other_document_tokens``): output tokens attributed to a passage of another
   document than the gold one: text that belongs to another document.
 - **gold-cited share**: as in ``grounded.gold_cited_share``; **substantial citation**: the
@@ -17,6 +22,7 @@ and where the citations point. Pure functions (hand-computed cases in tests/test
 
 from __future__ import annotations
 
+import re
 from typing import Any, Sequence
 
 from nest_integrations.core.topic import citation_words, junk_start, loop_start, repeat_start
@@ -45,6 +51,16 @@ def degenerate(text: str) -> bool:
     return repeat_start(text, final=True) is not None or loop_start(text, final=True) is not None
 
 
+#: See ``junky``: ",," / "a," / an opening "," / a doubled word.
+JUNK_PATTERN = re.compile(r",\s*,|\b(a|an|the|of|and|was|is)\s*,|^\s*[,.;]|\b(\w+) \2\b",
+                          re.IGNORECASE)
+
+
+def junky(text: str) -> bool:
+    """Whether ``text`` holds junk (``JUNK_PATTERN``; see the module docstring)."""
+    return JUNK_PATTERN.search(text) is not None
+
+
 def other_document_tokens(
     token_sources: Sequence[Any], passages: Sequence[Any], gold_doc_id: str | None
 ) -> int:
@@ -67,5 +83,5 @@ def rouge_l(prediction: str, reference: str, scorer: Any = None) -> float:
     return rouge(prediction, reference, scorer)["rougeL"]["f"]
 
 
-__all__ = ["LINE_REPEATS", "SUBSTANTIAL_WORDS", "degenerate", "other_document_tokens", "rouge_l",
-           "substantial_citation"]
+__all__ = ["JUNK_PATTERN", "LINE_REPEATS", "SUBSTANTIAL_WORDS", "degenerate", "junky",
+           "other_document_tokens", "rouge_l", "substantial_citation"]

@@ -22,8 +22,9 @@ scored at the floor on dev: pydoc 0/10, wiki 1/10.)
 
 An **open-ended split** asks "What is X?" (wiki), "Who was X?" (wiki leads of the People topic,
 source ``open-who``: added after issue 22, where the default's answers to this form held junk
-copies such as "was a, and author,,") and "Write the reference entry for X" (pydoc); the gold passage is the document's
-opening text (``OpenQuestion.gold_text``).
+copies such as "was a, and author,,", gone with issue 21's ``knn_temperature=0.25``) and "Write
+the reference entry for X" (pydoc); the gold passage is the document's opening text
+(``OpenQuestion.gold_text``).
 
 Closed questions are ``entities.EntityQuestion`` (answer, distractors, gold document), scored
 with the strict metric of ``evaluation.grounded``; ``kind`` holds the source. ``corpus`` of a

@@ -8,8 +8,9 @@ One place decides them for every entry point (``HFLanguageModel.from_pretrained`
   checkpoint's own dtype, what ``transformers`` calls ``dtype="auto"``) or ``"auto"``: bf16 on
   CUDA, and on CPU bf16 only where the CPU multiplies bf16 natively (AVX512-BF16 or AMX-BF16,
   ``cpu_has_native_bf16``), else fp32. ``None`` is the process default (``set_default_dtype``;
-  initially fp32 on CPU and bf16 on CUDA). The mixture, RRC, distances and verification always
-  run in fp32: ``HFLanguageModel`` upcasts logits and keys where they leave the model.
+  initially ``"auto"``, the default since issue 21's bf16 quality runs). The mixture, RRC,
+  distances and verification always run in fp32: ``HFLanguageModel`` upcasts logits and keys
+  where they leave the model.
 - **threads** (``configure_threads``): ``--threads``, else ``$NEST_THREADS``, else
   ``$OMP_NUM_THREADS``, else the number of physical cores (``physical_cores``); applied with ``torch.set_num_threads``.
 
@@ -105,8 +106,8 @@ def resolve_dtype(dtype: "str | torch.dtype | None", device: "torch.device | str
 
     device = torch.device(device)
     value = parse_dtype(dtype if dtype is not None else _default_dtype)
-    if value is None:  # the default: fp32 on CPU, bf16 on accelerators
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if value is None:  # the default (issue 21): auto
+        value = "auto"
     if value == "checkpoint":
         return "auto"
     if value == "auto":
@@ -124,8 +125,7 @@ def dtype_label(dtype: "str | torch.dtype | None", device: "torch.device | str")
 
 
 def set_default_dtype(dtype: "str | torch.dtype | None") -> None:
-    """The dtype that ``dtype=None`` means in this process (None: back to fp32 on CPU, bf16 on
-    CUDA). ``nest ... --dtype`` sets it, so every model the job loads uses it."""
+    """The dtype that ``dtype=None`` means in this process (None: back to ``"auto"``). ``nest ... --dtype`` sets it, so every model the job loads uses it."""
     global _default_dtype
     parse_dtype(dtype)
     _default_dtype = None if dtype is None else str(dtype).removeprefix("torch.")
@@ -186,7 +186,7 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
         "--dtype", default=None, type=str.lower, choices=DTYPE_CHOICES, metavar="DTYPE",
         help="model weights: auto (bf16 where the CPU multiplies bf16 natively, e.g. "
         "AVX512-BF16/AMX, else fp32; bf16 on CUDA), fp32, bf16, fp16 or checkpoint (the "
-        "checkpoint's own); default fp32 on CPU, bf16 on CUDA",
+        "checkpoint's own); default auto",
     )
     p.add_argument(
         "--threads", type=int, default=None, metavar="N",

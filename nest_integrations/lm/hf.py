@@ -173,8 +173,8 @@ class HFLanguageModel:
             model_id_or_path: a Hub id (needs network or the HF cache) or a local folder.
             device: ``None``/``"cpu"`` (default), ``"cuda"``, ``"cuda:1"``, or ``"auto"`` (CUDA
                 when available).
-            dtype: ``None`` = the process default (``backend.set_default_dtype``; fp32 on CPU
-                and bf16 on CUDA unless set); ``"auto"``: bf16 on CUDA and on CPUs that
+            dtype: ``None`` = the process default (``backend.set_default_dtype``; ``"auto"``
+                unless set); ``"auto"``: bf16 on CUDA and on CPUs that
                 multiply bf16 natively, else fp32; ``"fp32"``, ``"bf16"``, ``"fp16"`` or a
                 ``torch.dtype``; ``"checkpoint"`` keeps the checkpoint's (see ``lm.backend``).
             key_source: see the class docstring.

@@ -61,7 +61,7 @@ class NestModelParams(BaseModel):
     """Torch device for the model (``"cpu"`` by default, ``"cuda"``, ``"auto"``)."""
     dtype: str | None = None
     """Model weights: ``"auto"`` (bf16 where the CPU multiplies bf16 natively, and on CUDA),
-    ``"fp32"``, ``"bf16"``, ``"fp16"`` or ``"checkpoint"``; default fp32 on CPU, bf16 on CUDA
+    ``"fp32"``, ``"bf16"``, ``"fp16"`` or ``"checkpoint"``; default ``"auto"``
     (``nest_integrations.lm.backend``). Ignored when ``engine`` is given."""
     decoding: str | None = None
     """Decoding method (``nest_integrations.drafters.METHODS``): ``"nest"`` (the default),

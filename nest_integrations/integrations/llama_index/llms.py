@@ -120,7 +120,7 @@ class NestLLM(CustomLLM):
     device: str | None = Field(default=None, description="Torch device (default CPU).")
     dtype: str | None = Field(
         default=None, description="Model weights: auto (bf16 where the CPU multiplies bf16 "
-        "natively, and on CUDA), fp32, bf16, fp16 or checkpoint; None = fp32 on CPU, bf16 on CUDA."
+        "natively, and on CUDA), fp32, bf16, fp16 or checkpoint; None = auto."
     )
     config: Any = Field(
         default=None,
