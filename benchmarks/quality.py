@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.slice_seed}, gold document first for {100 * first:.0f}%, in the top 3 for "
         f"{100 * top3:.0f}%) and {len(opened)} open-ended, k = {args.k}, max_new_tokens = "
         f"{args.max_new_tokens}, chat messages, SmolLM2-135M-Instruct"
-        + ("" if args.from_records else f" ({str(sample.lm.model.dtype).removeprefix('torch.')})")
+        + ("" if args.from_records else f" ({str(sample.lm.dtype).removeprefix('torch.')})")
         + ", shared retrieval "
         + ("dense only" if args.no_title_match else "with title match") + ", "
         f"{torch.get_num_threads()} torch thread(s)"

@@ -17,6 +17,12 @@ def _leading_true(ok: torch.Tensor) -> int:
     return int(bad[0, 0]) if bad.numel() else int(ok.shape[0])
 
 
+def eq7_threshold(p: torch.Tensor, gamma: float, keepdim: bool = False) -> torch.Tensor:
+    """NEST Eq. 7's bar for each row of ``(..., V)`` probabilities: ``(gamma / 2) * max_w p``;
+    a token passes where its probability is above it."""
+    return 0.5 * gamma * p.max(dim=-1, keepdim=keepdim).values
+
+
 def relaxed_accept_count(
     p: torch.Tensor, draft: torch.Tensor, gamma: float, veto: torch.Tensor | None = None
 ) -> int:
@@ -33,7 +39,7 @@ def relaxed_accept_count(
     if draft.numel() == 0:
         return 0
     p_w = p.gather(1, draft[:, None]).squeeze(1)  # (L,)
-    ok = p_w > 0.5 * gamma * p.max(dim=-1).values
+    ok = p_w > eq7_threshold(p, gamma)
     return _leading_true(ok & ~veto if veto is not None else ok)
 
 
@@ -73,7 +79,7 @@ def lm_agreement_veto(p_lm: torch.Tensor, draft: torch.Tensor, gamma: float) -> 
         ``(L,)`` bool, True where the draft token must be rejected.
     """
     p_w = p_lm.gather(1, draft[:, None]).squeeze(1)
-    return p_w <= 0.5 * gamma * p_lm.max(dim=-1).values
+    return p_w <= eq7_threshold(p_lm, gamma)
 
 
 def plausible_choice(p: torch.Tensor, p_lm: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -87,7 +93,7 @@ def plausible_choice(p: torch.Tensor, p_lm: torch.Tensor, gamma: float) -> torch
     Args:
         p: ``(..., V)`` target probabilities; ``p_lm``: the LM's, same shape.
     """
-    keep = p_lm > 0.5 * gamma * p_lm.max(dim=-1, keepdim=True).values
+    keep = p_lm > eq7_threshold(p_lm, gamma, keepdim=True)
     q = torch.where(keep, p, torch.zeros_like(p))
     total = q.sum(dim=-1, keepdim=True)
     return torch.where(total > 0, q / total.clamp_min(1e-30), p)
