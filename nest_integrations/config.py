@@ -52,10 +52,10 @@ class NestConfig:
     Mixture (p_kNN, RRC and p_M; Eqs. 2-4):
         knn_temperature: mu, inverse temperature of p_kNN. ``None`` means 1/sqrt(d) for key
             dimension d (our reading of the paper; the official code uses the same). 0.25 in
-            ``grounded``: SmolLM2's keys lie a few squared units apart (nearest ~19, 1024th ~57
-            over a query's ~1,200 keys), so at 1/sqrt(576) about 930 of the 1,024 neighbours
-            carry weight and p_kNN is the passages' unigram distribution; at 0.25 about 130
-            do (dev split: the junk on "Who was X?" gone, ROUGE-L unchanged).
+            ``grounded``: SmolLM2's keys lie a few squared units apart (nearest ~19, 1024th ~57;
+            ``benchmarks/knn_spread.py``), so at 1/sqrt(576) about 935 of the 1,024 neighbours
+            carry weight and p_kNN is the passages' unigram distribution; at 0.25 about 72 do
+            (dev split: the junk on "Who was X?" gone, ROUGE-L unchanged).
         rrc_offset: alpha, offset of Relative Retrieval Confidence (Eq. 4; paper 0.3).
         rrc_scale: tau, scale of Relative Retrieval Confidence (Eq. 4; paper 0.1).
         lm_temperature: T_LM, p_LM = softmax(logits / T_LM). The official code hard-codes 0.7.
