@@ -19,6 +19,35 @@ def nest_home() -> Path:
     return Path(user_cache_dir("nest-integrations"))
 
 
+class BrokenHomeError(OSError):
+    """A folder nest-integrations needs is a dangling link or a file."""
+
+
+def ensure_dir(path: str | os.PathLike[str]) -> Path:
+    """``mkdir -p path``, with an error naming the entry and the fix where a dangling symbolic
+    link or a file stands in the way (``mkdir`` would only say ``File exists``)."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    except (FileExistsError, NotADirectoryError):
+        pass
+    for entry in (path, *path.parents):
+        if entry.is_symlink() and not entry.exists():
+            target = os.readlink(entry)
+            raise BrokenHomeError(
+                f"{entry} is a symbolic link to {target}, which does not exist: create "
+                f"{target}, point the link at an existing folder, or remove the link (it is "
+                "then made as a plain folder; a removed model cache is converted again)"
+            ) from None
+        if entry.exists() and not entry.is_dir():
+            raise BrokenHomeError(
+                f"{entry} is a file, but a folder is needed there: move the file away, or set "
+                "NEST_HOME to another folder"
+            ) from None
+    raise BrokenHomeError(f"cannot create the folder {path}")
+
+
 def models_dir() -> Path:
     return nest_home() / "models"
 

@@ -158,6 +158,9 @@ class NestStats:
     #: how many of them a later pass took instead of computing them again
     ahead_fed: int = 0
     ahead_tokens: int = 0
+    #: a lossless method with drafts: whether its verify passes gave each row the bits of a
+    #: one-token step (``lm.exact_rows``), so the answer is greedy's exactly; None otherwise
+    exact_rows: bool | None = None
 
     @property
     def accepted_per_verify(self) -> float:

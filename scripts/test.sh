@@ -7,7 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh test
-export NEST_HOME="${NEST_HOME:-$(pwd)/.nest}" ANONYMIZED_TELEMETRY=False HF_HUB_OFFLINE=1
+# The tests keep their own home (./.nest, or $NEST_TEST_HOME; tests/conftest.py), whatever
+# $NEST_HOME says: no test depends on the caller's home or cache.
+export ANONYMIZED_TELEMETRY=False HF_HUB_OFFLINE=1
 # Two workers by default (the tests use one torch thread each, so both cores work), one file at a
 # time each, in the order of tests/_policy.py (longest first). An explicit -n/--numprocesses, or
 # NEST_TEST_WORKERS=0, decides instead.

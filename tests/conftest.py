@@ -1,7 +1,9 @@
 """Shared fixtures: the real embedded LM (slow) and a tiny random Llama with the real tokenizer.
 
-Environment set at import: ``NEST_HOME`` defaults to the repo's ignored ``.nest/`` folder (so the
-converted default model is cached once), the Hugging Face Hub is offline, telemetry is off.
+Environment set at import: ``NEST_HOME`` is the repo's ignored ``.nest/`` folder whatever the
+caller's is (no test depends on the caller's home or cache; ``NEST_TEST_HOME`` names another
+folder), so the converted default model is cached once; the Hugging Face Hub is offline,
+telemetry is off.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-os.environ.setdefault("NEST_HOME", str(REPO / ".nest"))
+os.environ["NEST_HOME"] = os.environ.get("NEST_TEST_HOME") or str(REPO / ".nest")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
 # CLI jobs (in-process or child processes) follow the tests' one torch thread (see below).

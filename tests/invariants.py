@@ -85,3 +85,14 @@ def chi2_pvalue(counts: dict, probs: dict, n: int) -> float:
     k = max(df, 1)
     z = ((stat / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
     return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def keys_agree(got, want, rtol: float) -> None:
+    """Every key vector of ``got`` lies within ``rtol`` of ``want``'s, relative to its norm
+    (``lm.exactness.KEY_RTOL`` states it per encoding dtype)."""
+    import numpy as np
+
+    got, want = np.asarray(got, dtype=np.float32), np.asarray(want, dtype=np.float32)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    err = np.linalg.norm(got - want, axis=-1) / np.maximum(np.linalg.norm(want, axis=-1), 1e-12)
+    assert float(err.max(initial=0.0)) <= rtol, f"key off by {float(err.max()):.3g} > {rtol}"

@@ -46,6 +46,7 @@ from nest_integrations.dresd import SourceBatch, build_datastore
 from nest_integrations.dresd.responses import keys_in_context
 from nest_integrations.decoding.engine import NestEngine
 from nest_integrations.index.in_memory_store import InMemoryKeyStore
+from nest_integrations.lm.backend import cpu_has_native_bf16
 from nest_integrations.lm.hf import HFLanguageModel
 from nest_integrations.lm.layer_skip import SkipSet
 from nest_integrations.decoding.prompts import RA_CHAT_TEMPLATE, RA_TEXT_TEMPLATE
@@ -448,12 +449,16 @@ def test_every_lossless_method_equals_hf_generate_on_smollm2(default_lm, tmp_pat
 
 
 @pytest.mark.slow
-def test_every_lossless_method_equals_hf_generate_on_smollm2_in_bf16(tmp_path):
-    """The same in bf16, as ``dtype="auto"`` loads it on this CPU: linears prepacked, verify
-    attention row-wise (``lm.rowwise_attention``). Before row-wise attention, 3 of 6
-    prompt-lookup outputs left greedy's path here (``benchmarks/results/bf16_exactness.md``)."""
-    lm = HFLanguageModel.from_default(dtype="bf16")
-    assert lm.dtype == torch.bfloat16 and lm.rowwise_attention
+def test_every_lossless_method_equals_hf_generate_on_smollm2_in_auto_dtype(tmp_path):
+    """The same in the ``auto`` dtype: bf16 (linears prepacked, verify passes by the row plans
+    probed on this CPU, attention row-wise) where the load-time check finds bf16 verify rows
+    bit-exact, else fp32, whose rows are; never an inexact model. Before row-wise attention
+    and probed plans, lossless outputs left greedy's path in bf16 on both CPU families."""
+    lm = HFLanguageModel.from_default(dtype="auto")
+    assert lm.rowwise_attention and lm.exact_rows, lm.dtype_choice
+    if cpu_has_native_bf16():  # auto tried bf16 first: the decision follows its check
+        bf16 = lm if lm.dtype == torch.bfloat16 else HFLanguageModel.from_default(dtype="bf16")
+        assert bf16.exact_rows is (lm.dtype == torch.bfloat16)
     _smollm2_oracle(lm, tmp_path)
 
 

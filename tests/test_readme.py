@@ -186,8 +186,10 @@ class Workdir:
         self.root = root
         self.home = root / "nest-home"  # not ./.nest: a README path must not depend on cwd
         self.home.mkdir()
-        models = REPO / ".nest" / "models"
-        (self.home / "models").symlink_to(models.resolve() if models.exists() else models)
+        from nest_integrations.paths import ensure_dir, models_dir
+
+        # the session's converted model (tests/conftest.py's home), made before it is linked
+        (self.home / "models").symlink_to(ensure_dir(models_dir()).resolve())
         bin_dir = Path(sys.executable).parent
         self.env = {
             **os.environ, "NEST_HOME": str(self.home),

@@ -23,12 +23,14 @@ def _steps_and_verify(lm: HFLanguageModel, prompt: list[int], new: list[int]):
     return steps, verify
 
 
-def test_bf16_cpu_models_load_with_rowwise_attention(tiny_lm_path, monkeypatch) -> None:
+def test_cpu_models_load_with_rowwise_attention(tiny_lm_path, monkeypatch) -> None:
     monkeypatch.delenv(rowwise_attention.ENV, raising=False)
     bf16 = HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="bf16")
     assert bf16.rowwise_attention
     assert bf16.model.config._attn_implementation == rowwise_attention.NAME
-    assert not HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="fp32").rowwise_attention
+    assert HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="fp32").rowwise_attention
+    plain = HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="fp32", exact_rows=False)
+    assert not plain.rowwise_attention and not plain.exact_rows
     chosen = HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="bf16",
                                              attn_implementation="eager")
     assert not chosen.rowwise_attention  # the caller's choice stands
@@ -61,16 +63,22 @@ def test_tree_rows_equal_one_token_steps_along_each_branch(tiny_lm_path) -> None
 
 @pytest.mark.slow
 def test_real_model_verify_rows_are_exact_only_with_rowwise_attention(monkeypatch) -> None:
-    """The embedded model in bf16: a 9-token verify equals 9 one-token steps bit for bit with
-    row-wise attention; with transformers' SDPA (the control) it does not."""
+    """The embedded model in bf16: whether a 9-token verify equals 9 one-token steps bit for bit
+    is what the load-time check (``lm.exact_rows``) says on this CPU; where it says no, the
+    ``auto`` dtype is fp32, whose rows are. One SDPA call per pass (the control) is not exact."""
     monkeypatch.delenv(rowwise_attention.ENV, raising=False)
     lm = HFLanguageModel.from_default(dtype="bf16")
     assert lm.rowwise_attention
     prompt = list(range(1000, 1100))
     new = list(range(2000, 2009))
     steps, verify = _steps_and_verify(lm, prompt, new)
-    assert torch.equal(steps, verify)
+    assert torch.equal(steps, verify) is lm.exact_rows
+    if not lm.exact_rows:  # this CPU's bf16 kernels: the downgrade
+        lm = HFLanguageModel.from_default(dtype="auto")
+        assert lm.dtype == torch.float32 and lm.exact_rows, lm.dtype_choice
+        steps, verify = _steps_and_verify(lm, prompt, new)
+        assert torch.equal(steps, verify)
     with lm.inexact_rows():  # one SDPA call per pass: what relaxed decoding takes
         _, fast = _steps_and_verify(lm, prompt, new)
     assert not torch.equal(steps, fast)
-    assert torch.allclose(steps, fast, atol=1.0)  # bf16 rounding, not another model
+    assert torch.allclose(steps, fast, atol=1.0)  # rounding, not another model

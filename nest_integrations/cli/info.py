@@ -1,4 +1,5 @@
-"""``nest info``: collections, passages, tokens and the key store's size."""
+"""``nest info``: the model backend (dtype, threads, whether lossless methods are exact on this
+CPU), then collections, passages, tokens and the key store's size."""
 
 from __future__ import annotations
 
@@ -10,16 +11,34 @@ from typing import Any
 
 from nest_integrations import assembly
 from nest_integrations.cli.common import open_store, out, store_args
+from nest_integrations.lm.backend import add_backend_args, apply_backend_args
 
-INFO_HELP = "show collections, passages, tokens and key-store size"
+INFO_HELP = ("show the model backend (dtype, exact lossless decoding here), collections, "
+             "passages, tokens and key-store size")
 
 
 def add_info_args(p: argparse.ArgumentParser) -> None:
     store_args(p, "also show this collection's passages, documents and tokens "
                 "(default: list every collection)")
+    p.add_argument("--model", default=None,
+                   help="a Hugging Face model id or folder (default: embedded SmolLM2)")
+    add_backend_args(p)
+
+
+def backend_info(args: argparse.Namespace) -> dict[str, Any]:
+    """The model ``nest ask`` would load with these options, as ``lm.exactness.describe``
+    reports it: device, dtype (and how ``auto`` chose it), threads, exact lossless decoding."""
+    from nest_integrations.lm.exactness import describe
+
+    apply_backend_args(args)
+    lm = assembly.spec_model(assembly.EngineSpec(model=args.model, dtype=args.dtype))
+    return {"model": getattr(lm, "name", None), **describe(assembly.unwrap(lm))}
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    backend = backend_info(args)
+    if not args.json:
+        _print_backend(backend)
     if not args.chroma_url:
         from nest_integrations import paths
 
@@ -31,7 +50,8 @@ def cmd_info(args: argparse.Namespace) -> int:
             )
     store = open_store(args)
     collections = {name: store.with_collection(name).count() for name in store.list_collections()}
-    info: dict[str, Any] = {"chroma": store.location, "collections": collections}
+    info: dict[str, Any] = {"backend": backend, "chroma": store.location,
+                            "collections": collections}
     if args.collection in collections:
         info["collection"] = store.stats()
     keys_dir = store.keys_dir
@@ -76,6 +96,23 @@ def key_store_stats(keys_dir: Path) -> list[dict[str, Any]]:
         ) as ks:
             out.append(ks.stats())
     return out
+
+
+def _print_backend(b: dict[str, Any]) -> None:
+    out(f"Model:        {b['model']} on {b['device']}, {b['dtype']}, {b['threads']} thread(s)"
+        + (f" [{b['dtype_choice']}]" if b.get("dtype_choice") else ""))
+    if b["exact_rows"]:
+        out("Lossless:     exact here: verify rows equal one-token steps bit for bit, so "
+            "greedy, prompt-lookup, rag-copy, DReSD, REST and KNN-SSD equal greedy decoding")
+    else:
+        out("Lossless:     NOT guaranteed here: verify rows are not bit-exact, so lossless "
+            "methods may leave greedy's output at near-ties (they warn, stats.exact_rows=False)")
+    plans = b.get("row_plans") or {}
+    if plans:
+        shown = sorted({(p["pad_to"], p["block"]) for p in plans.values()})
+        out("Row plans:    " + ", ".join(f"calls of {lo}-{hi} rows" if lo != hi else
+                                          f"calls of {hi} row(s)" for lo, hi in shown)
+            + " (probed on this CPU, cached in $NEST_HOME/exactness)")
 
 
 def _print_info(info: dict[str, Any], collection: str | None) -> None:

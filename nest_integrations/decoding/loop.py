@@ -30,6 +30,7 @@ skip-set search and the DReSD response-cache builder decode with it.
 from __future__ import annotations
 
 import time
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -190,6 +191,25 @@ def make_verifier(
     return cls(config, generator, eos_ids)
 
 
+_warned_inexact: set[tuple[int, str]] = set()
+
+
+def rows_are_exact(lm: Any, method: str) -> bool:
+    """``lm.exact_rows`` (False for an LM that does not say). Warns once per LM and method
+    when a lossless method drafts where verify rows are not bit-exact: then its output can
+    leave greedy's at a near-tie."""
+    exact = bool(getattr(lm, "exact_rows", False))
+    if not exact and (id(lm), method) not in _warned_inexact:
+        _warned_inexact.add((id(lm), method))
+        warnings.warn(
+            f"decoding={method!r} equals greedy decoding only where a verify pass gives each "
+            f"row the bits of a one-token step, and {getattr(lm, 'name', type(lm).__name__)!r} "
+            f"on {getattr(lm, 'device', 'its device')} does not guarantee that: the output may "
+            "leave greedy's at a near-tie (result.stats.exact_rows is False; `nest info` "
+            "shows the check)", RuntimeWarning, stacklevel=2)
+    return exact
+
+
 class DecodeLoop:
     """One generation's decoding: build it, then iterate ``run()`` for stream chunks."""
 
@@ -220,6 +240,8 @@ class DecodeLoop:
         self.relaxed = method.verifier == RELAXED and not config.strict_acceptance
         # relaxed decoding needs no bit-exact verify rows: the LM's faster passes, if it has them
         self._inexact_rows = getattr(lm, "inexact_rows", None) if self.relaxed else None
+        if drafter is not None and not self.relaxed:  # lossless: greedy's output, bit for bit?
+            stats.exact_rows = rows_are_exact(lm, method.name)
         self.out = OutputText(lm.detokenize, stop, repeat_guard=config.repeat_guard(self.relaxed))
         self.min_citation_words = config.citation_min_words(self.relaxed)
         self.verifier = make_verifier(method, config, generator, self.eos)

@@ -117,6 +117,13 @@ def resolve_dtype(dtype: "str | torch.dtype | None", device: "torch.device | str
     return value
 
 
+def requests_auto(dtype: "str | torch.dtype | None") -> bool:
+    """Whether ``dtype`` (None: the process default) asks for ``"auto"``: then the loader may
+    trade bf16 for fp32 where only fp32's verify rows are bit-exact (``lm.exactness``)."""
+    value = parse_dtype(dtype if dtype is not None else _default_dtype)
+    return value is None or value == "auto"
+
+
 def dtype_label(dtype: "str | torch.dtype | None", device: "torch.device | str") -> str:
     """A short name of what ``resolve_dtype`` gives (``"fp32"``, ``"bf16"``, ``"fp16"`` or
     ``"checkpoint"``): the model cache's key and the logs' word."""
@@ -215,6 +222,7 @@ __all__ = [
     "dtype_label",
     "parse_dtype",
     "physical_cores",
+    "requests_auto",
     "resolve_dtype",
     "set_default_dtype",
     "thread_count",

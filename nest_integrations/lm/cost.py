@@ -209,7 +209,9 @@ def load_or_measure(lm: Any, *, refresh: bool = False, **measure: Any) -> CostCu
         except (ValueError, json.JSONDecodeError) as exc:
             LOG.warning("re-measuring the cost curve: %s", exc)
     curve = measure_curve(lm, **measure)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from nest_integrations.paths import ensure_dir
+
+    ensure_dir(path.parent)
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(curve.to_json(), indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, path)

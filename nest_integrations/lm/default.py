@@ -67,7 +67,7 @@ def default_model_path() -> Path:
     target = paths.models_dir() / DEFAULT_MODEL_NAME
     if (target / _DONE_MARKER).is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    paths.ensure_dir(target.parent)
     lock_path = target.parent / f".{DEFAULT_MODEL_NAME}.lock"
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

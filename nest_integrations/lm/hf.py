@@ -42,9 +42,8 @@ import numpy as np
 import torch
 
 from nest_integrations.config import KEY_SOURCES
+from nest_integrations.lm import backend, exactness, rowwise_attention
 from nest_integrations.lm.backend import resolve_dtype
-from nest_integrations.lm import rowwise_attention
-from nest_integrations.lm.packing import pack_linear_weights, packing_wanted
 
 LOG = logging.getLogger(__name__)
 
@@ -140,8 +139,13 @@ class HFLanguageModel:
         self._has_logits_to_keep = "logits_to_keep" in params
         self._offsets_warned = False
         self._lock = threading.RLock()
-        #: How many ``nn.Linear`` layers ``from_pretrained`` prepacked (``lm.packing``).
+        #: How many ``nn.Linear`` layers ``from_pretrained`` prepacked (``lm.packing``), and
+        #: how many run verify passes by a probed row plan (``lm.row_exact``; packed included).
         self.packed_linears = 0
+        self.row_exact_linears = 0
+        #: How ``dtype="auto"`` chose the dtype, when it did (``lm.exactness``).
+        self.dtype_choice: str | None = None
+        self._exact: dict[int, bool] = {}
 
     @property
     def rowwise_attention(self) -> bool:
@@ -154,6 +158,16 @@ class HFLanguageModel:
         attention call per pass: faster). The decode loop uses it for relaxed decoding."""
         return rowwise_attention.inexact_rows()
 
+    @property
+    def exact_rows(self) -> bool:
+        """Whether a verify pass gives every row the bits of a one-token step at the current
+        thread count, as checked on this model and CPU (``lm.exactness.verdict``, cached): then
+        the lossless methods equal greedy decoding exactly."""
+        threads = torch.get_num_threads()
+        if threads not in self._exact:
+            self._exact[threads] = exactness.verdict(self)
+        return self._exact[threads]
+
     # ----------------------------------------------------------------------------- loading
 
     @classmethod
@@ -165,6 +179,7 @@ class HFLanguageModel:
         dtype: str | torch.dtype | None = None,
         key_source: str | int = "ffn_input",
         pack_weights: bool | None = None,
+        exact_rows: bool | None = None,
         **hf_kwargs: Any,
     ) -> "HFLanguageModel":
         """Load a model and tokenizer with ``AutoModelForCausalLM`` / ``AutoTokenizer``.
@@ -181,6 +196,10 @@ class HFLanguageModel:
             pack_weights: prepack the linear weights for oneDNN (``lm.packing``): ``None`` =
                 on for a bf16 model on CPU unless ``NEST_PACK_WEIGHTS=0``; ``False`` = never.
                 A faster kernel, the same parameters and fingerprint.
+            exact_rows: run verify passes row-exact on CPU (``lm.exactness``): ``None`` = on
+                unless ``NEST_EXACT_ROWS=0``; ``False`` = the kernels as transformers has them.
+                With ``dtype="auto"`` a bf16 model whose rows are not bit-exact on this CPU is
+                loaded again in fp32 where those are (``lm.dtype_choice`` says so).
             **hf_kwargs: passed to ``AutoModelForCausalLM.from_pretrained`` (``revision``,
                 ``trust_remote_code``, ``token``, ... also go to the tokenizer).
         """
@@ -199,17 +218,30 @@ class HFLanguageModel:
         )
         if "device_map" not in hf_kwargs:
             model.to(dev)
+        kernels = exactness.prepare(model, pack_weights=pack_weights, exact_rows=exact_rows,
+                                    user_chose_attention="attn_implementation" in hf_kwargs)
         weights = next(model.parameters())
-        packed = 0
-        if packing_wanted(pack_weights, weights.device, weights.dtype):
-            packed = pack_linear_weights(model)
-        rowwise = bool(packed) and rowwise_attention.wanted(
-            model, "attn_implementation" in hf_kwargs) and rowwise_attention.use_rowwise(model)
         LOG.info("loaded %s on %s (%s%s%s) in %.1f s", model_id_or_path, dev, weights.dtype,
-                 f", {packed} linears prepacked" if packed else "",
-                 ", row-wise verify attention" if rowwise else "", time.perf_counter() - start)
+                 f", {kernels['packed']} linears prepacked" if kernels["packed"] else "",
+                 ", row-exact verify passes" if kernels["rowwise"] else "",
+                 time.perf_counter() - start)
         lm = cls(model, tokenizer, name=str(model_id_or_path), key_source=key_source)
-        lm.packed_linears = packed
+        lm.packed_linears, lm.row_exact_linears = kernels["packed"], kernels["row_exact"]
+        if kernels["rowwise"]:
+            _ = lm.exact_rows  # checked now (cached per machine), not in the first generation
+        if backend.requests_auto(dtype) and dev.type == "cpu" and lm.dtype == torch.bfloat16 \
+                and kernels["rowwise"]:
+            lm.dtype_choice = "bf16 (auto: native bf16, verify rows bit-exact on this CPU)"
+            if not lm.exact_rows:
+                LOG.warning("bf16 verify rows are not bit-exact on this CPU: loading %s in fp32 "
+                            "for exact lossless decoding", model_id_or_path)
+                fp32 = cls.from_pretrained(model_id_or_path, device=device, dtype="fp32",
+                                           key_source=key_source, pack_weights=pack_weights,
+                                           exact_rows=exact_rows, **hf_kwargs)
+                if fp32.exact_rows:
+                    fp32.dtype_choice = "fp32 (auto: bf16 verify rows not bit-exact on this CPU)"
+                    return fp32
+                lm.dtype_choice = "bf16 (auto: verify rows bit-exact in neither bf16 nor fp32)"
         return lm
 
     @classmethod
@@ -231,6 +263,7 @@ class HFLanguageModel:
             pack_weights=pack_weights, **hf_kwargs,
         )
         lm.name = DEFAULT_MODEL_NAME
+        lm.__dict__.pop("fingerprint", None)  # computed under the folder's name, if at all
         return lm
 
     # ----------------------------------------------------------------------------- text

@@ -7,9 +7,9 @@ step of the embedded model costs 44 ms instead of 57 ms, and HF greedy on it run
 plain bf16 model (``benchmarks/results/packed_weights.md``, one side-by-side run on a shared
 VM). This is what ``torch.compile``'s CPU freezing does for linears, without the compile.
 
-Row-exact: a verify pass of up to 128 tokens runs its matmuls in blocks of 32 rows, the size
-up to which a oneDNN bf16 row comes out with the bits of a one-row product here (see
-``ROW_BLOCK``); with ``lm.rowwise_attention`` a verify row then equals a one-token step.
+Row-exact: a ``PackedLinear`` is a ``lm.row_exact.RowExactLinear`` whose kernel is the prepacked
+oneDNN call, so a verify pass runs its rows by the row plan probed for that kernel on this CPU,
+and (with ``lm.rowwise_attention``) a verify row equals a one-token step bit for bit.
 
 What it changes: the kernel, not the model. Each ``PackedLinear`` keeps the original
 ``weight``/``bias`` parameters (state dicts, tied embeddings and ``HFLanguageModel.fingerprint``
@@ -38,16 +38,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from nest_integrations.lm.row_exact import RowExactLinear, make_row_exact
+
 LOG = logging.getLogger(__name__)
 
-#: Row-exactness: on this project's CPU a oneDNN bf16 matmul of up to 32 rows gives each row
-#: the bits a one-row matmul gives; beyond 32 rows the rows past the block round differently
-#: (measured for every linear shape of the embedded model, M = 1..160). So passes of up to
-#: ``EXACT_ROWS`` rows (verify passes; ``lm.rowwise_attention.MAX_ROWS``) run in blocks of
-#: ``ROW_BLOCK`` rows, and a verify row equals a one-token step bit for bit. Larger passes
-#: (prefills) run in one call.
-ROW_BLOCK = 32
-EXACT_ROWS = 128
 #: Environment switch: ``0``/``false``/``no``/``off`` keeps plain ``nn.Linear`` layers.
 PACK_ENV = "NEST_PACK_WEIGHTS"
 _OFF = {"0", "false", "no", "off"}
@@ -91,51 +85,28 @@ def packing_wanted(pack_weights: bool | None, device: torch.device, dtype: torch
     return bool(pack_weights) and device.type == "cpu" and packing_available(dtype)
 
 
-class PackedLinear(torch.nn.Module):
-    """An ``nn.Linear`` whose forward uses a oneDNN-prepacked copy of its weight.
+class PackedLinear(RowExactLinear):
+    """An ``nn.Linear`` whose forward uses a oneDNN-prepacked copy of its weight, row-exact by
+    its probed row plan (``lm.row_exact``).
 
     ``weight`` and ``bias`` are the original parameters (shared, not copied). An input in
     another dtype or on another device than the packed weight takes plain ``F.linear``.
     """
 
-    def __init__(self, linear: torch.nn.Linear) -> None:
-        super().__init__()
-        self.in_features = linear.in_features
-        self.out_features = linear.out_features
-        self.weight = linear.weight
-        self.bias = linear.bias
-        reorder, self._linear = _ops()
-        with torch.no_grad():
-            self._packed = reorder(linear.weight.detach(), None)
-        self._bias = None if linear.bias is None else linear.bias.detach()
+    kind = "onednn-packed"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != self._packed.dtype or x.device.type != "cpu" or x.numel() == 0:
-            return F.linear(x, self.weight, self.bias)
-        flat = x.reshape(-1, self.in_features)
-        rows = flat.shape[0]
-        if ROW_BLOCK < rows <= EXACT_ROWS:  # a verify pass: row-exact blocks (module docstring)
-            y = torch.cat([self._linear(flat[i : i + ROW_BLOCK], self._packed, self._bias,
-                                        "none", [], "") for i in range(0, rows, ROW_BLOCK)])
-        else:
-            y = self._linear(flat, self._packed, self._bias, "none", [], "")
-        return y.reshape(*x.shape[:-1], self.out_features)
-
-    def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, packed=oneDNN")
+    @staticmethod
+    def make_kernel(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+        reorder, linear = _ops()
+        packed = reorder(weight.detach(), None)
+        bias = None if bias is None else bias.detach()
+        return lambda x: linear(x, packed, bias, "none", [], "")
 
 
 def pack_linear_weights(model: torch.nn.Module) -> int:
     """Replace every ``nn.Linear`` of ``model`` (in place) by a ``PackedLinear``; returns how
     many. Call it after the model is on its device and in its dtype."""
-    count = 0
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if type(child) is torch.nn.Linear:  # subclasses (quantised, LoRA) are left alone
-                setattr(module, name, PackedLinear(child))
-                count += 1
-    return count
+    return make_row_exact(model, PackedLinear)
 
 
 __all__ = ["PACK_ENV", "PackedLinear", "pack_linear_weights", "packing_available",

@@ -1,66 +1,35 @@
 """Row-wise attention: a verify forward computes each new token's attention exactly as a
-one-token decode step would, so lossless speculative decoding equals greedy decoding bit for bit.
+one-token decode step would (one SDPA call per query row, with that row's keys: a causal prefix,
+or the rows a tree mask allows), so with ``lm.row_exact``'s linears a verify row equals a step
+bit for bit. ``F.scaled_dot_product_attention`` over T queries rounds differently from T one-query
+calls; on SmolLM2 in bf16 that alone flipped near-ties in 12-20 of 30 lossless outputs.
 
-The problem: a speculative verify runs T draft tokens in one forward and keeps the tokens whose
-argmax agrees with the draft. That is lossless only if row i of the verify equals what a
-one-token step at that position would compute. In bf16 on CPU the linear layers are row-exact
-in blocks of up to 32 rows (``lm.packing``), but scaled-dot-product attention is not:
-``F.scaled_dot_product_attention`` with T queries rounds differently from T calls with one
-query each. Measured on the embedded model: the rows of a 9-token verify differ from 9
-one-token steps by up to 0.4 in the logits, and 12-20 of 30 outputs of each lossless method
-left greedy's path in bf16. With this attention the rows are identical, and so are the
-outputs: 30/30 for every lossless method (``benchmarks/results/speed_all.md``,
-``benchmarks/results/packed_weights.md``, ``tests/test_rowwise_attention.py``).
-
-How: a forward that extends a cache (fewer queries than keys) calls transformers' own SDPA
-attention once per query row, with that row's keys (a causal prefix, or the rows a tree mask
-allows) and no mask, which is the call a one-token step makes. A prefill (as many queries as
-keys) and forwards of more than ``MAX_ROWS`` queries take one SDPA call, as before. The cost is
-one small attention call per row and layer: a 9-token verify after a 120-token cache measured
-83 ms against 54 ms with one SDPA call (``packed_weights.md``, a noisy VM); a fused row-exact
-kernel would remove most of it. Relaxed decoding, which needs no bit-exact rows, opts out per
-forward (``inexact_rows``).
-
-``HFLanguageModel.from_pretrained`` selects this attention only for models it prepacked (bf16 on
-CPU) whose implementation is ``"sdpa"``, unless ``NEST_ROWWISE_ATTENTION=0`` or the caller chose
-an implementation. Registered with transformers as ``"nest_rowwise"`` (with SDPA's mask
-function).
+A prefill (as many queries as keys), forwards of more than ``MAX_ROWS`` queries and forwards
+inside ``inexact_rows()`` (NEST's relaxed decoding) take one SDPA call. The cost is one small
+attention call per row and layer. ``HFLanguageModel.from_pretrained`` selects it for CPU models
+whose linears it made row-exact and whose implementation is ``"sdpa"``, unless
+``NEST_ROWWISE_ATTENTION=0`` or the caller chose an implementation. Registered with
+transformers as ``"nest_rowwise"`` (with SDPA's mask function).
 """
 
 from __future__ import annotations
 
-import contextvars
 import os
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
-from nest_integrations.lm.packing import EXACT_ROWS
+from nest_integrations.lm.row_exact import EXACT_ROWS, exact_wanted, inexact_rows
 
 #: The name under which transformers knows this attention.
 NAME = "nest_rowwise"
 #: Environment switch: ``0``/``false``/``no``/``off`` keeps transformers' SDPA.
 ENV = "NEST_ROWWISE_ATTENTION"
 #: Forwards with more new tokens than this take one SDPA call (a prefill-sized chunk): the
-#: bound up to which ``lm.packing`` keeps the linear layers row-exact too.
+#: bound up to which ``lm.row_exact`` keeps the linear layers row-exact too.
 MAX_ROWS = EXACT_ROWS
 _OFF = {"0", "false", "no", "off"}
 _registered = False
-#: False inside ``inexact_rows()``: one SDPA call per forward, as transformers makes it.
-_EXACT = contextvars.ContextVar("nest_rowwise_exact", default=True)
-
-
-@contextmanager
-def inexact_rows() -> Iterator[None]:
-    """Within the block, forwards take one SDPA call (faster; rows may round differently from
-    one-token steps). For decoding that does not need bit-exact rows: NEST's relaxed
-    acceptance. Wrap single forwards, not generators."""
-    token = _EXACT.set(False)
-    try:
-        yield
-    finally:
-        _EXACT.reset(token)
 
 
 def _allowed(mask: torch.Tensor | None, q_len: int, k_len: int) -> torch.Tensor | None:
@@ -86,7 +55,7 @@ def rowwise_sdpa_forward(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     q_len, k_len = query.shape[2], key.shape[2]
-    if q_len >= k_len or q_len > MAX_ROWS or query.shape[0] != 1 or not _EXACT.get():
+    if q_len >= k_len or q_len > MAX_ROWS or query.shape[0] != 1 or not exact_wanted():
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     allowed = _allowed(attention_mask, q_len, k_len)
     kwargs = {k: v for k, v in kwargs.items() if k != "is_causal"}

@@ -134,7 +134,7 @@ class ChromaPassageStore:
         validate_collection_name(collection)  # before the store folder is created
         root = paths.persist_root(persist_dir)
         folder = paths.chroma_dir(root)
-        folder.mkdir(parents=True, exist_ok=True)
+        paths.ensure_dir(folder)
         client = chromadb.PersistentClient(path=str(folder), settings=_settings())
         return cls(client, collection, persist_dir=root, location=str(folder), **kwargs)
 
