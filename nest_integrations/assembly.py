@@ -7,12 +7,13 @@ LangChain's ``ChatNest``/``NestLLM``, LlamaIndex's
 ``NestLLM``/``NestQueryEngine`` and the evaluation harness. So each default is decided once:
 
 - ``DEFAULT_COLLECTION`` (``"nest"``), ``DEFAULT_MAX_NEW_TOKENS`` (256), ``DEFAULT_DECODING``
-  (``"nest"``) and ``DEFAULT_PRESET`` (``"grounded"``: RA-NEST with passage-restricted spans
-  and the LM guards; the paper's algorithm is the ``"paper"`` preset). They are written once,
-  in ``nest_integrations.defaults`` (imported by every layer), and re-exported here.
-- ``NestEngine`` itself defaults nothing but the decoding method: its config and key store are
-  required, and this module supplies them (the ``DEFAULT_PRESET``; an ``InMemoryKeyStore`` when
-  no persist dir is used).
+  (None: the preset's policy decides) and ``DEFAULT_PRESET`` (``"grounded"``: every question
+  decoded losslessly against its RA prompt, the passages the question names by title first;
+  NEST's relaxed copying is ``"copy"``, the paper's algorithm ``"paper"``). They are written
+  once, in ``nest_integrations.defaults`` (imported by every layer), and re-exported here.
+- ``NestEngine`` itself defaults nothing: its config and key store are required, and this
+  module supplies them with the preset's policy (the ``DEFAULT_PRESET``; an
+  ``InMemoryKeyStore`` when no persist dir is used).
 - **Where passages come from.** A corpus is opened only when asked for: a ready ``retriever``,
   or any of ``collection`` / ``persist_dir`` / ``chroma_url`` (the Chroma store filled by
   ``nest ingest``; the collection then defaults to ``DEFAULT_COLLECTION``). A bare
@@ -56,7 +57,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from nest_integrations.config import NestConfig
+from nest_integrations.config import Guards, NestConfig
 from nest_integrations.defaults import (
     DEFAULT_COLLECTION,
     DEFAULT_DECODING,
@@ -65,6 +66,7 @@ from nest_integrations.defaults import (
 )
 from nest_integrations.decoding.engine import NestEngine
 from nest_integrations.paths import persist_root
+from nest_integrations.policy import AnswerPolicy
 
 LOG = logging.getLogger(__name__)
 
@@ -84,6 +86,24 @@ def resolve_config(config: NestConfig | str | Mapping[str, Any] | None) -> NestC
     if isinstance(config, Mapping):
         return NestConfig(**config)
     raise TypeError(f"config must be a NestConfig, a preset name or None, not {type(config)}")
+
+
+def resolve_policy(policy: AnswerPolicy | str | None, config: Any = None) -> AnswerPolicy:
+    """An ``AnswerPolicy`` from a policy, a preset name or None: the policy of the preset that
+    ``config`` names when it is a name, else of the ``DEFAULT_PRESET``."""
+    if isinstance(policy, AnswerPolicy):
+        return policy
+    if isinstance(policy, str):
+        return AnswerPolicy.from_preset(policy)
+    if isinstance(policy, Mapping):  # a dict of its fields (a serialised adapter, say)
+        fields = dict(policy)
+        if isinstance(fields.get("guards"), Mapping):
+            fields["guards"] = Guards(**fields["guards"])
+        return AnswerPolicy(**fields)
+    if policy is not None:
+        raise TypeError(f"policy must be an AnswerPolicy, a preset name or None, not "
+                        f"{type(policy)}")
+    return AnswerPolicy.from_preset(config if isinstance(config, str) else DEFAULT_PRESET)
 
 
 def check_dtype(dtype: Any) -> Any:
@@ -118,8 +138,9 @@ class EngineSpec:
             ...); None = the process default (``"auto"`` unless
             ``backend.set_default_dtype`` or ``--dtype`` set it). Validated here.
         config: a ``NestConfig``, preset name or None (``DEFAULT_PRESET``); resolved here.
-        decoding: a ``drafters.METHODS`` name (None = ``DEFAULT_DECODING``); the engine
-            validates it.
+        policy: an ``AnswerPolicy``, preset name or None: the policy of the preset ``config``
+            names, else of ``DEFAULT_PRESET``; resolved here.
+        decoding: a ``drafters.METHODS`` name (None = the policy's); the engine validates it.
         drafter_options: options for the method's drafter (e.g. a datastore path).
         hybrid: fuse BM25 with the store's dense scores; None = ``config.hybrid_retrieval``.
         calibrated: use the kNN temperature and RRC offset/scale that ``nest calibrate`` stored
@@ -141,10 +162,12 @@ class EngineSpec:
     hybrid: bool | None = None
     calibrated: bool | None = None
     dtype: str | None = None
+    policy: Any = None
 
     def __post_init__(self) -> None:
         from nest_integrations.lm.backend import parse_dtype
 
+        object.__setattr__(self, "policy", resolve_policy(self.policy, self.config))
         cfg = resolve_config(self.config)
         if self.hybrid is not None and self.hybrid != cfg.hybrid_retrieval:
             cfg = cfg.replace(hybrid_retrieval=bool(self.hybrid))
@@ -408,6 +431,7 @@ def build_engine(
         retriever,
         key_store,
         cfg,
+        policy=spec.policy,
         decoding=spec.decoding,
         drafter_options=spec.options,
     )
@@ -425,19 +449,21 @@ def from_defaults(
     drafter_options: dict[str, Any] | None = None,
     hybrid: bool | None = None,
     dtype: str | None = None,
+    policy: AnswerPolicy | str | None = None,
 ) -> NestEngine:
     """The embedded default engine: SmolLM2-135M-Instruct + the Chroma store + its key store.
 
     ``collection`` defaults to ``DEFAULT_COLLECTION`` in ``persist_dir`` (default
     ``$NEST_HOME/store``, filled by ``nest ingest``); with ``chroma_url`` passages come from a
     Chroma server and keys stay in ``persist_dir``. ``config`` is a ``NestConfig`` or a preset
-    name (default ``DEFAULT_PRESET``); ``dtype`` as in ``EngineSpec``. Also reachable as ``nest_integrations.from_defaults``
+    name (default ``DEFAULT_PRESET``), ``policy`` an ``AnswerPolicy`` or preset name (default:
+    the preset's); ``dtype`` as in ``EngineSpec``. Also reachable as ``nest_integrations.from_defaults``
     and ``NestEngine.from_defaults``.
     """
     spec = EngineSpec.for_store(
         collection, persist_dir=persist_dir, chroma_url=chroma_url, config=config,
         model=model, device=device, decoding=decoding, drafter_options=drafter_options,
-        hybrid=hybrid, dtype=dtype,
+        hybrid=hybrid, dtype=dtype, policy=policy,
     )
     return build_engine(spec)
 
@@ -556,6 +582,7 @@ __all__ = [
     "open_store",
     "persist_root",
     "resolve_config",
+    "resolve_policy",
     "resolve_max_new_tokens",
     "serialized",
     "share_engine",

@@ -134,8 +134,8 @@ class NestStats:
     time_knn: float = 0.0
     time_total: float = 0.0
     finish_reason: str = ""
-    #: the decoding method that produced the answer (``NestConfig.fact_decoding`` may route a
-    #: fact question away from the one asked for)
+    #: the decoding method that produced the answer (the answer policy's when the call names
+    #: none)
     decoding: str = ""
     # drafting (the loop and the method's drafter fill these; 0 / None for plain decoding)
     #: seconds in the drafter's ``propose`` (corpus search, KNN-SSD's layer-skip passes)

@@ -389,6 +389,5 @@ def test_default_datastore_location_follows_the_engines_collection(tmp_path):
     from nest_integrations.drafters.corpus import default_datastore_for
 
     retriever = SimpleNamespace(collection_name="docs", persist_dir=tmp_path)
-    ctx = DrafterContext(lm=None, config=None, prompt_ids=[], passages=[],
-                         engine=SimpleNamespace(retriever=retriever))  # fmt: skip
+    ctx = DrafterContext(lm=None, config=None, prompt_ids=[], passages=[], retriever=retriever)
     assert default_datastore_for(ctx) == tmp_path / "dresd" / "docs"

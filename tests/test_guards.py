@@ -1,4 +1,5 @@
-"""NEST's quality knobs: passage-restricted span starts, the LM guards, minimum citation length.
+"""NEST's quality knobs: passage-restricted span starts (``NestConfig``), and the answer policy's
+LM guards and minimum citation length (``config.Guards``).
 
 Each knob defaults to the paper's behaviour (off); these tests pin what each one does when on.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nest_integrations.config import NestConfig
+from nest_integrations.config import Guards, NestConfig
 from nest_integrations.core.token_memory import Hits
 from nest_integrations.core.proposers import span_start
 from nest_integrations.core.verification import (
@@ -18,6 +19,7 @@ from nest_integrations.core.verification import (
     guarded_token,
     relaxed_accept_count,
 )
+from nest_integrations.policy import AnswerPolicy
 from tests.engines import make_engine
 from nest_integrations.types import Passage
 from tests.fakes import FakeLM
@@ -56,10 +58,15 @@ def test_veto_cuts_relaxed_acceptance():
 
 
 def test_guard_knobs_are_validated():
-    for field, bad in [("span_passages", 0), ("confidence_guard", 1.5), ("eos_guard", 0.0),
-                       ("min_citation_tokens", 0)]:
+    for field, bad in [("span_passages", 0), ("min_citation_tokens", 0)]:
         with pytest.raises(ValueError, match=field):
             NestConfig(**{field: bad})
+    for field, bad in [("confidence_guard", 1.5), ("eos_guard", 0.0), ("min_citation_words", 0),
+                       ("stop_on_repeat", None), ("lock_document", 1)]:
+        with pytest.raises(ValueError, match=field):
+            Guards(**{field: bad})
+    with pytest.raises(TypeError):  # the guards are the policy's, not the algorithm's
+        NestConfig(confidence_guard=0.3)
 
 
 def _passage(text, pid):
@@ -85,7 +92,8 @@ def test_eos_guard_ends_where_the_lm_ends_and_min_citation_filters():
     paper = engine.generate(" alpha", max_new_tokens=8, passages=passages,
                             config=NestConfig(rrc_offset=10.0))  # lambda ~ 0: p_M ~ p_kNN
     guarded = engine.generate(" alpha", max_new_tokens=8, passages=passages,
-                              config=NestConfig(rrc_offset=10.0, eos_guard=0.5))
+                              config=NestConfig(rrc_offset=10.0),
+                              policy=AnswerPolicy(guards=Guards(eos_guard=0.5)))
     assert paper.token_ids and paper.stats.attributed_tokens > 0
     assert guarded.token_ids == [] and guarded.stats.finish_reason == "stop"
     few = engine.generate(" alpha", max_new_tokens=8, passages=passages,
@@ -113,55 +121,3 @@ def test_guards_as_pure_functions():
     assert guard_veto(p_lm, draft, eos, 0.8, 0.5).tolist() == [True, True, False]
 
 
-def test_lm_agreement_keeps_only_tokens_the_lm_also_accepts():
-    """``lm_agreement_veto``: Eq. 7 on p_LM alone; ``guarded_token`` swaps a token the LM
-    rejects for the LM's top one; ``guard_veto`` ors it in."""
-    from nest_integrations.core.verification import lm_agreement_veto
-
-    p_lm = torch.tensor([[0.5, 0.3, 0.01, 0.19], [0.97, 0.01, 0.01, 0.01]])
-    draft = torch.tensor([2, 1])
-    # gamma 0.1: threshold 0.025 in row 0 (0.01 fails), 0.0485 in row 1 (0.01 fails)
-    assert lm_agreement_veto(p_lm, draft, 0.1).tolist() == [True, True]
-    assert lm_agreement_veto(p_lm, torch.tensor([1, 0]), 0.1).tolist() == [False, False]
-    assert guarded_token(2, p_lm[0], [], None, None, 0.1) == 0
-    assert guarded_token(1, p_lm[0], [], None, None, 0.1) == 1
-    assert guard_veto(p_lm, draft, [], None, None, 0.1).tolist() == [True, True]
-    with pytest.raises(ValueError, match="lm_agreement"):
-        NestConfig(lm_agreement=0.0)
-
-
-def test_pick_agreement_restricts_the_mixtures_choice_to_lm_plausible_tokens():
-    """``pick_agreement``: a token the relaxed verifier chooses (token mode, a span's first
-    token, a correction) is the mixture's best among the tokens the LM alone accepts by Eq. 7
-    (not the LM's own top token, which ``lm_agreement`` falls back to); draft tokens are
-    accepted as without it."""
-    from nest_integrations.core.mixture import StepDistribution
-    from nest_integrations.core.verification import plausible_choice
-    from nest_integrations.decoding.loop import RelaxedVerifier
-
-    # p_M prefers token 2 (a frequent passage token); the LM finds it implausible (0.001) and
-    # wants 0; among the tokens the LM accepts, the mixture prefers 1
-    p_m = torch.tensor([[0.1, 0.2, 0.6, 0.1]])
-    p_lm = torch.tensor([[0.6, 0.3, 0.001, 0.099]])
-    empty = torch.zeros((1, 0))
-    dist = StepDistribution(p_m, torch.tensor([0.1]), Hits(empty, empty.long()), p_lm)
-
-    def verifier(**kw):
-        return RelaxedVerifier(NestConfig(relaxation=0.05, **kw), None)
-
-    assert verifier().pick(dist) == 2  # the paper: the mixture's top token
-    assert verifier(pick_agreement=0.05).pick(dist) == 1  # the mixture's best plausible one
-    assert verifier(lm_agreement=0.05).pick(dist) == 0  # lm_agreement: the LM's top token
-    assert verifier(pick_agreement=0.001).pick(dist) == 2  # 0.001 > 0.0005 * 0.6 passes
-    q = plausible_choice(p_m, p_lm, 0.05)
-    assert q[0, 2] == 0 and float(q.sum()) == pytest.approx(1.0)
-    p_m0 = torch.tensor([[0.5, 0.5, 0.0, 0.0]])  # no mass on the LM's head set {2}: unchanged
-    assert torch.equal(plausible_choice(p_m0, torch.tensor([[0.0, 0.0, 1.0, 0.0]]), 0.05), p_m0)
-    draft = torch.tensor([2])
-    assert verifier(pick_agreement=0.05).accept(dist, draft) == 1  # drafts: unchanged
-    assert verifier(lm_agreement=0.05).accept(dist, draft) == 0
-    for bad in (0.0, 1.5, True):
-        with pytest.raises(ValueError, match="pick_agreement"):
-            NestConfig(pick_agreement=bad)
-    assert NestConfig().pick_agreement is None
-    assert NestConfig.from_preset("grounded").pick_agreement is None  # an option (README)

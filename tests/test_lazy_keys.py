@@ -371,11 +371,11 @@ def test_cli_ingest_lazy_encodes_nothing_and_info_shows_the_cache(
     passages = list(assembly.open_store("lazy-col", tmp_path / "store").iter_passages())
     with assembly.open_key_store(tmp_path / "store", lm) as cache:
         ensure_keys(cache, lm, passages)
-    assert cli.main(["info", "--json", *store]) == 0
+    assert cli.main(["info", "--json", "--no-model", *store]) == 0
     info = json.loads(capsys.readouterr().out)["key_store"]
     assert info["mode"] == "lazy" and info["lazy"]["max_bytes"] == 2 * 10**6
     assert info["lazy"]["namespaces"][0]["n_entries"] == len(passages) >= 1
-    assert cli.main(["info", *store]) == 0
+    assert cli.main(["info", "--no-model", *store]) == 0
     assert "lazy (keys encoded at query time), cap 2.0 MB" in capsys.readouterr().out
     assert cli.main(["ingest", str(notes), *store, "--key-cache-size", "10B"]) == 0
     assert lazy_cache_stats(keys)["namespaces"][0]["bytes_used"] == 0  # a lower cap applies now

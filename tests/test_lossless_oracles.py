@@ -41,12 +41,13 @@ import numpy as np
 import pytest
 import torch
 
-from nest_integrations.config import NestConfig
+from nest_integrations.config import Guards, NestConfig
 from nest_integrations.dresd import SourceBatch, build_datastore
 from nest_integrations.dresd.responses import keys_in_context
 from nest_integrations.decoding.engine import NestEngine
 from nest_integrations.index.in_memory_store import InMemoryKeyStore
 from nest_integrations.lm.backend import cpu_has_native_bf16
+from nest_integrations.policy import AnswerPolicy
 from nest_integrations.lm.hf import HFLanguageModel
 from nest_integrations.lm.layer_skip import SkipSet
 from nest_integrations.decoding.prompts import RA_CHAT_TEMPLATE, RA_TEXT_TEMPLATE
@@ -595,8 +596,8 @@ def test_confidence_guard_lets_a_confident_lm_overrule_the_mixture():
     engine = NestEngine(lm, None, InMemoryKeyStore(), NestConfig())
     base = NestConfig(rrc_offset=10.0)  # lambda ~ 0: the mixture follows the passage
     paper = engine.generate(" alpha", max_new_tokens=6, passages=passages, config=base)
-    guarded = engine.generate(" alpha", max_new_tokens=6, passages=passages,
-                              config=base.replace(confidence_guard=0.9))
+    guarded = engine.generate(" alpha", max_new_tokens=6, passages=passages, config=base,
+                              policy=AnswerPolicy(guards=Guards(confidence_guard=0.9)))
     assert paper.stats.attributed_tokens > 0 and sure not in paper.token_ids
     assert guarded.token_ids == [sure] * 6
     assert guarded.stats.attributed_tokens == 0

@@ -1,4 +1,4 @@
-"""The grounded-QA dev loop (benchmarks/qa_dev.py): system specs, an interleaved tiny run
+"""The grounded-QA dev loop (``python -m benchmarks.quality --set entities``): system specs, an interleaved tiny run
 through a real engine, and the summary table against a hand-computed case."""
 
 from __future__ import annotations

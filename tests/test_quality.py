@@ -128,34 +128,16 @@ def test_open_ended_metrics():
     assert open_ended.rouge_l("a b c", "a b c") == pytest.approx(1.0)
 
 
-def test_the_default_routes_exactly_the_entity_questions_as_facts(qset):
-    """``grounded``'s ``fact_decoding`` fires on every entity question and on no completion or
-    open-ended prompt, so on those the default's code path is the relaxed one (what
-    ``benchmarks/quality.py``'s composed ``default`` row relies on)."""
-    from nest_integrations.core.question import asks_for_fact
+def test_the_title_index_finds_every_entity_questions_gold_document(qset):
+    """The title index of the entity corpus (distractor notes included, titled
+    "X (disambiguation)") names each entity question's gold document, never its note."""
+    from nest_integrations.retrieval.titles import TitleIndex
 
+    index = TitleIndex({d["id"]: d["metadata"]["title"] for d in qset.entities.documents})
     for q in qset.questions:
-        assert asks_for_fact(q.question) is (qset.sources[q.id] == "entities-hard"), q.question
-    assert not any(asks_for_fact(q.question) for q in qset.open_questions)
-
-
-def test_title_match_reads_an_entity_from_every_question_but_the_completions(qset):
-    """``NestConfig.title_match`` needs the question's entity: every entity question and
-    open-ended prompt names one (their gold document's title), no completion prompt does, so
-    on completions the default's retrieval and prompt are the dense ones (what lets
-    ``benchmarks/quality.py`` compare runs made before and after the title match there)."""
-    from nest_integrations.core.question import question_entities, question_entity
-    from nest_integrations.retrieval.titles import norm_title
-
-    titles = {d["id"]: d["metadata"]["title"] for d in qset.entities.documents}
-    for q in qset.questions:
-        names = [norm_title(e) for e in question_entities(q.question)]
         if qset.sources[q.id] == "entities-hard":
-            assert norm_title(titles[q.gold_doc_id]) in names, q.question
-        else:
-            assert question_entity(q.question) is None, q.question
-    for q in qset.open_questions:
-        assert question_entity(q.question), q.question
+            named = [d for m in index.match(q.question) for d in m.doc_ids]
+            assert q.gold_doc_id in named and len(named) == 1, (q.question, named)
 
 
 def test_open_split_asks_who_was_x_about_every_person(qset):

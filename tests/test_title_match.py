@@ -1,11 +1,10 @@
-"""``NestConfig.title_match`` (issue 22): the document titled with the question's entity goes
-first in stage 1, so ``span_passages=1``, the RA prompt and RAG-copy's drafts start from it.
+"""The title index (``retrieval.titles``) and the policy's stage-1 order (``policy.answer``): the
+documents a question names are found by the store's titles in the question's text, in any
+phrasing and language, not by question templates.
 
-The pure parts (``core.question.question_entity``, ``retrieval.titles.title_first``) run on
-made-up passages; the lookup runs on real Chroma (``passages_titled``) and the in-memory
-retriever; the engine test checks that ``grounded`` uses it and ``paper`` does not. The slow
-test re-checks the measured effect on the shipped sample corpus: every open-ended pydoc
-question of the quality set gets its gold document first.
+The pure parts run on made-up titles and passages; the index built at ingest and kept with the
+store runs on real Chroma; the engine test checks that ``grounded`` uses it and ``paper`` does
+not. The slow test re-checks the effect on the shipped sample corpus.
 """
 
 from __future__ import annotations
@@ -16,47 +15,74 @@ import pytest
 
 from engines import make_engine
 from fakes import FakeLM
-from nest_integrations.config import PRESETS, NestConfig
-from nest_integrations.core.question import question_entity
+from nest_integrations.config import NestConfig
+from nest_integrations.policy import AnswerPolicy, plan_answer
+from nest_integrations.policy.answer import named_first, prompt_passages
 from nest_integrations.retrieval.in_memory import InMemoryRetriever
-from nest_integrations.retrieval.titles import first_passages, norm_title, title_first
+from nest_integrations.retrieval.titles import (
+    TitleIndex,
+    first_passages,
+    normalize,
+    qualifier_base,
+)
 from nest_integrations.types import Passage
 
+TITLES = {
+    "korvanta": "Korvanta Systems",
+    "korvanta-note": "Korvanta Systems (disambiguation)",
+    "cambodia": "Cambodia",
+    "life-exp": "Life expectancy",
+    "python": "Python (programming language)",
+    "anabasis": "Anabasis (Xenophon)",
+    "for": "for",
+    "with": "with",
+    "frogging": "frogging",
+    "bahaullah": "Baháʼu'lláh",
+    "nyc": "New York City",
+    "york": "York",
+    "leon": "León",
+}
 
-@pytest.mark.parametrize("text, entity", [
-    ("What is the founding year of Korvanta Systems?", "Korvanta Systems"),
-    ("what was the maiden flight date of Orion-7 Probe?", "Orion-7 Probe"),
-    ('Write the Python reference entry for "for".', "for"),
-    ("Write the dictionary entry for the computing term 'frogging'.", "frogging"),
-    ("What is Stephen Jay Gould?", "Stephen Jay Gould"),
-    ("What is a dishwasher?", "dishwasher"),
-    ("What is The Garden of Earthly Delights?", "The Garden of Earthly Delights"),
-    ("Who was Charles Dickens?", "Charles Dickens"),
-    ("Tell me about the Golden Gate Bridge", "Golden Gate Bridge"),
-    ('What does the "with" statement do?', "with"),
-    ("Context: ...\n\nWhat is Futurism?", "Futurism"),  # the last line decides
-    ("What is O'Brien's law?", "O'Brien's law"),  # an apostrophe is no quote
-    ("How does it work?", None),
-    ("La traviata\n\nIt was first performed on", None),  # a completion names no entity
-    ("What is the thing that everyone in the office keeps talking about over lunch on most days this month?", None),
-    ("", None),
+
+def _docs(question: str) -> list[tuple[str, ...]]:
+    return [m.doc_ids for m in TitleIndex(TITLES).match(question)]
+
+
+def test_normalize_folds_case_diacritics_possessives_and_punctuation():
+    assert normalize("Cambodia's  life-expectancy?") == "cambodia life expectancy"
+    assert normalize("LEÓN") == normalize("leon") == "leon"
+    assert normalize("Korvanta Systems: what is the founding year?") == \
+        "korvanta systems what is the founding year"
+    assert qualifier_base("Python (programming language)") == "Python"
+    assert qualifier_base("Python") is None
+
+
+@pytest.mark.parametrize("question, docs", [
+    # the same entity in every phrasing family
+    ("What is the life expectancy at birth in Cambodia?", [("life-exp",), ("cambodia",)]),
+    ("Cambodia: what is the life expectancy at birth?", [("life-exp",), ("cambodia",)]),
+    ("Tell me Cambodia's life expectancy.", [("life-exp",), ("cambodia",)]),
+    ("life expectancy of cambodia", [("life-exp",), ("cambodia",)]),
+    ("What is the founding year of Korvanta Systems?", [("korvanta",)]),  # not the note
+    ("korvanta systems founding year", [("korvanta",)]),
+    # a qualified title answers to its base where nothing is titled with the base itself
+    ("What is Python used for?", [("python",)]),
+    ("Who wrote the Anabasis?", [("anabasis",)]),
+    # longest first; a run inside a longer match is not matched again
+    ("Where is New York City?", [("nyc",)]),
+    ("Is York older than New York City?", [("nyc",), ("york",)]),
+    # function-word titles only when quoted
+    ("Write the dictionary entry for the computing term 'frogging'.", [("frogging",)]),
+    ("What is frogging in computing?", [("frogging",)]),
+    ('What does the "with" statement do?', [("with",)]),
+    ("How does the for loop work with lists?", []),
+    # other languages and scripts
+    ("¿Quién fue Baháʼu'lláh?", [("bahaullah",)]),
+    ("Qu'est-ce que León ?", [("leon",)]),
+    ("How does it work?", []),
 ])
-def test_question_entity(text, entity):
-    assert question_entity(text) == entity
-
-
-def test_question_entities_tries_each_name_after_of_longest_first():
-    from nest_integrations.core.question import question_entities
-
-    assert question_entities("What is the number of employees of Biquaza Labs?") == [
-        "employees of Biquaza Labs", "Biquaza Labs"]
-    assert question_entities("What is the capital of the Republic of Korea?") == [
-        "Republic of Korea", "Korea"]
-    assert question_entities("What is Bank of America?") == ["Bank of America"]  # no "the <attr>"
-    assert question_entities("How does it work?") == []
-    got = title_first(RETRIEVED, ["employees of Korvanta Systems", "Korvanta Systems"])
-    assert got[0].id == "k1"
-    assert title_first(RETRIEVED, ["nope", "still nope"]) == RETRIEVED
+def test_titles_are_found_in_any_phrasing(question, docs):
+    assert _docs(question) == docs
 
 
 def _p(pid: str, doc: str, title: str, chunk: int = 0) -> Passage:
@@ -65,7 +91,7 @@ def _p(pid: str, doc: str, title: str, chunk: int = 0) -> Passage:
 
 
 RETRIEVED = [
-    _p("n0", "notes/korvanta", "Korvanta Systems (disambiguation)"),
+    _p("n0", "korvanta-note", "Korvanta Systems (disambiguation)"),
     _p("b0", "belmar", "Belmar Works"),
     _p("k1", "korvanta", "Korvanta Systems", chunk=1),
     _p("x0", "other", "Other"),
@@ -73,43 +99,49 @@ RETRIEVED = [
 ]
 
 
-def test_title_first_moves_the_titled_documents_passages_first_in_retrieval_order():
-    got = title_first(RETRIEVED, "Korvanta Systems")
+def test_named_first_moves_the_named_documents_passages_first_in_retrieval_order():
+    index = TitleIndex.from_passages(RETRIEVED)
+    matches = index.match("What is the founding year of Korvanta Systems?")
+    got = named_first(RETRIEVED, matches, index.titles)
     assert [p.id for p in got] == ["k1", "k0", "n0", "b0", "x0"]
     assert [bool(p.metadata.get("title_match")) for p in got] == [True, True, False, False, False]
     assert RETRIEVED[2].metadata.get("title_match") is None  # the input is not changed
 
 
-def test_title_first_leaves_the_ranking_alone_without_an_exact_title():
-    for entity in (None, "", "Korvanta", "Systems"):  # no prefix or word match: titles only
-        assert title_first(RETRIEVED, entity) == RETRIEVED
-    assert title_first([], "Korvanta Systems") == []
-
-
-def test_the_lookup_adds_the_titled_documents_first_passage_and_keeps_the_length():
+def test_a_missing_named_document_is_looked_up_and_the_length_kept():
     stored = [_p("f2", "pydoc/for.txt", "for", 2), _p("f0", "pydoc/for.txt", "for", 0),
-              _p("w0", "pydoc/while.txt", "while")]
+              _p("c0", "cambodia", "Cambodia")]
+    index = TitleIndex.from_passages(stored + RETRIEVED)
     calls = []
 
     def lookup(titles, limit):
         calls.append(list(titles))
-        want = {norm_title(t) for t in titles}
-        return [p for p in stored if norm_title(p.metadata["title"]) in want][:limit]
+        return [p for p in stored if p.metadata["title"] in titles][:limit]
 
-    got = title_first(RETRIEVED, '"For"', lookup)
+    got = named_first(RETRIEVED, index.match('Write the entry for "for".'), index.titles, lookup)
     assert [p.id for p in got] == ["f0"] + [p.id for p in RETRIEVED[:-1]]
-    assert got[0].metadata["title_match"] is True
-    assert calls and "For" in calls[0]
-    # a retrieved match needs no lookup; a title the store lacks changes nothing
-    calls.clear()
-    assert [p.id for p in title_first(RETRIEVED, "Belmar Works", lookup)][0] == "b0"
-    assert calls == []
-    assert title_first(RETRIEVED, "nonexistent", lookup) == RETRIEVED
+    assert got[0].metadata["title_match"] is True and calls == [["for"]]
+    both = named_first(RETRIEVED, index.match("Korvanta Systems or Cambodia?"), index.titles,
+                       lookup)  # a retrieved named document first, then a looked-up one
+    assert [p.id for p in both][:4] == ["k1", "k0", "c0", "n0"] and len(both) == len(RETRIEVED)
 
 
 def test_first_passages_keeps_each_documents_opening():
     ps = [_p("a2", "a", "A", 2), _p("b1", "b", "B", 1), _p("a0", "a", "A", 0)]
     assert [p.id for p in first_passages(ps)] == ["a0", "b1"]
+
+
+def test_prompt_passages_by_title_context():
+    index = TitleIndex.from_passages(RETRIEVED)
+    ordered = named_first(RETRIEVED, index.match("Korvanta Systems?"), index.titles)
+    assert [p.id for p in prompt_passages(ordered, 3, "first")] == ["k1", "k0", "n0"]
+    assert [p.id for p in prompt_passages(ordered, 3, "only")] == ["k1", "k0"]
+    assert [p.id for p in prompt_passages(RETRIEVED, 2, "only")] == ["n0", "b0"]  # none named
+    assert prompt_passages(ordered, 0, "only") == []
+    plan = plan_answer(AnswerPolicy(title_match=True, title_context="off"), "Korvanta Systems?",
+                       RETRIEVED, n_ra=2, decoding=("greedy",))
+    assert [p.id for p in plan.passages][:2] == ["k1", "k0"]  # stage 1 reordered
+    assert [p.id for p in plan.prompt_passages] == ["n0", "b0"]  # the prompt is RAG's
 
 
 def _corpus() -> list[Passage]:
@@ -126,140 +158,83 @@ def _corpus() -> list[Passage]:
             for d, (title, t) in texts.items()]
 
 
-def test_in_memory_lookup_is_case_folded():
+def test_in_memory_lookup_and_index():
     r = InMemoryRetriever(_corpus())
     assert [p.doc_id for p in r.passages_titled(["korvanta systems"])] == ["korvanta"]
     assert r.passages_titled(["Korvanta"]) == [] and r.passages_titled(["Rivers"], limit=0) == []
+    assert len(r.title_index()) == 4 and r.title_index() is r.title_index()
 
 
-def test_grounded_retrieval_puts_the_titled_document_first_and_paper_does_not():
-    assert PRESETS["grounded"]["title_match"] is True and NestConfig().title_match is False
-    with pytest.raises(ValueError, match="title_match"):
-        NestConfig(title_match="yes")
-    q = "What is Korvanta Systems?"
+def test_grounded_puts_the_named_document_first_and_paper_does_not():
+    q = "Korvanta Systems: when was it founded?"  # no template of ours reads this form
     retriever = InMemoryRetriever(_corpus())  # BM25: the note ranks first
     assert retriever.retrieve(q, 4)[0].doc_id == "korvanta-note"
     lm = FakeLM(key_dim=8, vocab_size=512, seed=3)
-    paper = make_engine(lm, retriever, config=NestConfig(n_passages=4))
-    grounded = make_engine(lm, retriever, config=NestConfig.from_preset("grounded", n_passages=4))
-    assert paper.retrieve(q)[0].doc_id == "korvanta-note"
-    assert grounded.retrieve(q)[0].doc_id == "korvanta"
-    # the per-call config decides, and generation uses the same ranking
-    assert paper.retrieve(q, config=grounded.config)[0].doc_id == "korvanta"
+    cfg = NestConfig(n_passages=4, ra_passages=2)
+    paper = make_engine(lm, retriever, config=cfg)
+    grounded = make_engine(lm, retriever, config=cfg, policy=AnswerPolicy.from_preset("grounded"))
+    assert paper.plan(q, paper.retrieve(q)).passages[0].doc_id == "korvanta-note"
+    plan = grounded.plan(q, grounded.retrieve(q))
+    assert plan.passages[0].doc_id == "korvanta" and plan.method.name == "rag-copy"
+    assert plan.prompt_passages[0].doc_id == "korvanta"
+    # the per-call policy decides, and generation uses the same plan
+    assert paper.plan(q, paper.retrieve(q), policy=grounded.policy).passages[0].doc_id == \
+        "korvanta"
     result = grounded.generate(q, max_new_tokens=3)
-    assert result.passages[0].doc_id == "korvanta"
+    assert result.passages[0].doc_id == "korvanta" and result.stats.decoding == "rag-copy"
     assert paper.generate(q, max_new_tokens=3).passages[0].doc_id == "korvanta-note"
 
 
-def test_chroma_passages_titled_reads_exact_titles(tmp_path: Path) -> None:
+def test_chroma_keeps_a_title_index_built_at_ingest(tmp_path: Path) -> None:
     import json
 
     from nest_integrations.ingest.pipeline import IngestPipeline
     from nest_integrations.retrieval.chroma import ChromaPassageStore
 
     src = tmp_path / "docs.jsonl"
-    src.write_text("".join(json.dumps({"id": d, "text": p.text, "metadata": {"title": title}})
-                           + "\n" for d, (p, title) in
-                           {p.doc_id: (p, p.metadata["title"]) for p in _corpus()}.items()),
-                   encoding="utf-8")
+    src.write_text("".join(json.dumps({"id": p.doc_id, "text": p.text,
+                                       "metadata": {"title": p.metadata["title"]}}) + "\n"
+                           for p in _corpus()), encoding="utf-8")
     store = ChromaPassageStore.from_persist_dir(tmp_path / "store", "titles")
-    IngestPipeline(store, FakeLM(), with_keys=False).ingest([src])
+    pipeline = IngestPipeline(store, FakeLM(), with_keys=False)
+    pipeline.ingest([src])
+    path = store.titles_path()
+    assert path == tmp_path / "store" / "titles" / "titles.json" and path.is_file()
+    saved = TitleIndex.load(path)
+    assert saved is not None and saved.titles == store.title_index().titles
+    assert saved.titles["korvanta"] == "Korvanta Systems" and saved.count == store.count()
+    again = ChromaPassageStore.from_persist_dir(tmp_path / "store", "titles")
+    assert [m.doc_ids for m in again.title_index().match("korvanta systems?")] == [("korvanta",)]
     got = store.passages_titled(["Korvanta Systems"])
     assert [p.doc_id for p in got] == ["korvanta"] and got[0].text.startswith("The founding")
-    assert {p.doc_id for p in store.passages_titled(["Belmar Works", "Rivers"])} == {
-        "belmar", "rivers"}
-    assert store.passages_titled(["korvanta systems"]) == []  # exact: variants are the caller's
-    assert store.passages_titled([]) == []
-    from nest_integrations.retrieval.titles import lookup_of
-
-    hits = store.retrieve("Korvanta Systems Korvanta Systems confused", 2)
-    ordered = title_first(hits, "korvanta systems", lookup_of(store))
-    assert ordered[0].doc_id == "korvanta" and len(ordered) == len(hits)
+    pipeline.delete_documents(["korvanta"])  # the index follows the store
+    assert "korvanta" not in TitleIndex.load(path).titles
+    path.write_text("{damaged")  # a damaged index is rebuilt from the stored metadata
+    fresh = ChromaPassageStore.from_persist_dir(tmp_path / "store", "titles")
+    assert fresh.title_index().titles["belmar"] == "Belmar Works"
+    pipeline.delete_collection()
+    assert not path.exists()
 
 
 @pytest.mark.slow
 def test_every_open_pydoc_question_gets_its_gold_document_first(sample_store: Path) -> None:
-    """The measured effect (issue 22 closing note): on the shipped sample corpus, dense
-    retrieval ranks the gold document first for 26 of 40 pydoc "Write the entry" prompts of
-    the quality set; with title match, for all 40."""
+    """On the shipped sample corpus dense retrieval ranks the gold document first for only
+    some of the 40 pydoc "Write the entry" prompts of the quality set; the title index puts
+    it first for all 40 (the prompts quote the topic's name)."""
     from nest_integrations.evaluation.quality_set import build_question_set
     from nest_integrations.retrieval.chroma import ChromaPassageStore
-    from nest_integrations.retrieval.titles import lookup_of
 
     store = ChromaPassageStore.from_persist_dir(sample_store, "nest")
     qs = build_question_set(0)
     questions = [q for s in ("dev", "test") for q in qs.open(s) if q.source == "open-pydoc"]
     assert len(questions) == 40
+    policy = AnswerPolicy(title_match=True)
     dense_first = matched_first = 0
     for q in questions:
         hits = store.retrieve(q.question, 8)
         dense_first += hits[0].doc_id == q.gold_doc_id
-        ordered = title_first(hits, question_entity(q.question), lookup_of(store))
-        matched_first += ordered[0].doc_id == q.gold_doc_id
-        assert len(ordered) == len(hits)
+        plan = plan_answer(policy, q.question, hits, store)
+        matched_first += plan.passages[0].doc_id == q.gold_doc_id
+        assert len(plan.passages) == len(hits)
     assert matched_first == 40
     assert dense_first < 40
-
-
-def test_prompt_passages_holds_the_titled_document_only_with_title_context():
-    from nest_integrations.retrieval.titles import prompt_passages
-
-    ordered = title_first(RETRIEVED, "Korvanta Systems")
-    assert [p.id for p in prompt_passages(ordered, 3)] == ["k1", "k0", "n0"]
-    assert [p.id for p in prompt_passages(ordered, 3, titled_only=True)] == ["k1", "k0"]
-    assert [p.id for p in prompt_passages(ordered, 1, titled_only=True)] == ["k1"]
-    assert [p.id for p in prompt_passages(RETRIEVED, 2, titled_only=True)] == ["n0", "b0"]
-    assert prompt_passages(ordered, 0, titled_only=True) == []
-
-
-def test_title_context_keeps_the_note_out_of_the_prompt_and_rag_copys_drafts():
-    """The RA prompt and RAG-copy's draft passages are the same list: with ``title_context``
-    the mentioning note is in neither, so the routed fact answer equals greedy decoding of
-    the prompt built from the titled document alone."""
-    from nest_integrations.decoding.prompts import prompt_ids
-
-    q = "What is the founding year of Korvanta Systems?"
-    lm = FakeLM(key_dim=8, vocab_size=512, seed=3)
-    cfg = NestConfig.from_preset("grounded", n_passages=4, title_context=True)
-    engine = make_engine(lm, InMemoryRetriever(_corpus()), config=cfg)
-    passages = engine.retrieve(q)
-    assert passages[0].doc_id == "korvanta" and len(passages) == 4
-    messages = [{"role": "user", "content": q}]
-    routed = engine.generate(messages, max_new_tokens=6)
-    assert routed.stats.decoding == "rag-copy"
-    titled = [p for p in passages if p.metadata.get("title_match")]
-    assert routed.stats.prompt_tokens == len(prompt_ids(lm, messages, titled))
-    assert routed.stats.prompt_tokens < len(prompt_ids(lm, messages, passages[:3]))
-    greedy = engine.generate(messages, max_new_tokens=6, decoding="greedy",
-                             passages=titled, config=cfg.replace(title_context=False))
-    assert routed.text == greedy.text
-    assert {c.doc_id for c in routed.citations} <= {"korvanta"}
-
-
-def test_title_context_applies_to_fact_questions_only():
-    """Measured on dev: a titled-only prompt raised fact-question accuracy and lowered the
-    ROUGE-L of descriptive answers, so "What is X?" keeps the top passages."""
-    from nest_integrations.decoding.prompts import prompt_ids
-
-    lm = FakeLM(key_dim=8, vocab_size=512, seed=3)
-    engine = make_engine(lm, InMemoryRetriever(_corpus()),
-                         config=NestConfig.from_preset("grounded", n_passages=4))
-    assert engine.config.title_context is True  # the default
-    messages = [{"role": "user", "content": "What is Korvanta Systems?"}]
-    passages = engine.retrieve(messages[0]["content"])
-    assert passages[0].doc_id == "korvanta"
-    result = engine.generate(messages, max_new_tokens=3)
-    assert result.stats.decoding == "nest"
-    assert result.stats.prompt_tokens == len(prompt_ids(lm, messages, passages[:3]))
-
-
-def test_the_lookup_runs_once_for_every_candidate_name():
-    calls = []
-
-    def lookup(titles, limit):
-        calls.append(list(titles))
-        return [_p("z0", "zeta", "Zeta Labs")]
-
-    got = title_first(RETRIEVED, ["employees of Zeta Labs", "Zeta Labs"], lookup)
-    assert got[0].id == "z0" and len(calls) == 1
-    assert "Zeta Labs" in calls[0] and "employees of Zeta Labs" in calls[0]

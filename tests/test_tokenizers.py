@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from nest_integrations.config import NestConfig
+from nest_integrations.config import Guards, NestConfig
+from nest_integrations.policy import AnswerPolicy
 from nest_integrations.core.citations import build_citations
 from tests.engines import make_engine
 from nest_integrations.lm.hf import HFLanguageModel
@@ -164,10 +165,9 @@ def test_offline_runs_cite_exactly_under_any_tokenizer(any_lm):
 
 def _engine_cfg(**kw) -> NestConfig:
     # span_threshold 1: propose a span at every step (a random tiny model rarely has lambda
-    # <= 0.5), so copying really happens; min_citation_tokens 1 and min_citation_words 1 keep
-    # every citation (the relaxed default of 3 words dropped all of them in one CI run, where
-    # the per-process WordPiece vocabulary made every copied run shorter than 3 words).
-    return NestConfig(span_threshold=1.0, min_citation_tokens=1, min_citation_words=1, **kw)
+    # <= 0.5), so copying really happens; min_citation_tokens 1 keeps every citation (the
+    # engine has no policy: every citation of at least one word shows).
+    return NestConfig(span_threshold=1.0, min_citation_tokens=1, **kw)
 
 
 @pytest.mark.parametrize("case", ["max_new_tokens", "rejection", "stop"])
@@ -181,8 +181,9 @@ def test_engine_citations_exact_at_every_run_end(any_lm, case):
         # A strict gamma rejects drafts where the tiny LM disagrees; the WordPiece vocabulary
         # trained here is not the same in every process (ties), so when it happens to agree
         # with every draft, a low confidence guard (the LM's veto) forces the rejections.
-        for extra in ({}, {"confidence_guard": 0.02}):
-            engine = make_engine(any_lm, config=_engine_cfg(relaxation=0.9, **extra))
+        for guards in (Guards(), Guards(confidence_guard=0.02)):
+            engine = make_engine(any_lm, config=_engine_cfg(relaxation=0.9),
+                                 policy=AnswerPolicy(guards=guards))
             res = engine.generate(prompt, max_new_tokens=48, passages=passages)
             if res.stats.drafted_tokens > res.stats.accepted_tokens:
                 break

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nest_integrations.config import NestConfig
+from nest_integrations.config import Guards, NestConfig
 from nest_integrations.core.proposers import span_start
 from nest_integrations.core.token_memory import Hits
 from nest_integrations.core.topic import (
@@ -19,6 +19,7 @@ from nest_integrations.core.topic import (
     sentence_spans,
 )
 from nest_integrations.decoding.text_stream import OutputText
+from nest_integrations.policy import AnswerPolicy
 from nest_integrations.types import Passage
 from tests.engines import make_engine
 from tests.fakes import FakeLM
@@ -84,25 +85,27 @@ class _CycleLM(FakeLM):
         return logits, keys
 
 
-def test_a_repeated_sentence_ends_the_answer_in_relaxed_modes_only():
-    engine = make_engine(_CycleLM())
+def test_a_repeated_sentence_ends_the_answer_in_any_mode_when_the_policy_says_so():
+    """The repeat stop is prefix-exact: with it on, a lossless answer is greedy's cut at the
+    repeat (``finish_reason == "repeat"``); with it off (``paper``), greedy's whole."""
+    guarded = AnswerPolicy(guards=Guards(stop_on_repeat=True))
+    engine = make_engine(_CycleLM(), policy=guarded)
     prompt = "Story: a mat."
     relaxed = engine.generate(prompt, max_new_tokens=30, passages=[])
     assert relaxed.text == " A dog sat on a mat." and relaxed.stats.finish_reason == "repeat"
     streamed = "".join(c.text for c in engine.stream(prompt, max_new_tokens=30, passages=[]))
     assert streamed == relaxed.text
     lossless = engine.generate(prompt, max_new_tokens=30, passages=[], decoding="greedy")
-    assert lossless.text.count("A dog sat on a mat.") == 5  # off by default: greedy output
-    assert lossless.stats.finish_reason == "length"
-    opt_in = engine.generate(prompt, max_new_tokens=30, passages=[], decoding="greedy",
-                             config=NestConfig(stop_on_repeat=True))
-    assert opt_in.text == relaxed.text and opt_in.stats.finish_reason == "repeat"
-    strict = engine.generate(prompt, max_new_tokens=30, passages=[],
-                             config=NestConfig(strict_acceptance=True))
-    assert strict.text == lossless.text
-    off = engine.generate(prompt, max_new_tokens=30, passages=[],
-                          config=NestConfig(stop_on_repeat=False))
-    assert off.text == lossless.text
+    assert lossless.text == relaxed.text and lossless.stats.finish_reason == "repeat"
+    paper = make_engine(_CycleLM())  # no policy: the paper's algorithm, no guards
+    greedy = paper.generate(prompt, max_new_tokens=30, passages=[], decoding="greedy")
+    assert greedy.text.count("A dog sat on a mat.") == 5 and greedy.stats.finish_reason == "length"
+    assert greedy.text.startswith(lossless.text)  # the guard only ended it early
+    strict = paper.generate(prompt, max_new_tokens=30, passages=[],
+                            config=NestConfig(strict_acceptance=True))
+    assert strict.text == greedy.text
+    off = paper.generate(prompt, max_new_tokens=30, passages=[])
+    assert off.text == greedy.text
 
 
 def test_span_start_can_be_restricted_to_allowed_passages():
@@ -148,9 +151,11 @@ def test_no_copy_from_another_document_after_the_answers_document_is_set():
     passages = [_passage("alpha beta gamma delta epsilon zeta", "a", "A"),
                 _passage("zeta eta theta iota kappa lambda mu", "b", "B")]
     cfg = NestConfig(rrc_offset=10.0)  # lambda ~ 0: p_M ~ p_kNN, copies whatever is near
-    locked = engine.generate("Story: alpha", max_new_tokens=14, passages=passages, config=cfg)
-    free = engine.generate("Story: alpha", max_new_tokens=14, passages=passages,
-                           config=cfg.replace(lock_document=False))
+    lock = AnswerPolicy(guards=Guards(lock_document=True, min_citation_words=3))
+    locked = engine.generate("Story: alpha", max_new_tokens=14, passages=passages, config=cfg,
+                             policy=lock)
+    free = engine.generate("Story: alpha", max_new_tokens=14, passages=passages, config=cfg,
+                           policy=lock.replace(guards={"lock_document": False}))
     end, pid = _run_end(locked.token_sources)
     assert end is not None and pid == "a"
     assert all(s is None or s[0] == "a" for s in locked.token_sources[end:])
@@ -160,15 +165,16 @@ def test_no_copy_from_another_document_after_the_answers_document_is_set():
     assert "B" in {c.doc_id for c in free.citations}
 
 
-def test_no_citation_below_the_minimum_in_relaxed_modes():
-    engine = make_engine(FakeLM(key_dim=8, vocab_size=512, seed=1))
+def test_no_citation_below_the_policys_minimum():
+    engine = make_engine(FakeLM(key_dim=8, vocab_size=512, seed=1),
+                         policy=AnswerPolicy(guards=Guards(min_citation_words=3)))
     passages = [_passage("alpha beta gamma", "a", "A")]
     cfg = NestConfig(rrc_offset=10.0)
     short = engine.generate("Story: alpha", max_new_tokens=2, passages=passages, config=cfg)
     assert short.text == "alpha beta" and short.token_sources == [("a", 0), ("a", 1)]
     assert short.citations == []  # 2 words: plain text, provenance kept
-    shown = engine.generate("Story: alpha", max_new_tokens=2, passages=passages,
-                            config=cfg.replace(min_citation_words=1))
+    shown = engine.generate("Story: alpha", max_new_tokens=2, passages=passages, config=cfg,
+                            policy=AnswerPolicy())  # the paper's: every citation shows
     assert [c.text for c in shown.citations] == ["alpha beta"]
     long = engine.generate("Story: alpha", max_new_tokens=3, passages=passages, config=cfg)
     assert [c.text for c in long.citations] == ["alpha beta gamma"]
@@ -179,11 +185,10 @@ def test_topic_knobs_are_validated():
     for field, bad in [("stop_on_repeat", "yes"), ("lock_document", 1),
                        ("min_citation_words", 0), ("min_citation_words", True)]:
         with pytest.raises(ValueError, match=field):
-            NestConfig(**{field: bad})
-    cfg = NestConfig()
-    assert cfg.repeat_guard(True) and not cfg.repeat_guard(False)
-    assert cfg.citation_min_words(True) == 3 and cfg.citation_min_words(False) == 1
-    assert NestConfig(stop_on_repeat=True).repeat_guard(False)
+            Guards(**{field: bad})
+    assert Guards() == AnswerPolicy.from_preset("paper").guards  # the paper: no guards
+    grounded = AnswerPolicy.from_preset("grounded").guards
+    assert grounded.stop_on_repeat and grounded.min_citation_words == 3
 
 
 def test_loop_start_finds_a_phrase_that_follows_itself():

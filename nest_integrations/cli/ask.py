@@ -28,8 +28,10 @@ def add_ask_args(p: argparse.ArgumentParser) -> None:
     """Arguments of `nest ask` (the parser itself comes from the CLI registry)."""
     p.description = (
         "Retrieve passages for QUESTION from a collection filled by `nest ingest`, decode "
-        "with NEST (kNN-LM mixture + copied spans) or another --decoding method, and print "
-        "the answer with numbered markers and the sources of every copied span."
+        "by the preset's answer policy (grounded: losslessly against the top passages, the "
+        "documents the question names first) or another --decoding method (nest: NEST's "
+        "kNN-LM mixture and relaxed span copying), and print the answer with numbered "
+        "markers and the sources of every copied span."
     )
     d = assembly
     p.add_argument("question", help="the question (sent to the model as a chat user message)")
@@ -45,8 +47,9 @@ def add_ask_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--decoding", default=d.DEFAULT_DECODING, choices=_decoding_choices(),
-        help=f"decoding method (default {d.DEFAULT_DECODING}); lossless ones (greedy, "
-        "prompt-lookup, ...) equal greedy decoding and copy nothing",
+        help="decoding method (default: the preset's: rag-copy under grounded, nest under "
+        "copy and paper); lossless ones (greedy, prompt-lookup, rag-copy, ...) equal greedy "
+        "decoding of their prompt and cite what they reproduce verbatim",
     )
     p.add_argument(
         "--ra",
@@ -61,7 +64,7 @@ def add_ask_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--preset", default=d.DEFAULT_PRESET, choices=sorted(PRESETS),
-        help=f"NestConfig preset (default {d.DEFAULT_PRESET})",
+        help=f"preset: a NestConfig and an answer policy (default {d.DEFAULT_PRESET})",
     )
     p.add_argument("--gamma", type=float, default=None, help="relaxation gamma (overrides the preset)")
     p.add_argument("--passages", type=int, default=None, help="passages retrieved (b; default 40)")
@@ -88,6 +91,7 @@ def ask_spec(args: argparse.Namespace) -> assembly.EngineSpec:
         chroma_url=args.chroma_url,
         model=args.model,
         config=NestConfig.from_preset(preset, **overrides),
+        policy=args.preset,
         decoding=args.decoding,
         hybrid=True if args.hybrid else None,
         dtype=getattr(args, "dtype", None),

@@ -22,6 +22,8 @@ def add_info_args(p: argparse.ArgumentParser) -> None:
                 "(default: list every collection)")
     p.add_argument("--model", default=None,
                    help="a Hugging Face model id or folder (default: embedded SmolLM2)")
+    p.add_argument("--no-model", action="store_true",
+                   help="skip the model section (loads no model: the store's figures only)")
     add_backend_args(p)
 
 
@@ -36,8 +38,8 @@ def backend_info(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    backend = backend_info(args)
-    if not args.json:
+    backend = None if args.no_model else backend_info(args)
+    if backend is not None and not args.json:
         _print_backend(backend)
     if not args.chroma_url:
         from nest_integrations import paths

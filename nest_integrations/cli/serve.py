@@ -12,7 +12,6 @@ from nest_integrations.config import PRESETS
 from nest_integrations.lm.backend import add_backend_args, apply_backend_args
 from nest_integrations.defaults import (
     DEFAULT_COLLECTION,
-    DEFAULT_DECODING,
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_PRESET,
 )
@@ -44,9 +43,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: no auth)")
     p.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS),
-                   help=f"NestConfig preset when a request names none (default {DEFAULT_PRESET})")
+                   help=f"preset (NestConfig + answer policy) when a request names none "
+                   f"(default {DEFAULT_PRESET})")
     p.add_argument("--decoding", default=None,
-                   help=f"decoding method when a request names none (default: {DEFAULT_DECODING})")
+                   help="decoding method when a request names none (default: the preset's)")
     p.add_argument("--served-model-name", default=DEFAULT_SERVED_MODEL,
                    help="the model id clients send and /v1/models lists "
                    f"(default {DEFAULT_SERVED_MODEL})")

@@ -36,8 +36,9 @@ answer on its topic and make it end:
   ("is equivalent to", "a context manager"). Shorter copies stay plain text with their
   per-token provenance (``NestResult.token_sources``).
 
-All three are on in relaxed modes (NEST's Eq. 7 acceptance) and off in lossless ones, where they
-would change greedy output (``NestConfig.stop_on_repeat`` and friends opt in or out).
+The answer policy turns them on (``config.Guards``; the ``grounded`` and ``copy`` presets, none
+under ``paper``). The repeat, loop and junk stops only end an answer early, so in a lossless
+mode the answer stays a prefix of greedy's.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from nest_integrations.config import RELAXED_MIN_CITATION_WORDS
+from nest_integrations.config import GROUNDED_MIN_CITATION_WORDS
 
 #: Shortest sentence (normalised characters) whose repeat ends the answer.
 MIN_REPEAT_CHARS = 12
@@ -66,8 +67,8 @@ _OPEN_JUNK = re.compile(r"(?:[,;:](?:\s*[,;:]){0,%d}\s*|\n(?:[ \t]*\n){0,%d}[ \t
                         % (JUNK_RUN - 2, BLANK_LINES - 1, SYMBOL_RUN - 2))
 #: Tokens of the first copied run that fix the answer's document.
 LOCK_MIN_TOKENS = 4
-#: Fewest words a shown citation holds in relaxed modes (see the module docstring).
-MIN_CITATION_WORDS = RELAXED_MIN_CITATION_WORDS
+#: Fewest words a shown citation holds under the grounded policies (module docstring).
+MIN_CITATION_WORDS = GROUNDED_MIN_CITATION_WORDS
 
 _BOUNDARY = re.compile(r"[.!?][\"')\]]*(?=\s)|\n")
 
@@ -187,7 +188,20 @@ def open_repeat_start(text: str, min_chars: int = MIN_REPEAT_CHARS) -> int | Non
     for s, e in spans:
         norm = normalize_sentence(text[s:e])
         if len(norm) >= min_chars and norm.startswith(tail):
-            return open_start
+            return _with_marker(text, open_start)  # a cut takes the line's markers with it
+    return None
+
+
+def open_guarded_start(text: str) -> int | None:
+    """Start char of the text that a guard may still cut whatever comes next: the unfinished
+    last word (a loop's second copy may start with it) and, on a line holding no letter yet,
+    that line (list markers go with a repeat that follows them on their line); None when
+    neither is there. A stream holds it back."""
+    line = text.rfind("\n") + 1
+    if line < len(text) and not any(ch.isalpha() for ch in text[line:]):
+        return line
+    if text and not text[-1].isspace():
+        return max(text.rfind(" "), text.rfind("\t"), text.rfind("\n")) + 1
     return None
 
 
@@ -232,6 +246,7 @@ __all__ = [
     "citation_words",
     "complete_words",
     "junk_start",
+    "open_guarded_start",
     "loop_start",
     "open_junk_start",
     "open_loop_start",

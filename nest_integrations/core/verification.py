@@ -69,47 +69,15 @@ def eos_veto(p_lm: torch.Tensor, eos_ids: list[int], threshold: float) -> torch.
     return top_is_end | (p_lm[:, eos].sum(-1) > threshold)
 
 
-def lm_agreement_veto(p_lm: torch.Tensor, draft: torch.Tensor, gamma: float) -> torch.Tensor:
-    """Rows where the LM alone would not accept the draft token by Eq. 7:
-    ``p_LM(w) <= (gamma / 2) * max p_LM``. Relaxed acceptance then keeps only tokens that both
-    p_M and the (RA) LM find plausible: the kNN can no longer carry a token the LM rejects
-    (``NestConfig.lm_agreement``, issue 22).
-
-    Returns:
-        ``(L,)`` bool, True where the draft token must be rejected.
-    """
-    p_w = p_lm.gather(1, draft[:, None]).squeeze(1)
-    return p_w <= eq7_threshold(p_lm, gamma)
-
-
-def plausible_choice(p: torch.Tensor, p_lm: torch.Tensor, gamma: float) -> torch.Tensor:
-    """p_M restricted to the tokens the LM alone accepts by Eq. 7, renormalised:
-    ``p(w) * [p_LM(w) > (gamma / 2) * max p_LM]`` (the adaptive plausibility constraint of
-    contrastive decoding, Li et al. 2023, with NEST's Eq. 7 as the head set). The choice of a
-    token (``NestConfig.pick_agreement``) then stays the mixture's, among tokens the LM finds
-    plausible: at small lambda p_kNN can put its mass on a frequent passage token the LM
-    rejects there. Rows whose head set holds no mass of ``p`` are returned unchanged.
-
-    Args:
-        p: ``(..., V)`` target probabilities; ``p_lm``: the LM's, same shape.
-    """
-    keep = p_lm > eq7_threshold(p_lm, gamma, keepdim=True)
-    q = torch.where(keep, p, torch.zeros_like(p))
-    total = q.sum(dim=-1, keepdim=True)
-    return torch.where(total > 0, q / total.clamp_min(1e-30), p)
-
-
 def guard_veto(
     p_lm: torch.Tensor,
     draft: torch.Tensor,
     eos_ids: Sequence[int],
     confidence_guard: float | None,
     eos_guard: float | None,
-    lm_agreement: float | None = None,
 ) -> torch.Tensor | None:
     """NEST's LM guards on draft rows: ``confident_lm_veto`` when ``confidence_guard`` is set,
-    or-ed with ``eos_veto`` when ``eos_guard`` is set (and there are end tokens), and with
-    ``lm_agreement_veto`` when ``lm_agreement`` (a gamma) is set.
+    or-ed with ``eos_veto`` when ``eos_guard`` is set (and there are end tokens).
 
     Returns:
         ``(L,)`` bool rows to reject regardless of Eq. 7, or None when no guard is on.
@@ -120,9 +88,6 @@ def guard_veto(
     if eos_guard is not None and eos_ids:
         end = eos_veto(p_lm, list(eos_ids), eos_guard)
         veto = end if veto is None else veto | end
-    if lm_agreement is not None:
-        agree = lm_agreement_veto(p_lm, draft, lm_agreement)
-        veto = agree if veto is None else veto | agree
     return veto
 
 
@@ -132,7 +97,6 @@ def guarded_token(
     eos_ids: Sequence[int],
     confidence_guard: float | None,
     eos_guard: float | None,
-    lm_agreement: float | None = None,
 ) -> int:
     """NEST's LM guards on a chosen token: a confident LM (top p_LM above ``confidence_guard``)
     overrules it with its own top token, and where the LM alone would end the text
@@ -142,13 +106,7 @@ def guarded_token(
         token: the token chosen from the target (p_M) row.
         p_lm_row: ``(V,)`` p_LM at the same position.
         eos_ids: the end tokens, sorted.
-        lm_agreement: a gamma: a token the LM alone rejects by Eq. 7 becomes the LM's top one.
     """
-    if lm_agreement is not None and bool(
-        lm_agreement_veto(p_lm_row[None], torch.tensor([token], device=p_lm_row.device),
-                          lm_agreement)[0]
-    ):
-        token = int(p_lm_row.argmax())
     if confidence_guard is not None:
         top = p_lm_row.max(dim=-1)
         if float(top.values) > confidence_guard and int(top.indices) != token:

@@ -20,9 +20,6 @@ import torch
 from nest_integrations.config import NestConfig
 from nest_integrations.core.citations import build_citations, last_citation
 from nest_integrations.core.token_memory import TokenMemory
-from nest_integrations.defaults import DEFAULT_DECODING, DEFAULT_MAX_NEW_TOKENS
-from nest_integrations.core.question import asks_for_fact, question_entities
-from nest_integrations.drafters import LOSSLESS, RELAXED, DrafterContext, get_method
 from nest_integrations.decoding.loop import DecodeLoop
 from nest_integrations.decoding.prompts import (
     Prompt,
@@ -32,7 +29,9 @@ from nest_integrations.decoding.prompts import (
     query_of,
     string_as_chat,
 )
-from nest_integrations.retrieval.titles import lookup_of, prompt_passages, title_first
+from nest_integrations.defaults import DEFAULT_MAX_NEW_TOKENS
+from nest_integrations.drafters import DrafterContext, get_method
+from nest_integrations.policy import AnswerPlan, AnswerPolicy, plan_answer
 from nest_integrations.types import NestResult, NestStats, Passage, StreamChunk
 
 LOG = logging.getLogger(__name__)
@@ -79,7 +78,9 @@ class NestEngine:
             (what ``assembly.build_engine`` supplies when no persist dir is given).
         config: the ``NestConfig`` (required: the engine has no preset of its own; the
             assembly's default is ``defaults.DEFAULT_PRESET``).
-        decoding: a ``drafters.METHODS`` name (``defaults.DEFAULT_DECODING``: NEST).
+        policy: the ``policy.AnswerPolicy`` (None: ``AnswerPolicy()``, the paper's algorithm
+            with no title match and no guards; the assembly gives the preset's).
+        decoding: a ``drafters.METHODS`` name, or None: the policy's (NEST without one).
 
     String prompts are completed as raw text (after the tokenizer's default BOS); a list of
     ``{"role", "content"}`` messages gets the model's chat template. ``string_prompts``
@@ -96,7 +97,8 @@ class NestEngine:
         key_store: Any,
         config: NestConfig,
         *,
-        decoding: str = DEFAULT_DECODING,
+        policy: AnswerPolicy | None = None,
+        decoding: str | None = None,
         drafter_options: dict[str, Any] | None = None,
         string_prompts: str = "auto",
     ):
@@ -114,7 +116,12 @@ class NestEngine:
         self.config = self.check_config(config)
         #: what a string prompt means for a chat model (``prompts.STRING_PROMPT_MODES``)
         self.string_prompts = check_string_prompts(string_prompts)
-        get_method(decoding)  # fail early on an unknown method
+        if decoding is not None:
+            get_method(decoding)  # fail early on an unknown method
+        if policy is not None and not isinstance(policy, AnswerPolicy):
+            raise TypeError(f"policy must be an AnswerPolicy, not {type(policy).__name__}: "
+                            "resolve a preset name with AnswerPolicy.from_preset")
+        self.policy = policy if policy is not None else AnswerPolicy()
         self.retriever = retriever
         self.key_store = key_store
         self.decoding = decoding
@@ -137,22 +144,24 @@ class NestEngine:
     def retrieve(
         self, query: str, k: int | None = None, config: NestConfig | None = None
     ) -> list[Passage]:
-        """Stage 1: the top-k passages for ``query`` (k defaults to ``n_passages``); with
-        ``title_match`` (``grounded``), the document titled with the question's entity first
-        (``retrieval.titles``)."""
+        """Stage 1: the top-k passages for ``query`` (k defaults to ``n_passages``), each once
+        (the policy then reorders them: ``plan``)."""
         cfg = config or self.config
         if self.retriever is None or not query.strip():
             return []
-        passages = self.retriever.retrieve(query, k or cfg.n_passages)
         seen: set[str] = set()
-        unique = []
-        for p in passages:
-            if p.id not in seen:
-                seen.add(p.id)
-                unique.append(p)
-        if cfg.title_match:
-            unique = title_first(unique, question_entities(query), lookup_of(self.retriever))
-        return unique
+        return [p for p in self.retriever.retrieve(query, k or cfg.n_passages)
+                if not (p.id in seen or seen.add(p.id))]
+
+    def plan(
+        self, question: str, passages: Sequence[Passage], *, config: NestConfig | None = None,
+        policy: AnswerPolicy | None = None, decoding: str | None = None,
+    ) -> AnswerPlan:
+        """The policy's plan for one request (``policy.plan_answer``): the method, stage 1's
+        passages reordered, the RA prompt's passages, the guards."""
+        cfg, pol = config or self.config, policy or self.policy
+        return plan_answer(pol, question, passages, self.retriever, n_ra=cfg.ra_passages,
+                           decoding=(decoding, self.decoding))
 
     def build_memory(self, passages: Sequence[Passage]) -> TokenMemory:
         """Stage 2: the token memory of ``passages`` from the key store (encoding new ones)."""
@@ -169,6 +178,7 @@ class NestEngine:
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         stop: Sequence[str] | None = None,
         config: NestConfig | None = None,
+        policy: AnswerPolicy | None = None,
         passages: Sequence[Passage] | None = None,
         query: str | None = None,
         decoding: str | None = None,
@@ -177,8 +187,8 @@ class NestEngine:
         """Generate for a string prompt (completion) or chat messages (``[{"role","content"}]``).
 
         ``passages`` skips stage-1 retrieval; ``query`` overrides the retrieval query (default:
-        the prompt, or the last user message). ``config`` overrides the engine's config for
-        this call, ``decoding`` the engine's decoding method (see ``drafters.METHODS``) and
+        the prompt, or the last user message). ``config`` and ``policy`` override the engine's
+        for this call, ``decoding`` the method (see ``drafters.METHODS``) and
         ``drafter_options`` its drafter's options.
         """
         result = None
@@ -187,6 +197,7 @@ class NestEngine:
             max_new_tokens=max_new_tokens,
             stop=stop,
             config=config,
+            policy=policy,
             passages=passages,
             query=query,
             decoding=decoding,
@@ -203,106 +214,43 @@ class NestEngine:
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         stop: Sequence[str] | None = None,
         config: NestConfig | None = None,
+        policy: AnswerPolicy | None = None,
         passages: Sequence[Passage] | None = None,
         query: str | None = None,
         decoding: str | None = None,
         drafter_options: dict[str, Any] | None = None,
     ) -> Iterator[StreamChunk]:
         """Like ``generate`` but yields text deltas with their citation; the last chunk has
-        empty text and carries the ``NestResult``."""
+        empty text and carries the ``NestResult``. Retrieve -> plan -> loop -> result."""
         cfg = self.check_config(config) if config is not None else self.config
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or (
-            max_new_tokens < 1
-        ):
-            raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: use an integer >= 1")
-        method = get_method(decoding or self.decoding)
-        stop_list = [s for s in (stop or []) if s]
-        t_start = time.perf_counter()
-        stats = NestStats()
+        _check_budget(max_new_tokens)
         question = query_of(prompt)
         if not question.strip():
             raise ValueError("the prompt is empty: pass a non-empty string or user message")
-        routed = self._fact_method(cfg, method, question)
-        if routed is not None:  # NestConfig.fact_decoding: a fact question, answered losslessly
-            method = routed
-        stats.decoding = method.name
-
-        t0 = time.perf_counter()
+        t_start, stats = time.perf_counter(), NestStats()
         if passages is None:
             passages = self.retrieve(query or question, cfg.n_passages, cfg)
-        passages = list(passages)
-        stats.time_retrieval = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        memory = self.build_memory(passages) if passages and method.uses_memory else None
-        stats.time_keys = time.perf_counter() - t0
-        stats.n_passages = len(passages)
-        stats.n_keys = len(memory) if memory is not None else 0
-
-        # NestConfig.title_context: a fact question about a titled entity is answered from
-        # that entity's document alone (title_match put its passages first)
-        ra = prompt_passages(passages, cfg.ra_passages or method.ra_passages,
-                             cfg.title_match and cfg.title_context and asks_for_fact(question))
+        plan = self.plan(query or question, passages, config=cfg, policy=policy,
+                         decoding=decoding)
+        stats.time_retrieval = time.perf_counter() - t_start
+        stats.decoding = plan.method.name
+        request = _Request(self, prompt, plan, cfg, stats, [s for s in (stop or []) if s],
+                           {**self.drafter_options, **(drafter_options or {})})
         as_chat = string_as_chat(self.lm, prompt, self.string_prompts)
-        ids = prompt_ids(self.lm, prompt, ra, as_chat=as_chat)
-        max_new = self._check_length(len(ids), max_new_tokens)
-        stats.prompt_tokens = len(ids)
-        gen = None
-        if cfg.temperature > 0:  # a private RNG: the global torch RNG is never touched
-            gen = torch.Generator()
-            if cfg.seed is not None:
-                gen.manual_seed(cfg.seed)
-            else:
-                gen.seed()
-        offsets = list(memory.offsets) if memory is not None else [None] * len(passages)
-        # a routed call's drafter takes its own defaults (the options were the relaxed method's)
-        options = {} if routed is not None else {**self.drafter_options, **(drafter_options or {})}
-
-        live = None  # NestConfig.attribute: the sentences judged so far (one per loop)
-
-        def new_loop(ids: list[int], memory: Any, max_new: int) -> DecodeLoop:
-            nonlocal live
-            live = self._sentence_stream(cfg, passages) if cfg.attribute else None
-            ctx = DrafterContext(self.lm, cfg, ids, passages, memory, options, self, stats, ra)
-            drafter = method.make_drafter(ctx) if method.make_drafter is not None else None
-            return DecodeLoop(
-                self.lm, method, drafter, config=cfg, prompt_ids=ids, memory=memory,
-                passages=passages, offsets=offsets, max_new_tokens=max_new, stop=stop_list,
-                stats=stats, generator=gen,
-                on_delta=lambda lp, copied, ids=(): self._deltas(lp, copied, ids, live),
-            )
-
-        loop = new_loop(ids, memory, max_new)
+        loop = request.loop(as_chat, max_new_tokens)
         yield from loop.run()
         ended_at_once = not loop.out.ids and stats.finish_reason == "stop" and not loop.out.stopped
         if not as_chat and chat_retry(self.lm, prompt, self.string_prompts, ended_at_once):
-            # "auto": the raw completion ended at once (EOS first) -> answer it as a question
-            ids = prompt_ids(self.lm, prompt, ra, as_chat=True)
-            max_new = self._check_length(len(ids), max_new_tokens)
-            stats.prompt_tokens, stats.finish_reason = len(ids), ""
-            if memory is not None:  # a fresh memory (nothing masked)
-                memory = self.build_memory(passages)
-            loop = new_loop(ids, memory, max_new)
+            stats.finish_reason = ""  # "auto": a completion that ended at once is a question
+            loop = request.loop(True, max_new_tokens)
             yield from loop.run()
         loop.done = True  # flush text held back for stop strings or partial characters
         copied = bool(loop.out.sources) and loop.out.sources[-1] is not None
-        yield from self._deltas(loop, copied, (), live)
-        result = self._result(loop, method.uses_memory, live)
+        yield from self._deltas(loop, copied, (), request.live)
+        result = self._result(loop, plan.method.uses_memory, request.live)
         stats.time_total = time.perf_counter() - t_start
         stats.mean_lambda = loop.lam_sum / loop.lam_n if loop.lam_n else 1.0
         yield StreamChunk(text="", result=result)
-
-    @staticmethod
-    def _fact_method(cfg: NestConfig, method: Any, question: str) -> Any:
-        """The ``fact_decoding`` method for a relaxed call on a fact question, else None."""
-        if cfg.fact_decoding is None or method.verifier != RELAXED:
-            return None
-        routed = get_method(cfg.fact_decoding)
-        if routed.verifier != LOSSLESS:
-            raise ValueError(
-                f"NestConfig.fact_decoding={cfg.fact_decoding!r} is not lossless: name a "
-                "lossless method such as 'rag-copy' (or None)")
-        return routed if asks_for_fact(question) else None
 
     # ----------------------------------------------------------------- results
     def _deltas(
@@ -415,3 +363,57 @@ class NestEngine:
             )
             return ctx - n_prompt
         return max_new_tokens
+
+
+def _check_budget(max_new_tokens: Any) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or (
+        max_new_tokens < 1
+    ):
+        raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: use an integer >= 1")
+
+
+@dataclass
+class _Request:
+    """One generation's planned parts and its decode loops: a loop per reading of the prompt
+    (raw text, then chat when the completion ended at once), each with a fresh memory."""
+
+    engine: NestEngine
+    prompt: Prompt
+    plan: AnswerPlan
+    config: NestConfig
+    stats: NestStats
+    stop: list[str]
+    options: dict[str, Any]
+    live: Any = None  # NestConfig.attribute: the sentences judged so far (one per loop)
+    generator: torch.Generator | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.config.temperature > 0:  # a private RNG: the global torch RNG is never touched
+            self.generator = torch.Generator()
+            if self.config.seed is not None:
+                self.generator.manual_seed(self.config.seed)
+            else:
+                self.generator.seed()
+
+    def loop(self, as_chat: bool, max_new_tokens: int) -> DecodeLoop:
+        """A decode loop over the prompt read as chat messages or raw text."""
+        engine, plan, cfg, stats = self.engine, self.plan, self.config, self.stats
+        passages, method = plan.passages, plan.method
+        t0 = time.perf_counter()
+        memory = engine.build_memory(passages) if passages and method.uses_memory else None
+        stats.time_keys += time.perf_counter() - t0
+        stats.n_passages, stats.n_keys = len(passages), len(memory) if memory is not None else 0
+        ids = prompt_ids(engine.lm, self.prompt, plan.prompt_passages, as_chat=as_chat)
+        max_new = engine._check_length(len(ids), max_new_tokens)
+        stats.prompt_tokens = len(ids)
+        self.live = live = engine._sentence_stream(cfg, passages) if cfg.attribute else None
+        ctx = DrafterContext(engine.lm, cfg, ids, passages, memory, self.options,
+                             engine.retriever, stats, plan.prompt_passages, plan.guards)
+        drafter = method.make_drafter(ctx) if method.make_drafter is not None else None
+        offsets = list(memory.offsets) if memory is not None else [None] * len(passages)
+        return DecodeLoop(
+            engine.lm, method, drafter, config=cfg, prompt_ids=ids, memory=memory,
+            passages=passages, offsets=offsets, max_new_tokens=max_new, stop=self.stop,
+            stats=stats, generator=self.generator, guards=plan.guards,
+            on_delta=lambda lp, copied, ids=(): engine._deltas(lp, copied, ids, live),
+        )

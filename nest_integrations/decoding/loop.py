@@ -37,14 +37,13 @@ from typing import Any, Iterator
 
 import torch
 
-from nest_integrations.config import NestConfig
+from nest_integrations.config import Guards, NestConfig
 from nest_integrations.core.mixture import StepDistribution, nest_distribution
 from nest_integrations.core.sampling import choose_token, warp
 from nest_integrations.core.topic import citation_words
 from nest_integrations.core.verification import (
     guard_veto,
     guarded_token,
-    plausible_choice,
     relaxed_accept_count,
     sampled_accept_count,
     speculative_sampling,
@@ -93,8 +92,10 @@ class Verifier:
         config: NestConfig,
         generator: torch.Generator | None,
         eos_ids: frozenset[int] = frozenset(),
+        guards: Guards | None = None,
     ):
         self.config = config
+        self.guards = guards if guards is not None else Guards()
         self.eos_ids = sorted(eos_ids)
         self.generator = generator
         self.sampling = config.temperature > 0
@@ -148,19 +149,17 @@ class LosslessVerifier(Verifier):
 
 
 class RelaxedVerifier(Verifier):
-    """NEST's relaxed acceptance (Eq. 7) of p_M, with its LM guards (``confidence_guard``,
-    ``eos_guard``: ``core.verification.guard_veto`` / ``guarded_token``); exact acceptance
-    with ``strict_acceptance``, a random Eq. 7 test when sampling."""
+    """NEST's relaxed acceptance (Eq. 7) of p_M, with the policy's LM guards
+    (``Guards.confidence_guard`` / ``eos_guard``: ``core.verification.guard_veto`` /
+    ``guarded_token``); exact acceptance with ``strict_acceptance``, a random Eq. 7 test when
+    sampling."""
 
     name = RELAXED
 
     def pick(self, dist: Distribution, row: int = 0) -> int:
-        cfg = self.config
-        p = dist.p[row]
-        if cfg.pick_agreement is not None:  # the mixture's choice among LM-plausible tokens
-            p = plausible_choice(p, dist.p_lm[row], cfg.pick_agreement)
-        return guarded_token(self.choose(p), dist.p_lm[row], self.eos_ids,
-                             cfg.confidence_guard, cfg.eos_guard, cfg.lm_agreement)  # fmt: skip
+        g = self.guards
+        return guarded_token(self.choose(dist.p[row]), dist.p_lm[row], self.eos_ids,
+                             g.confidence_guard, g.eos_guard)
 
     def accept(self, dist: Distribution, draft: torch.Tensor) -> int:
         cfg = self.config
@@ -169,8 +168,8 @@ class RelaxedVerifier(Verifier):
         if self.sampling:  # Eq. 7 as a random test, on the distribution tokens are drawn from
             return sampled_accept_count(self.target(dist.p), draft, cfg.relaxation,
                                         self.generator)  # fmt: skip
-        veto = guard_veto(dist.p_lm, draft, self.eos_ids, cfg.confidence_guard, cfg.eos_guard,
-                          cfg.lm_agreement)
+        g = self.guards
+        veto = guard_veto(dist.p_lm, draft, self.eos_ids, g.confidence_guard, g.eos_guard)
         return relaxed_accept_count(dist.p, draft, cfg.relaxation, veto)
 
 
@@ -180,7 +179,7 @@ VERIFIERS: dict[str, type[Verifier]] = {RELAXED: RelaxedVerifier, LOSSLESS: Loss
 
 def make_verifier(
     method: Method, config: NestConfig, generator: torch.Generator | None,
-    eos_ids: frozenset[int] = frozenset(),
+    eos_ids: frozenset[int] = frozenset(), guards: Guards | None = None,
 ) -> Verifier:
     """The verifier ``method`` names; a ValueError lists the known ones."""
     try:
@@ -188,7 +187,7 @@ def make_verifier(
     except KeyError:
         raise ValueError(f"method {method.name!r} names an unknown verifier "
                          f"{method.verifier!r}: choose one of {sorted(VERIFIERS)}") from None
-    return cls(config, generator, eos_ids)
+    return cls(config, generator, eos_ids, guards)
 
 
 _warned_inexact: set[tuple[int, str]] = set()
@@ -230,6 +229,7 @@ class DecodeLoop:
         generator: torch.Generator | None,
         on_delta: Any,
         eos: frozenset[int] | None = None,
+        guards: Guards | None = None,
     ) -> None:
         self.lm, self.method, self.drafter, self.config = lm, method, drafter, config
         self.memory = memory if method.uses_memory else None
@@ -242,9 +242,9 @@ class DecodeLoop:
         self._inexact_rows = getattr(lm, "inexact_rows", None) if self.relaxed else None
         if drafter is not None and not self.relaxed:  # lossless: greedy's output, bit for bit?
             stats.exact_rows = rows_are_exact(lm, method.name)
-        self.out = OutputText(lm.detokenize, stop, repeat_guard=config.repeat_guard(self.relaxed))
-        self.min_citation_words = config.citation_min_words(self.relaxed)
-        self.verifier = make_verifier(method, config, generator, self.eos)
+        self.guards = guards if guards is not None else Guards()
+        self.out = OutputText(lm.detokenize, stop, repeat_guard=self.guards.stop_on_repeat)
+        self.verifier = make_verifier(method, config, generator, self.eos, self.guards)
         self.cache = lm.new_cache()
         #: Look-ahead of the target-first schedule (``NestConfig.lookahead``, see ``feed``):
         #: guessed tokens the cache holds after the fed ones, with their output rows
@@ -278,9 +278,9 @@ class DecodeLoop:
 
     def shows(self, citation: Any) -> bool:
         """Whether a citation is reported: at least ``min_citation_tokens`` tokens and the
-        mode's ``min_citation_words`` words (``core.topic``); shorter copies stay plain text."""
+        guards' ``min_citation_words`` words (``core.topic``); shorter copies stay plain text."""
         return (citation.n_tokens >= self.config.min_citation_tokens
-                and citation_words(citation.text) >= self.min_citation_words)
+                and citation_words(citation.text) >= self.guards.min_citation_words)
 
     # ----------------------------------------------------------------- shared steps
     @property

@@ -22,6 +22,7 @@ from nest_integrations.core.topic import (
     complete_words,
     junk_start,
     loop_start,
+    open_guarded_start,
     open_junk_start,
     open_loop_start,
     open_repeat_start,
@@ -170,9 +171,9 @@ class OutputText:
             if self.text.endswith("\ufffd"):
                 return ""  # hold back an incomplete multi-byte character
             overlap = stop_prefix_overlap(self.text, self.stop)  # it may become a stop string
-            if self.repeat_guard:  # an unfinished sentence or phrase that may become a repeat
+            if self.repeat_guard:  # text that a guard may still cut (core.topic)
                 held = _first(open_repeat_start(self.text), open_loop_start(self.text),
-                              open_junk_start(self.text))
+                              open_junk_start(self.text), open_guarded_start(self.text))
                 if held is not None:
                     overlap = max(overlap, len(self.text) - held)
             if overlap:  # a stop cuts whole tokens: hold back the token the overlap starts in

@@ -25,10 +25,10 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
-from nest_integrations.config import NestConfig
+from nest_integrations.config import Guards, NestConfig
 from nest_integrations.types import NestStats, Passage
 
-#: NEST's relaxed rule (Eq. 7) on p_M, with its LM guards (``confidence_guard``, ``eos_guard``);
+#: NEST's relaxed rule (Eq. 7) on p_M, with its LM guards (``Guards.confidence_guard``, ``eos_guard``);
 #: exact on p_M with ``NestConfig.strict_acceptance``. Needs the target-first schedule.
 RELAXED = "relaxed"
 #: Lossless: exact greedy acceptance at ``temperature == 0``, speculative sampling above it.
@@ -99,7 +99,7 @@ class DecodeState:
             top-p and RNG (greedy: argmax). Use it, not your own sampling, so the loop's
             speculative-sampling rule sees the same distribution.
         pick: ``pick(dist, row)``: ``choose`` on a target distribution's row after the
-            method's LM guards (``NestConfig.confidence_guard`` / ``eos_guard``).
+            policy's LM guards (``Guards.confidence_guard`` / ``eos_guard``).
         stats: the generation's ``NestStats``; a drafter adds its own counters there
             (``draft_forwards``, ``draft_candidates``, the KNN-SSD route).
     """
@@ -175,9 +175,10 @@ class DrafterContext:
     passages: list[Passage]
     memory: Any = None
     options: dict[str, Any] = field(default_factory=dict)
-    engine: Any = None
+    retriever: Any = None  # the engine's PassageRetriever (a drafter may find its datastore by it)
     stats: NestStats = field(default_factory=NestStats)
     prompt_passages: list[Passage] | None = None  # the RA prompt's (None: the first ra_passages)
+    guards: Guards = field(default_factory=Guards)  # the answer policy's output guards
 
 
 @dataclass(frozen=True)

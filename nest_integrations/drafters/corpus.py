@@ -204,7 +204,7 @@ def default_datastore_for(ctx: DrafterContext) -> Path:
     default persist dir otherwise)."""
     from nest_integrations.dresd.datastore import default_datastore_path
 
-    retriever = getattr(ctx.engine, "retriever", None)
+    retriever = ctx.retriever
     collection = getattr(retriever, "collection_name", None) or "nest"
     persist = getattr(retriever, "persist_dir", None)
     return default_datastore_path(collection, persist)

@@ -12,7 +12,7 @@ At each decision point, with p_M at the next position known:
 Accepted rows are masked so the same keys are never proposed again (unless strict acceptance
 keeps p_M history-free for the lossless preset).
 
-Answer document (``NestConfig.lock_document``, on in relaxed modes; ``core.topic``): the first
+Answer document (``Guards.lock_document``; ``core.topic``): the first
 accepted copy of at least ``LOCK_MIN_TOKENS`` tokens fixes the document the answer is about.
 From then on spans start, and token-mode tokens are cited, only in that document's passages:
 a copy never continues into another document (a "What is belly dance?" answer drifting into a
@@ -37,7 +37,7 @@ class NestDrafter:
         self.config = ctx.config
         self._rows: list[int] | None = None  # memory rows of the last draft (None: token mode)
         self._stream_row: int | None = None  # continue copying here after a full acceptance
-        self._lock = self.config.document_lock(not self.config.strict_acceptance)
+        self._lock = ctx.guards.lock_document and not self.config.strict_acceptance
         self.document: str | None = None  # the answer's document, once a copy fixes it
         self._allowed: torch.Tensor | None = None  # (passages,) bool: that document's passages
         doc_of = {p.id: p.doc_id for p in ctx.passages}

@@ -78,8 +78,7 @@ class EvalSettings:
     calibration_texts: int = 24
 
     def nest_config(self) -> NestConfig:
-        # The paper's setting: no on-topic guards (issue 22's are ours), every span a citation.
-        cfg = NestConfig.from_preset(self.preset, **{**PAPER_EVAL, "n_passages": self.n_passages})
+        cfg = NestConfig.from_preset(self.preset, n_passages=self.n_passages)
         if self.gamma is not None:
             cfg = cfg.replace(relaxation=self.gamma)
         if self.knn_temperature is not None:
@@ -88,12 +87,6 @@ class EvalSettings:
 
     def with_overrides(self, **changes: Any) -> "EvalSettings":
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
-
-
-#: The paper-style harness reproduces the paper: the on-topic guards (``core.topic``) are off
-#: and every span of ``min_citation_tokens`` tokens counts as a citation.
-PAPER_EVAL: dict[str, Any] = {"stop_on_repeat": False, "lock_document": False,
-                              "min_citation_words": 1}
 
 
 #: ``small``: 18 examples x 5 systems + a 30-run gamma sweep, BM25 so that no corpus embedding

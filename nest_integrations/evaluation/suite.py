@@ -152,7 +152,9 @@ def evaluate(
 
     start = time.perf_counter()
     machine_start = machine_info()
-    spec = assembly.EngineSpec(config=settings.nest_config(), device=device)
+    # The paper-style harness reproduces the paper: its policy has no title match and no
+    # guards, and every span of ``min_citation_tokens`` tokens counts as a citation.
+    spec = assembly.EngineSpec(config=settings.nest_config(), policy="paper", device=device)
     if lm is None:
         lm = assembly.shared_model(None, device, spec.config.key_source)
     if tasks_file is not None:

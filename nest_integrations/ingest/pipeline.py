@@ -194,6 +194,7 @@ class IngestPipeline:
             # A file with a bad line keeps its old passages: bad input never deletes data.
             damaged = {f"file:{i.location}" for i in issues}
             report.removed = self._remove_stale(docs, passages, damaged)
+            self.store.title_index(refresh=True)  # kept with the store (retrieval.titles)
             if keys:
                 report.keys_added = self._fill_keys(passages, progress)
                 report.keys_encoder, report.key_workers = self._key_run
@@ -223,6 +224,7 @@ class IngestPipeline:
             )
             prepared.append(dataclasses.replace(p, metadata=meta))
         added, unchanged = self._write(prepared, progress)
+        self.store.title_index(refresh=True)
         if (self.with_keys if with_keys is None else with_keys) and self.key_mode() == "eager":
             self._fill_keys(prepared, progress)
         return added, unchanged
@@ -237,12 +239,16 @@ class IngestPipeline:
             doomed += col.get(where=where, include=[])["ids"]
         for chunk in _chunks(doomed, self.store.max_batch_size):
             col.delete(ids=list(chunk))
+        self.store.title_index(refresh=True)
         return len(doomed)
 
     def delete_collection(self) -> None:
         """Drop the collection (token keys are shared by content and stay)."""
         self.store.client.delete_collection(self.store.collection_name)
         self.store.reopen()
+        path = self.store.titles_path()
+        if path is not None:
+            path.unlink(missing_ok=True)
 
     def key_mode(self) -> str:
         """``"lazy"`` or ``"eager"``: the requested mode, else the persist dir's recorded one."""

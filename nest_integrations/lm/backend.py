@@ -143,6 +143,24 @@ def default_dtype() -> str | None:
     return _default_dtype
 
 
+def machine_name() -> str:
+    """The accelerator or CPU model ("Intel(R) Xeon(R) ..."), for cache keys and reports."""
+    import platform
+
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
 # --------------------------------------------------------------------------------- threads
 
 
@@ -220,6 +238,7 @@ __all__ = [
     "cpu_has_native_bf16",
     "default_dtype",
     "dtype_label",
+    "machine_name",
     "parse_dtype",
     "physical_cores",
     "requests_auto",

@@ -40,7 +40,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import platform
 import re
 import time
 from dataclasses import dataclass, field
@@ -48,6 +47,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+
+from nest_integrations.lm.backend import machine_name
 
 LOG = logging.getLogger(__name__)
 
@@ -124,20 +125,6 @@ class CostCurve:
 
 
 # ----------------------------------------------------------------------------- measuring
-
-
-def machine_name() -> str:
-    """The accelerator or CPU model ("Intel(R) Xeon(R) ..."), for the cache key and reports."""
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
 
 
 def _lm_dtype(lm: Any) -> str:

@@ -148,7 +148,7 @@ class MachineCache:
     @staticmethod
     def path() -> Path:
         from nest_integrations import paths
-        from nest_integrations.lm.cost import machine_name
+        from nest_integrations.lm.backend import machine_name
 
         slug = re.sub(r"[^A-Za-z0-9]+", "-", machine_name()).strip("-")[:80] or "unknown"
         return paths.nest_home() / "exactness" / f"{slug}.json"

@@ -115,6 +115,7 @@ class ChromaPassageStore:
         self.persist_dir = Path(persist_dir) if persist_dir is not None else None
         self.embedding_function = embedding_function or NestEmbeddingFunction()
         self.location = location or "the given Chroma client"
+        self._titles: Any = None  # the collection's title index, loaded on first use
         self._collection: Any = None
         self._max_batch: int | None = None
 
@@ -211,7 +212,7 @@ class ChromaPassageStore:
 
     def passages_titled(self, titles: Sequence[str], limit: int = 32) -> list[Passage]:
         """Up to ``limit`` stored passages whose metadata ``title`` is one of ``titles``
-        (exact match; ``NestConfig.title_match`` looks the question's entity up here)."""
+        (exact match: the answer policy looks a named document up here, ``policy.answer``)."""
         titles = [str(t) for t in titles if str(t)]
         if not titles or limit < 1:
             return []
@@ -222,6 +223,49 @@ class ChromaPassageStore:
             _passage(pid, text, meta, None)
             for pid, text, meta in zip(res["ids"], res["documents"], res["metadatas"], strict=True)
         ]
+
+    def title_index(self, refresh: bool = False) -> Any:
+        """The collection's ``retrieval.titles.TitleIndex`` (document id -> title), kept in
+        ``<persist dir>/titles/<collection>.json``: built at ingest (``refresh=True``), and
+        rebuilt from the stored metadata whenever the collection's passage count differs from
+        the one it was built at (a store written by other tools, or a server's)."""
+        from nest_integrations.retrieval.titles import TitleIndex
+
+        count = self.count()
+        if not refresh and self._titles is not None and self._titles.count == count:
+            return self._titles
+        path = self.titles_path()
+        index = None if refresh or path is None else TitleIndex.load(path)
+        if index is None or index.count != count:
+            titles: dict[str, str] = {}
+            for pid, meta in self._iter_metadata():
+                title = str(meta.get("title") or "")
+                if title:
+                    titles.setdefault(str(meta.get("doc_id") or pid), title)
+            index = TitleIndex(titles, count)
+            if path is not None:
+                try:
+                    index.save(path)
+                except OSError as exc:  # a read-only store: the index still serves this process
+                    LOG.warning("could not save the title index at %s: %s", path, exc)
+        self._titles = index
+        return index
+
+    def titles_path(self) -> Path | None:
+        """Where the title index is kept (None for a store without a persist dir)."""
+        if self.persist_dir is None:
+            return None
+        return self.persist_dir / "titles" / f"{self.collection_name}.json"
+
+    def _iter_metadata(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        col = self._read_collection()
+        offset = 0
+        while True:
+            res = col.get(limit=self.max_batch_size, offset=offset, include=["metadatas"])
+            if not res["ids"]:
+                return
+            yield from zip(res["ids"], (m or {} for m in res["metadatas"]))
+            offset += len(res["ids"])
 
     def get_passages(self, ids: Sequence[str]) -> list[Passage]:
         """Passages by id, in the order given; unknown ids are left out."""
@@ -296,6 +340,7 @@ class ChromaPassageStore:
     def reopen(self) -> None:
         """Forget the cached collection handle (after the collection was dropped or created)."""
         self._collection = None
+        self._titles = None
 
     # ----------------------------------------------------------------------------- internals
 

@@ -117,9 +117,14 @@ class HybridRetriever:
         self.n_candidates = n_candidates
 
     def passages_titled(self, titles: Sequence[str], limit: int = 32) -> list[Passage]:
-        """The dense retriever's title lookup (``NestConfig.title_match``), if it has one."""
+        """The dense retriever's title lookup (the answer policy's title match), if it has one."""
         fn = getattr(self.dense, "passages_titled", None)
         return list(fn(titles, limit)) if callable(fn) else []
+
+    def title_index(self) -> Any:
+        """The dense retriever's title index (the answer policy's title match), if it has one."""
+        fn = getattr(self.dense, "title_index", None)
+        return fn() if callable(fn) else None
 
     def retrieve(self, query: str, k: int) -> list[Passage]:
         """Top ``k`` passages by fused score; ``metadata`` gains ``dense_score`` and

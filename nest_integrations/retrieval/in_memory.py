@@ -81,12 +81,20 @@ class InMemoryRetriever:
 
     def passages_titled(self, titles: Sequence[str], limit: int = 32) -> list[Passage]:
         """Up to ``limit`` passages whose metadata ``title`` is one of ``titles`` (compared
-        case-folded; ``NestConfig.title_match``)."""
-        from nest_integrations.retrieval.titles import norm_title
+        case-folded; the answer policy's title match)."""
+        from nest_integrations.retrieval.titles import normalize
 
-        want = {norm_title(t) for t in titles}
-        out = [p for p in self.passages if norm_title(p.metadata.get("title") or "") in want]
+        want = {normalize(t) for t in titles}
+        out = [p for p in self.passages if normalize(p.metadata.get("title") or "") in want]
         return out[: max(0, limit)]
+
+    def title_index(self) -> Any:
+        """The ``retrieval.titles.TitleIndex`` of the passages' documents (built once)."""
+        if getattr(self, "_titles", None) is None:
+            from nest_integrations.retrieval.titles import TitleIndex
+
+            self._titles = TitleIndex.from_passages(self.passages)
+        return self._titles
 
     def _bm25(self, query: str) -> list[float]:
         terms = [w for w in set(words(query)) if w in self._idf]

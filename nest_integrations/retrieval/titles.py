@@ -1,49 +1,174 @@
-"""Title match (issue 22, ``NestConfig.title_match``): the document a question names goes first.
+"""The title index: which documents a question names, read from the store's own titles.
 
-Dense retrieval ranks by meaning, so a document that *mentions* the question's entity (a
-disambiguation note, a neighbouring entry that cites it, a topic sharing its words) can outrank
-the document *titled* with it; and ``span_passages=1`` then copies from the wrong one. With
-``title_match`` the engine reads the question's entity (``core.question.question_entity``) and
+Dense retrieval ranks by meaning, so a document that *mentions* the question's subject (a
+disambiguation note, a neighbouring entry, a profile sharing its frames) can outrank the document
+*titled* with it, or push it out of the top passages. A question template cannot find the
+subject for every phrasing ("the life expectancy at birth in X", "X: what is ...?", "X's ..."),
+so the index does it the other way round: every title of the collection, normalised, is looked
+for in the question's text.
 
-1. moves every retrieved passage whose document title equals it (case, whitespace and
-   surrounding quotes aside) to the front, in retrieval order, the rest keeping theirs;
-2. where none of the retrieved passages has that title and the retriever can look titles up
-   (``passages_titled``, on ``ChromaPassageStore``, ``InMemoryRetriever`` and the hybrid
-   retriever), puts the titled document's first passage first and drops the last one, so the
-   list keeps its length.
-
-Exact titles only: "Korvanta Systems (disambiguation)" is not "Korvanta Systems". Matched
-passages carry ``metadata["title_match"] = True``.
+- ``normalize``: case-folded, diacritics removed (NFKD), possessive "'s" dropped, punctuation to
+  spaces: "Baháʼu'lláh's life" and "bahau llah life" compare equal word for word.
+- ``TitleIndex.match(question)``: every title found as a run of whole words, longest first
+  (a run inside a longer match is not matched again), each with its document ids. A title
+  with a parenthetical qualifier ("Python (programming language)", "Anabasis (Xenophon)")
+  also answers to its base ("python"), but only where no document is titled with the base
+  exactly (so "Korvanta Systems (disambiguation)" never stands in for "Korvanta Systems").
+  A title made only of function words ("for", "with", "in"; English, French and Spanish, the
+  corpus languages) matches only where the question quotes it ('for', "with", `in`).
+- Built per collection at ingest and kept with the store (``<persist dir>/titles/``, see
+  ``ChromaPassageStore.title_index``); for other retrievers, from the retrieved passages'
+  ``metadata["title"]`` (``TitleIndex.from_passages``).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import re
-from typing import Any, Callable, Sequence
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
 
 from nest_integrations.types import Passage
 
-_SPACE = re.compile(r"\s+")
-_QUOTES = "\"'`\u201c\u201d\u2018\u2019"
+FORMAT = "nest-title-index"
+VERSION = 1
+#: Titles longer than this many words are not looked for in questions.
+MAX_TITLE_WORDS = 12
 #: Passages a title lookup reads per call (the first passage of each titled document is kept).
 LOOKUP_LIMIT = 32
 
+_POSSESSIVE = re.compile(r"(?<=\w)['\u2019\u02bc]s\b", re.IGNORECASE)
+_NON_WORD = re.compile(r"[\W_]+", re.UNICODE)
+_QUALIFIER = re.compile(r"^(?P<base>.+?)\s*\((?P<q>[^()]+)\)\s*$")
+_QUOTED = re.compile(r"[\"\u201c\u201d`\u00ab\u00bb]([^\"\u201c\u201d`\u00ab\u00bb]{1,80})"
+                     r"[\"\u201c\u201d`\u00ab\u00bb]"
+                     r"|(?:(?<=\W)|^)['\u2018]([^'\u2019]{1,80})['\u2019](?=\W|$)")
 
-def _clean(text: str) -> str:
-    return _SPACE.sub(" ", str(text)).strip().strip(_QUOTES).strip()
+#: Function words of the corpus languages: a title made only of these is too common a word
+#: to name a document unless the question quotes it.
+STOPWORDS = frozenset("""
+a an the and or but nor of in on at to for from by with without about into onto over under
+as is are was were be been being am do does did has have had it its this that these those
+there here what which who whom whose when where why how not no yes if then than so such
+i you he she we they me him her us them my your his our their can could will would shall
+should may might must also all any each every some more most other same very just only
+le la les un une des du de d l et ou en au aux dans sur pour par avec sans est sont qui que
+quoi quel quelle quels quelles ce cet cette ces son sa ses leur leurs il elle ils elles on
+el los las unos unas del al y o en con sin por para es son que quien cual cuales este esta
+estos estas ese esa su sus se lo le les como cuando donde
+""".split())
 
 
-def norm_title(text: str) -> str:
-    """A title or entity as compared: case-folded, whitespace collapsed, quotes stripped."""
-    return _clean(text).casefold()
+def normalize(text: str) -> str:
+    """``text`` as titles and questions are compared (see the module docstring)."""
+    text = unicodedata.normalize("NFKD", str(text))
+    text = "".join(c for c in text if not unicodedata.combining(c))
+    text = _POSSESSIVE.sub("", text)
+    return " ".join(_NON_WORD.sub(" ", text.casefold()).split())
 
 
-def title_variants(entity: str) -> list[str]:
-    """Spellings of ``entity`` to look up in a store that matches titles exactly."""
-    e = _clean(entity)
-    out = [e, e.lower(), e[:1].upper() + e[1:], e.title(), e.capitalize()]
-    return list(dict.fromkeys(v for v in out if v))
+def qualifier_base(title: str) -> str | None:
+    """"Python (programming language)" -> "Python"; None for a title with no qualifier."""
+    m = _QUALIFIER.match(str(title).strip())
+    return m.group("base").strip() or None if m else None
+
+
+@dataclass(frozen=True)
+class TitleMatch:
+    """A title found in a question: its normalised words, the documents it names, the word
+    span in the normalised question, and whether it matched by a qualified title's base."""
+
+    title: str
+    doc_ids: tuple[str, ...]
+    start: int
+    end: int
+    qualified: bool = False
+
+
+class TitleIndex:
+    """Normalised titles -> document ids, for one collection (see the module docstring)."""
+
+    def __init__(self, titles: Mapping[str, str], count: int | None = None) -> None:
+        #: document id -> its title as stored
+        self.titles: dict[str, str] = {str(d): str(t) for d, t in titles.items() if str(t).strip()}
+        #: how many passages the collection held when the index was built (freshness check)
+        self.count = count
+        self._exact: dict[str, list[str]] = {}
+        self._qualified: dict[str, list[str]] = {}
+        for doc_id, title in self.titles.items():
+            key = normalize(title)
+            if key:
+                self._exact.setdefault(key, []).append(doc_id)
+            base = qualifier_base(title)
+            if base and normalize(base):
+                self._qualified.setdefault(normalize(base), []).append(doc_id)
+        lengths = [len(k.split()) for k in (*self._exact, *self._qualified)]
+        self._longest = min(max(lengths, default=0), MAX_TITLE_WORDS)
+
+    def __len__(self) -> int:
+        return len(self.titles)
+
+    @classmethod
+    def from_passages(cls, passages: Iterable[Passage]) -> "TitleIndex":
+        """An index of the documents of ``passages`` (their ``metadata["title"]``)."""
+        titles: dict[str, str] = {}
+        for p in passages:
+            title = str((p.metadata or {}).get("title") or "")
+            if title:
+                titles.setdefault(p.doc_id or p.id, title)
+        return cls(titles)
+
+    def match(self, text: str) -> list[TitleMatch]:
+        """Every title found in ``text`` as a run of whole words, longest first (then in
+        order of appearance); a run inside a longer match is not matched again."""
+        words = normalize(text).split()
+        quoted = {normalize(a or b) for a, b in _QUOTED.findall(str(text))}
+        taken = [False] * len(words)
+        found: list[TitleMatch] = []
+        for n in range(min(self._longest, len(words)), 0, -1):
+            for i in range(len(words) - n + 1):
+                if any(taken[i : i + n]):
+                    continue
+                phrase = " ".join(words[i : i + n])
+                docs, qualified = self._exact.get(phrase), False
+                if docs is None:
+                    docs, qualified = self._qualified.get(phrase), True
+                if docs is None:
+                    continue
+                if all(w in STOPWORDS for w in words[i : i + n]) and phrase not in quoted:
+                    continue
+                found.append(TitleMatch(phrase, tuple(docs), i, i + n, qualified))
+                taken[i : i + n] = [True] * n
+        return found
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": VERSION, "count": self.count, "titles": self.titles}
+
+    @classmethod
+    def from_json(cls, data: Any) -> "TitleIndex | None":
+        """The index, or None for data in another format or version."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT or \
+                data.get("version") != VERSION or not isinstance(data.get("titles"), dict):
+            return None
+        return cls(data["titles"], data.get("count"))
+
+    def save(self, path: str | Path) -> None:
+        from nest_integrations.paths import ensure_dir
+
+        path = Path(path)
+        ensure_dir(path.parent)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), ensure_ascii=False), encoding="utf-8")
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TitleIndex | None":
+        try:
+            return cls.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            return None
 
 
 def title_of(p: Passage) -> str:
@@ -67,60 +192,19 @@ def first_passages(passages: Sequence[Passage]) -> list[Passage]:
     return list(best.values())
 
 
-def title_first(
-    passages: Sequence[Passage],
-    entity: str | Sequence[str] | None,
-    lookup: Callable[[Sequence[str], int], Sequence[Passage]] | None = None,
-) -> list[Passage]:
-    """``passages`` with the passages of the document titled ``entity`` first (see the module
-    docstring). ``entity`` may be a list of candidate names (``core.question.question_entities``,
-    longest first): the first that is a title wins. ``lookup(titles, limit)`` returns stored
-    passages whose title is one of ``titles``; it is called at most once, with every
-    candidate's spellings, and only when no retrieved passage matches any candidate."""
-    passages = list(passages)
-    names = [entity] if isinstance(entity, str) else list(entity or [])
-    wanted = list(dict.fromkeys(w for w in (norm_title(n) for n in names) if w))
-    if not wanted or not passages:
-        return passages
-    for want in wanted:
-        hit = [p for p in passages if norm_title(title_of(p)) == want]
-        if hit:
-            hit_ids = {p.id for p in hit}
-            return [_mark(p) for p in hit] + [p for p in passages if p.id not in hit_ids]
-    if lookup is None:
-        return passages
-    spellings = list(dict.fromkeys(v for n in names for v in title_variants(n)))
-    found = first_passages(lookup(spellings, LOOKUP_LIMIT))
-    ids = {p.id for p in passages}
-    for want in wanted:
-        extra = [p for p in found if norm_title(title_of(p)) == want and p.id not in ids]
-        if extra:
-            return [_mark(extra[0])] + passages[: len(passages) - 1]
-    return passages
+def index_of(retriever: Any, retrieved: Sequence[Passage]) -> TitleIndex:
+    """The retriever's collection-wide index (``title_index()``, an optional capability: the
+    Chroma store, the in-memory and hybrid retrievers), else one of the retrieved passages."""
+    fn = getattr(retriever, "title_index", None)
+    index = fn() if callable(fn) else None
+    return index if index is not None else TitleIndex.from_passages(retrieved)
 
 
-def prompt_passages(passages: Sequence[Passage], n: int, titled_only: bool = False) -> list[Passage]:
-    """The ``n`` passages an RA prompt holds: the first ``n``, or with ``titled_only``
-    (``NestConfig.title_context``) the title-matched ones when there are any."""
-    if n <= 0:
-        return []
-    if titled_only:
-        titled = [p for p in passages if (p.metadata or {}).get("title_match")]
-        if titled:
-            return titled[:n]
-    return list(passages[:n])
-
-
-def _mark(p: Passage) -> Passage:
-    return dataclasses.replace(p, metadata={**(p.metadata or {}), "title_match": True})
-
-
-def lookup_of(retriever: Any) -> Callable[[Sequence[str], int], Sequence[Passage]] | None:
-    """The retriever's ``passages_titled`` (an optional capability), else None."""
+def lookup_of(retriever: Any) -> Any:
+    """The retriever's ``passages_titled(titles, limit)`` (an optional capability), else None."""
     fn = getattr(retriever, "passages_titled", None)
     return fn if callable(fn) else None
 
 
-__all__ = ["LOOKUP_LIMIT", "first_passages", "lookup_of", "norm_title", "prompt_passages",
-           "title_first",
-           "title_variants"]
+__all__ = ["LOOKUP_LIMIT", "MAX_TITLE_WORDS", "STOPWORDS", "TitleIndex", "TitleMatch",
+           "first_passages", "index_of", "lookup_of", "normalize", "qualifier_base", "title_of"]

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from nest_integrations.config import PRESETS, NestConfig
+from nest_integrations.policy import AnswerPolicy
 from nest_integrations.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PRESET
 from nest_integrations.server import protocol as P
 from nest_integrations.server.gate import Disconnected, ModelGate, QueueFull
@@ -114,8 +115,10 @@ class Server:
 
     @property
     def decoding(self) -> str:
-        """The decoding method of a request that names none."""
-        return self.settings.decoding or self.engine.decoding
+        """The decoding method of a request that names none (the preset's policy decides when
+        neither the settings nor the engine name one)."""
+        policy = AnswerPolicy.from_preset(self.settings.preset)
+        return policy.method(self.settings.decoding, self.engine.decoding).name
 
     def attribute(self, req: P.AttributionRequest) -> Any:
         """Attribute ``req.text`` with the engine's model (its tokens), key store and retriever
@@ -244,6 +247,7 @@ def engine_call(server: Server, req: P.GenerationRequest) -> tuple[dict[str, Any
     try:
         cfg = server.base_config if req.preset is None else NestConfig.from_preset(preset)
         server.engine.check_config(cfg)
+        policy = AnswerPolicy.from_preset(preset)
     except ValueError as exc:
         raise P.invalid("preset", str(exc)) from None
     changes = {
@@ -255,14 +259,14 @@ def engine_call(server: Server, req: P.GenerationRequest) -> tuple[dict[str, Any
         cfg = cfg.replace(**changes) if changes else cfg
     except ValueError as exc:
         raise P.invalid(next(iter(changes)), str(exc)) from None
-    decoding = req.decoding or server.decoding
     try:
-        get_method(decoding)
+        decoding = policy.method(req.decoding, server.settings.decoding,
+                                 server.engine.decoding).name
     except ValueError as exc:
         raise P.invalid("decoding", str(exc)) from None
     kwargs: dict[str, Any] = dict(
         prompt=req.prompt, max_new_tokens=req.max_tokens, stop=req.stop or None, config=cfg,
-        decoding=decoding,
+        policy=policy, decoding=decoding,
     )
     return kwargs, preset, decoding
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from nest_integrations import output
-from nest_integrations.defaults import DEFAULT_DECODING, DEFAULT_MAX_NEW_TOKENS
+from nest_integrations.defaults import DEFAULT_MAX_NEW_TOKENS
 from nest_integrations.types import Citation, NestResult, Passage
 
 #: The model id clients send and ``/v1/models`` lists, unless ``--served-model-name`` says.
@@ -404,7 +404,7 @@ usage = output.usage
 def nest_extension(result: NestResult, preset: str, decoding: str | None) -> dict[str, Any]:
     """The one extension field: NEST's stats (``output.stats``), the preset and the decoding
     method."""
-    return {"preset": preset, "decoding": decoding or DEFAULT_DECODING,
+    return {"preset": preset, "decoding": result.stats.decoding or decoding,
             "stats": output.stats(result)}
 
 

@@ -115,7 +115,10 @@ def test_usage_and_stats_are_one_payload() -> None:
     assert (_common.stats_payload(result) == P.nest_extension(result, "paper", None)["stats"]
             == li_llms._completion(result).additional_kwargs["nest"] == result.to_dict()["stats"]
             == stats)
-    assert P.nest_extension(result, "paper", None)["decoding"] == "nest"
+    # the method that decoded the answer (the stats'), else the one the request named
+    assert P.nest_extension(result, "paper", "greedy")["decoding"] == "greedy"
+    result.stats.decoding = "rag-copy"
+    assert P.nest_extension(result, "grounded", None)["decoding"] == "rag-copy"
 
 
 def _deltas(result: NestResult) -> list[Citation | None]:

@@ -56,7 +56,10 @@ class NestModelParams(BaseModel):
     chroma_url: str | None = None
     """URL of a ``chroma run`` server holding ``collection``."""
     config: NestConfig | str | None = None
-    """A ``NestConfig`` or a preset name (``"paper"``, ``"lossless"``, ...)."""
+    """A ``NestConfig`` or a preset name (``"grounded"``, ``"copy"``, ``"paper"``, ...)."""
+    policy: Any = None
+    """An ``AnswerPolicy`` or a preset name; None = the policy of the preset ``config`` names,
+    else of ``assembly.DEFAULT_PRESET``."""
     device: str | None = None
     """Torch device for the model (``"cpu"`` by default, ``"cuda"``, ``"auto"``)."""
     dtype: str | None = None
@@ -64,9 +67,10 @@ class NestModelParams(BaseModel):
     ``"fp32"``, ``"bf16"``, ``"fp16"`` or ``"checkpoint"``; default ``"auto"``
     (``nest_integrations.lm.backend``). Ignored when ``engine`` is given."""
     decoding: str | None = None
-    """Decoding method (``nest_integrations.drafters.METHODS``): ``"nest"`` (the default),
-    ``"greedy"``, ``"prompt-lookup"``, ... Lossless methods cite nothing (except verbatim
-    provenance, ``extras["kind"] == "verbatim"``). Ignored when ``engine`` is given."""
+    """Decoding method (``nest_integrations.drafters.METHODS``); None = the policy's
+    (``"rag-copy"`` under ``grounded``: lossless, verbatim provenance citations,
+    ``extras["kind"] == "verbatim"``; ``"nest"`` under ``copy`` and ``paper``). Ignored when
+    ``engine`` is given."""
     drafter_options: dict[str, Any] | None = None
     """Options for the decoding method's drafter (e.g. a datastore path)."""
     hybrid: bool | None = None
@@ -85,10 +89,16 @@ class NestModelParams(BaseModel):
     _engine: Any = PrivateAttr(default=None)
     _engine_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
-    @field_validator("config")
+    @model_validator(mode="before")
     @classmethod
-    def _preset(cls, value: NestConfig | str | None) -> NestConfig | None:
-        return assembly.resolve_config(value) if isinstance(value, str) else value
+    def _preset(cls, data: Any) -> Any:
+        """A preset name in ``config`` names the policy too; both resolved here."""
+        if isinstance(data, dict):
+            data = dict(data)
+            data["policy"] = assembly.resolve_policy(data.get("policy"), data.get("config"))
+            if isinstance(data.get("config"), str):
+                data["config"] = assembly.resolve_config(data["config"])
+        return data
 
     @field_validator("dtype")
     @classmethod

@@ -126,9 +126,14 @@ class NestLLM(CustomLLM):
         default=None,
         description="NestConfig or preset name; None = assembly.DEFAULT_PRESET (grounded).",
     )
+    policy: Any = Field(
+        default=None,
+        description="AnswerPolicy or preset name; None = the preset's that config names, else "
+        "grounded's.",
+    )
     decoding: str | None = Field(
         default=None,
-        description="Decoding method (drafters.METHODS); None = assembly.DEFAULT_DECODING (nest).",
+        description="Decoding method (drafters.METHODS); None = the policy's (grounded: rag-copy).",
     )
     drafter_options: dict[str, Any] | None = Field(
         default=None, description="Options for the decoding method's drafter."
@@ -155,6 +160,7 @@ class NestLLM(CustomLLM):
 
     def __init__(self, engine: Any = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.policy = assembly.resolve_policy(self.policy, self.config)  # a preset name's too
         if self.config is not None:
             self.config = assembly.resolve_config(self.config)  # a preset name or to_dict()
         assembly.check_sources(self.retriever, self.collection, self.chroma_url)

@@ -1,0 +1,183 @@
+"""``AnswerPolicy`` and ``plan_answer``: one request planned before decoding.
+
+A preset names a policy (here, ``POLICIES``) and a ``NestConfig`` (``config.PRESETS``) under the
+same name. The policy decides:
+
+- **stage 1**: with ``title_match``, the documents the question names, found by the title index
+  (``retrieval.titles``: the store's titles looked for in the question's text, whatever its
+  phrasing), go first: those retrieved keep their retrieval order, and a named document that
+  retrieval missed is looked up by title and put after them; the list keeps its length.
+- **the prompt**: ``title_context``: ``"off"`` = the top passages as retrieval ranked them
+  (in-context RAG's prompt); ``"first"`` = the named documents' passages, then the other top
+  passages; ``"only"`` = the named documents' passages alone when there are any.
+- **the method**: ``decoding`` when the call names none. ``grounded`` decodes every question
+  losslessly against its RA prompt (``rag-copy``: the answer is in-context RAG's, token for
+  token, so no phrasing can make it worse than RAG's); NEST's relaxed copying is the ``copy``
+  preset, or ``decoding="nest"``.
+- **the guards** (``config.Guards``): none under ``paper``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from nest_integrations.config import GROUNDED_MIN_CITATION_WORDS, PRESETS, Guards
+from nest_integrations.drafters import Method, get_method
+from nest_integrations.retrieval.titles import (
+    LOOKUP_LIMIT,
+    TitleMatch,
+    first_passages,
+    index_of,
+    lookup_of,
+)
+from nest_integrations.types import Passage
+
+#: What ``title_context`` accepts.
+TITLE_CONTEXTS = ("off", "first", "only")
+#: The method of a call, engine and policy that all name none: the paper's NEST.
+FALLBACK_DECODING = "nest"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnswerPolicy:
+    """What to retrieve, prompt, decode with and guard (see the module docstring).
+
+    Attributes:
+        title_match: stage 1 puts the documents the question names first (title index).
+        title_context: ``"off"``, ``"first"`` or ``"only"``: the named documents' passages in
+            the RA prompt (see the module docstring).
+        decoding: the method (``drafters.METHODS``) when the call and the engine name none.
+        guards: the output guards (``config.Guards``).
+    """
+
+    title_match: bool = False
+    title_context: str = "off"
+    decoding: str | None = None
+    guards: Guards = field(default_factory=Guards)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.title_match, bool):
+            raise ValueError(f"AnswerPolicy.title_match={self.title_match!r} is invalid: "
+                             "allowed True or False")
+        if self.title_context not in TITLE_CONTEXTS:
+            raise ValueError(f"AnswerPolicy.title_context={self.title_context!r} is invalid: "
+                             f"allowed one of {TITLE_CONTEXTS}")
+        if self.decoding is not None:
+            get_method(self.decoding)  # an unknown method fails here, listing the known ones
+        if not isinstance(self.guards, Guards):
+            raise ValueError("AnswerPolicy.guards must be a config.Guards")
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> "AnswerPolicy":
+        """The policy of a named preset, with field overrides (``guards`` too)."""
+        if name not in POLICIES:
+            raise ValueError(f"unknown preset {name!r}: choose one of {sorted(POLICIES)}")
+        return POLICIES[name].replace(**overrides)
+
+    def replace(self, **changes: Any) -> "AnswerPolicy":
+        """A copy with some fields changed; a ``guards`` dict updates the guards' fields."""
+        if isinstance(changes.get("guards"), dict):
+            changes["guards"] = dataclasses.replace(self.guards, **changes["guards"])
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"unknown AnswerPolicy field(s): {sorted(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    def method(self, *names: str | None) -> Method:
+        """The first method named in ``names`` (call, engine), else the policy's, else NEST."""
+        name = next((n for n in names if n), None) or self.decoding or FALLBACK_DECODING
+        return get_method(name)
+
+
+_GROUNDED_GUARDS = Guards(stop_on_repeat=True, min_citation_words=GROUNDED_MIN_CITATION_WORDS,
+                          lock_document=True, confidence_guard=0.3, eos_guard=0.5)
+#: The policy part of each preset (``config.PRESETS`` holds the algorithm part).
+POLICIES: dict[str, AnswerPolicy] = {
+    **{name: AnswerPolicy() for name in PRESETS},
+    "grounded": AnswerPolicy(title_match=True, title_context="first", decoding="rag-copy",
+                             guards=_GROUNDED_GUARDS),
+    "copy": AnswerPolicy(title_match=True, title_context="first", decoding="nest",
+                         guards=_GROUNDED_GUARDS),
+}
+
+
+@dataclass
+class AnswerPlan:
+    """One request's plan: the method, stage 1's passages (reordered), the RA prompt's
+    passages, the guards, and the titles the question named."""
+
+    method: Method
+    passages: list[Passage]
+    prompt_passages: list[Passage]
+    guards: Guards
+    matches: list[TitleMatch] = field(default_factory=list)
+
+
+def plan_answer(
+    policy: AnswerPolicy,
+    question: str,
+    passages: Sequence[Passage],
+    retriever: Any = None,
+    *,
+    n_ra: int = 0,
+    decoding: Sequence[str | None] = (),
+) -> AnswerPlan:
+    """Plan one request (module docstring): ``passages`` are stage 1's, ``n_ra`` the passages
+    the RA prompt holds, ``decoding`` the methods the call and the engine name (None = none)."""
+    method = policy.method(*decoding)
+    retrieved = ranked = list(passages)
+    matches: list[TitleMatch] = []
+    if policy.title_match and retrieved:
+        index = index_of(retriever, retrieved)
+        matches = index.match(question)
+        if matches:
+            ranked = named_first(retrieved, matches, index.titles, lookup_of(retriever))
+    n_ra = n_ra or method.ra_passages
+    prompt = prompt_passages(retrieved if policy.title_context == "off" else ranked, n_ra,
+                             policy.title_context)
+    return AnswerPlan(method, ranked, prompt, policy.guards, matches)
+
+
+def named_first(
+    passages: Sequence[Passage],
+    matches: Sequence[TitleMatch],
+    titles: dict[str, str],
+    lookup: Any = None,
+) -> list[Passage]:
+    """``passages`` with those of the named documents first (in retrieval order), then the
+    first passage of each named document retrieval missed (looked up by title, in match
+    order), then the rest; as long as ``passages``. Named passages carry
+    ``metadata["title_match"] = True``."""
+    named = list(dict.fromkeys(d for m in matches for d in m.doc_ids))
+    wanted = set(named)
+    hit = [p for p in passages if (p.doc_id or p.id) in wanted]
+    missing = [d for d in named if d not in {p.doc_id or p.id for p in hit}]
+    extra: list[Passage] = []
+    if missing and lookup is not None:
+        found = first_passages(lookup([titles[d] for d in missing if d in titles], LOOKUP_LIMIT))
+        by_doc = {p.doc_id or p.id: p for p in found}
+        extra = [by_doc[d] for d in missing if d in by_doc]
+    front = [_mark(p) for p in hit + extra]
+    ids = {p.id for p in front}
+    return (front + [p for p in passages if p.id not in ids])[: len(passages)]
+
+
+def prompt_passages(passages: Sequence[Passage], n: int, title_context: str = "off") -> list[Passage]:
+    """The ``n`` passages of the RA prompt: the first ``n``, or by ``title_context``."""
+    if n <= 0:
+        return []
+    if title_context == "only":
+        named = [p for p in passages if (p.metadata or {}).get("title_match")]
+        if named:
+            return named[:n]
+    return list(passages[:n])
+
+
+def _mark(p: Passage) -> Passage:
+    return dataclasses.replace(p, metadata={**(p.metadata or {}), "title_match": True})
+
+
+__all__ = ["FALLBACK_DECODING", "POLICIES", "TITLE_CONTEXTS", "AnswerPlan", "AnswerPolicy",
+           "named_first", "plan_answer", "prompt_passages"]

@@ -1,0 +1,119 @@
+"""The answer policy (``policy.answer``): presets name a policy and a config; ``grounded`` decodes
+every question losslessly against its RA prompt (so its answer is greedy decoding of that prompt,
+whatever the phrasing), ``paper`` is the paper's algorithm with no guards, and the guards are
+prefix-exact: they only end an answer early, and a stream never shows text the answer drops."""
+
+from __future__ import annotations
+
+import pytest
+
+from engines import make_engine
+from nest_integrations.config import PRESETS, Guards, NestConfig
+from nest_integrations.decoding.prompts import prompt_ids
+from nest_integrations.policy import POLICIES, AnswerPolicy
+from nest_integrations.retrieval.in_memory import InMemoryRetriever
+from nest_integrations.types import Passage
+
+
+def test_every_preset_names_a_policy_and_a_config():
+    assert set(POLICIES) == set(PRESETS)
+    paper = POLICIES["paper"]
+    assert paper == AnswerPolicy() and paper.guards == Guards() and not paper.title_match
+    assert paper.method().name == "nest"
+    grounded = POLICIES["grounded"]
+    assert grounded.title_match and grounded.method().name == "rag-copy"
+    assert grounded.guards.stop_on_repeat and grounded.guards.min_citation_words == 3
+    assert POLICIES["copy"].method().name == "nest"
+    assert POLICIES["copy"].guards == grounded.guards
+    assert PRESETS["copy"] == PRESETS["grounded"]  # the same algorithm, another decoding
+
+
+def test_policy_fields_are_validated_and_replaced():
+    for bad in ({"title_context": "always"}, {"decoding": "nope"}, {"title_match": "yes"},
+                {"guards": {"stop_on_repeat": True}}):
+        with pytest.raises(ValueError):
+            AnswerPolicy(**bad)
+    with pytest.raises(ValueError, match="unknown preset"):
+        AnswerPolicy.from_preset("nope")
+    p = AnswerPolicy.from_preset("grounded", guards={"min_citation_words": 1})
+    assert p.guards.min_citation_words == 1 and p.guards.stop_on_repeat
+    with pytest.raises(ValueError, match="unknown AnswerPolicy field"):
+        p.replace(fact_decoding="rag-copy")
+
+
+def test_the_method_is_the_calls_then_the_engines_then_the_policys():
+    p = POLICIES["grounded"]
+    assert p.method("greedy", "nest").name == "greedy"
+    assert p.method(None, "nest").name == "nest"
+    assert p.method(None, None).name == "rag-copy"
+    assert AnswerPolicy().method(None, None).name == "nest"
+
+
+CORPUS = [
+    ("cambodia", "Cambodia", "Cambodia is a country in Southeast Asia. Its capital is Phnom "
+     "Penh. The life expectancy at birth in Cambodia is 71.4 years."),
+    ("malawi", "Malawi", "Malawi is a landlocked country in southeastern Africa. The life "
+     "expectancy at birth in Malawi is 66.3 years. Its capital is Lilongwe."),
+    ("life", "Life expectancy", "Life expectancy is a statistical measure of the average time "
+     "an organism is expected to live."),
+]
+PHRASINGS = [
+    "What is the life expectancy at birth in Cambodia?",
+    "What is the life expectancy at birth of Cambodia?",
+    "Cambodia: what is the life expectancy at birth?",
+    "Tell me Cambodia's life expectancy at birth.",
+    "life expectancy at birth cambodia",
+    "Which city is the capital of Malawi?",
+]
+
+
+@pytest.fixture(scope="module")
+def grounded(tiny_lm):
+    passages = [Passage(d, t, doc_id=d, char_start=0, char_end=len(t),
+                        metadata={"title": title}) for d, title, t in CORPUS]
+    cfg = NestConfig.from_preset("grounded", n_passages=3, ra_passages=2)
+    return make_engine(tiny_lm, InMemoryRetriever(passages), config=cfg,
+                       policy=POLICIES["grounded"])
+
+
+@pytest.mark.parametrize("question", PHRASINGS)
+def test_grounded_answers_are_greedy_decoding_of_their_ra_prompt(grounded, question):
+    """Whatever the phrasing, the default's answer is the RA-LM's own greedy answer to its
+    prompt (the guards may only end it earlier), with the named document in the prompt."""
+    messages = [{"role": "user", "content": question}]
+    result = grounded.generate(messages, max_new_tokens=24)
+    plan = grounded.plan(question, grounded.retrieve(question))
+    assert result.stats.decoding == "rag-copy" and result.stats.exact_rows is not False
+    ids = prompt_ids(grounded.lm, messages, plan.prompt_passages)
+    assert result.stats.prompt_tokens == len(ids)
+    greedy = grounded.generate(messages, max_new_tokens=24, decoding="greedy",
+                               passages=plan.prompt_passages, policy=AnswerPolicy(),
+                               config=grounded.config.replace(
+                                   ra_passages=len(plan.prompt_passages)))
+    assert greedy.text.startswith(result.text)
+    assert result.stats.finish_reason == "repeat" or result.text == greedy.text
+    named = {p.doc_id for p in plan.prompt_passages if p.metadata.get("title_match")}
+    assert named & {"cambodia", "malawi"}
+    assert all(len(c.text.split()) >= 3 for c in result.citations)  # every kind, 3+ words
+
+
+@pytest.mark.slow
+def test_lossless_guards_stop_at_a_repeat_and_leave_a_prefix_of_greedy(default_lm):
+    """The embedded model loops on lists: with the repeat stop on (``grounded``'s guards),
+    each lossless answer ends at its first repeated sentence or line
+    (``finish_reason == "repeat"``) and is a prefix of greedy's; the stream shows exactly the
+    answer's text."""
+    plain = make_engine(default_lm)
+    guarded = make_engine(default_lm, policy=AnswerPolicy(guards=POLICIES["grounded"].guards))
+    repeats = 0
+    for question in ("Count from 1 to 20, one number per line.", "List the days of the week.",
+                     "Write a short poem about the sea.", "What does the assert statement do?"):
+        messages = [{"role": "user", "content": question}]
+        for method in ("greedy", "prompt-lookup"):
+            free = plain.generate(messages, max_new_tokens=96, decoding=method)
+            chunks = list(guarded.stream(messages, max_new_tokens=96, decoding=method))
+            cut = chunks[-1].result
+            assert "".join(c.text for c in chunks) == cut.text
+            assert free.text.startswith(cut.text), (question, method)
+            repeats += cut.stats.finish_reason == "repeat"
+    assert repeats > 0  # the guard fired somewhere: the test has teeth
