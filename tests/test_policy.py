@@ -22,6 +22,7 @@ def test_every_preset_names_a_policy_and_a_config():
     assert paper.method().name == "nest"
     grounded = POLICIES["grounded"]
     assert grounded.title_match and grounded.method().name == "rag-copy"
+    assert grounded.method(completion=True).name == "nest"  # raw text to continue: copying
     assert grounded.guards.stop_on_repeat and grounded.guards.min_citation_words == 3
     assert POLICIES["copy"].method().name == "nest"
     assert POLICIES["copy"].guards == grounded.guards
@@ -46,7 +47,18 @@ def test_the_method_is_the_calls_then_the_engines_then_the_policys():
     assert p.method("greedy", "nest").name == "greedy"
     assert p.method(None, "nest").name == "nest"
     assert p.method(None, None).name == "rag-copy"
+    assert p.method("greedy", completion=True).name == "greedy"
     assert AnswerPolicy().method(None, None).name == "nest"
+    assert AnswerPolicy(decoding="greedy").method(completion=True).name == "greedy"
+
+
+def test_grounded_continues_raw_text_by_copying_and_answers_chat_losslessly(grounded):
+    """The call's form decides (not its wording): a string to continue gets NEST's relaxed
+    copying, the same text as a chat message the lossless RA answer."""
+    text = "Cambodia is a country in Southeast Asia. Its capital is"
+    raw = grounded.generate(text, max_new_tokens=8)
+    chat = grounded.generate([{"role": "user", "content": text}], max_new_tokens=8)
+    assert raw.stats.decoding == "nest" and chat.stats.decoding == "rag-copy"
 
 
 CORPUS = [

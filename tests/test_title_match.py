@@ -180,7 +180,7 @@ def test_grounded_puts_the_named_document_first_and_paper_does_not():
     # the per-call policy decides, and generation uses the same plan
     assert paper.plan(q, paper.retrieve(q), policy=grounded.policy).passages[0].doc_id == \
         "korvanta"
-    result = grounded.generate(q, max_new_tokens=3)
+    result = grounded.generate([{"role": "user", "content": q}], max_new_tokens=3)
     assert result.passages[0].doc_id == "korvanta" and result.stats.decoding == "rag-copy"
     assert paper.generate(q, max_new_tokens=3).passages[0].doc_id == "korvanta-note"
 
@@ -238,3 +238,55 @@ def test_every_open_pydoc_question_gets_its_gold_document_first(sample_store: Pa
         assert len(plan.passages) == len(hits)
     assert matched_first == 40
     assert dense_first < 40
+
+
+def _lc_docs():
+    from langchain_core.documents import Document
+
+    return [Document(page_content=p.text, metadata={**p.metadata, "doc_id": p.doc_id},
+                     id=p.id) for p in _corpus()]
+
+
+def test_framework_retrievers_look_named_documents_up_by_metadata(tmp_path: Path) -> None:
+    """LangChain (InMemoryVectorStore, langchain-chroma) and LlamaIndex (a VectorStoreIndex)
+    stores answer the policy's title lookup through their metadata filters; the plan then
+    brings a named document that retrieval missed into the prompt."""
+    import chromadb
+    from chromadb.config import Settings
+    from langchain_chroma import Chroma
+    from langchain_core.vectorstores import InMemoryVectorStore
+    from llama_index.core import Document as LIDocument
+    from llama_index.core import VectorStoreIndex
+
+    from nest_integrations.langchain import LangChainPassageRetriever, NestEmbeddings
+    from nest_integrations.llama_index import LlamaIndexPassageRetriever, NestEmbedding
+
+    emb = NestEmbeddings()
+    in_memory = InMemoryVectorStore.from_documents(_lc_docs(), emb)
+    chroma = Chroma(collection_name="titled", embedding_function=emb,
+                    client=chromadb.EphemeralClient(Settings(anonymized_telemetry=False)))
+    chroma.add_documents(_lc_docs())
+    index = VectorStoreIndex.from_documents(
+        [LIDocument(text=p.text, metadata=p.metadata, id_=p.id) for p in _corpus()],
+        embed_model=NestEmbedding())
+    retrievers = [LangChainPassageRetriever(in_memory),
+                  LangChainPassageRetriever(in_memory.as_retriever()),
+                  LangChainPassageRetriever(chroma), LlamaIndexPassageRetriever(index)]
+    q = "Tell me Belmar Works' founding year."
+    for r in retrievers:
+        got = r.passages_titled(["Belmar Works"])
+        assert [p.metadata["title"] for p in got] == ["Belmar Works"], r
+        retrieved = [p for p in r.retrieve(q, 4) if p.metadata["title"] != "Belmar Works"][:2]
+        plan = plan_answer(AnswerPolicy(title_match=True, title_context="first"), q,
+                           retrieved, r, n_ra=2)
+        assert plan.prompt_passages[0].metadata["title"] == "Belmar Works", r
+
+
+def test_candidate_titles_are_runs_of_the_questions_words_in_stored_spellings():
+    from nest_integrations.retrieval.titles import candidate_titles
+
+    got = candidate_titles("Tell me Belmar Works' founding year.")
+    assert "Belmar Works" in got and "belmar works" in got and "Founding year" in got
+    assert got.index("Belmar Works") > got.index("Tell me Belmar Works founding year")  # long first
+    assert "me" not in got and "the" not in candidate_titles("What is the year?")  # function words
+    assert candidate_titles("") == []

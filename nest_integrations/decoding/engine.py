@@ -233,7 +233,6 @@ class NestEngine:
         plan = self.plan(query or question, passages, config=cfg, policy=policy,
                          decoding=decoding)
         stats.time_retrieval = time.perf_counter() - t_start
-        stats.decoding = plan.method.name
         request = _Request(self, prompt, plan, cfg, stats, [s for s in (stop or []) if s],
                            {**self.drafter_options, **(drafter_options or {})})
         as_chat = string_as_chat(self.lm, prompt, self.string_prompts)
@@ -247,7 +246,7 @@ class NestEngine:
         loop.done = True  # flush text held back for stop strings or partial characters
         copied = bool(loop.out.sources) and loop.out.sources[-1] is not None
         yield from self._deltas(loop, copied, (), request.live)
-        result = self._result(loop, plan.method.uses_memory, request.live)
+        result = self._result(loop, loop.method.uses_memory, request.live)
         stats.time_total = time.perf_counter() - t_start
         stats.mean_lambda = loop.lam_sum / loop.lam_n if loop.lam_n else 1.0
         yield StreamChunk(text="", result=result)
@@ -398,7 +397,9 @@ class _Request:
     def loop(self, as_chat: bool, max_new_tokens: int) -> DecodeLoop:
         """A decode loop over the prompt read as chat messages or raw text."""
         engine, plan, cfg, stats = self.engine, self.plan, self.config, self.stats
-        passages, method = plan.passages, plan.method
+        passages = plan.passages
+        method = plan.method_for(as_chat or not isinstance(self.prompt, str))
+        stats.decoding = method.name
         t0 = time.perf_counter()
         memory = engine.build_memory(passages) if passages and method.uses_memory else None
         stats.time_keys += time.perf_counter() - t0

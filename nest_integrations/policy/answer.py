@@ -10,10 +10,12 @@ same name. The policy decides:
 - **the prompt**: ``title_context``: ``"off"`` = the top passages as retrieval ranked them
   (in-context RAG's prompt); ``"first"`` = the named documents' passages, then the other top
   passages; ``"only"`` = the named documents' passages alone when there are any.
-- **the method**: ``decoding`` when the call names none. ``grounded`` decodes every question
-  losslessly against its RA prompt (``rag-copy``: the answer is in-context RAG's, token for
-  token, so no phrasing can make it worse than RAG's); NEST's relaxed copying is the ``copy``
-  preset, or ``decoding="nest"``.
+- **the method**: ``decoding`` when the call names none, ``completion_decoding`` for a prompt
+  completed as raw text (a string the caller asks to continue, not a chat message: the call's
+  form, not its wording). ``grounded`` decodes every chat question losslessly against its RA
+  prompt (``rag-copy``: the answer is in-context RAG's, token for token, so no phrasing can make
+  it worse than RAG's) and continues raw text with NEST's relaxed span copying, where copying
+  the corpus is the task; the ``copy`` preset copies for questions too.
 - **the guards** (``config.Guards``): none under ``paper``.
 """
 
@@ -31,6 +33,7 @@ from nest_integrations.retrieval.titles import (
     first_passages,
     index_of,
     lookup_of,
+    title_of,
 )
 from nest_integrations.types import Passage
 
@@ -49,12 +52,14 @@ class AnswerPolicy:
         title_context: ``"off"``, ``"first"`` or ``"only"``: the named documents' passages in
             the RA prompt (see the module docstring).
         decoding: the method (``drafters.METHODS``) when the call and the engine name none.
+        completion_decoding: the same for a prompt completed as raw text (None: ``decoding``).
         guards: the output guards (``config.Guards``).
     """
 
     title_match: bool = False
     title_context: str = "off"
     decoding: str | None = None
+    completion_decoding: str | None = None
     guards: Guards = field(default_factory=Guards)
 
     def __post_init__(self) -> None:
@@ -64,8 +69,9 @@ class AnswerPolicy:
         if self.title_context not in TITLE_CONTEXTS:
             raise ValueError(f"AnswerPolicy.title_context={self.title_context!r} is invalid: "
                              f"allowed one of {TITLE_CONTEXTS}")
-        if self.decoding is not None:
-            get_method(self.decoding)  # an unknown method fails here, listing the known ones
+        for name in (self.decoding, self.completion_decoding):
+            if name is not None:
+                get_method(name)  # an unknown method fails here, listing the known ones
         if not isinstance(self.guards, Guards):
             raise ValueError("AnswerPolicy.guards must be a config.Guards")
 
@@ -85,9 +91,11 @@ class AnswerPolicy:
             raise ValueError(f"unknown AnswerPolicy field(s): {sorted(unknown)}")
         return dataclasses.replace(self, **changes)
 
-    def method(self, *names: str | None) -> Method:
-        """The first method named in ``names`` (call, engine), else the policy's, else NEST."""
-        name = next((n for n in names if n), None) or self.decoding or FALLBACK_DECODING
+    def method(self, *names: str | None, completion: bool = False) -> Method:
+        """The first method named in ``names`` (call, engine), else the policy's for a chat
+        prompt or (``completion``) a raw-text one, else NEST."""
+        own = (self.completion_decoding or self.decoding) if completion else self.decoding
+        name = next((n for n in names if n), None) or own or FALLBACK_DECODING
         return get_method(name)
 
 
@@ -97,7 +105,7 @@ _GROUNDED_GUARDS = Guards(stop_on_repeat=True, min_citation_words=GROUNDED_MIN_C
 POLICIES: dict[str, AnswerPolicy] = {
     **{name: AnswerPolicy() for name in PRESETS},
     "grounded": AnswerPolicy(title_match=True, title_context="first", decoding="rag-copy",
-                             guards=_GROUNDED_GUARDS),
+                             completion_decoding="nest", guards=_GROUNDED_GUARDS),
     "copy": AnswerPolicy(title_match=True, title_context="first", decoding="nest",
                          guards=_GROUNDED_GUARDS),
 }
@@ -105,14 +113,20 @@ POLICIES: dict[str, AnswerPolicy] = {
 
 @dataclass
 class AnswerPlan:
-    """One request's plan: the method, stage 1's passages (reordered), the RA prompt's
-    passages, the guards, and the titles the question named."""
+    """One request's plan: the method (for a chat prompt; ``completion_method`` for raw text),
+    stage 1's passages (reordered), the RA prompt's passages, the guards, and the titles the
+    question named."""
 
     method: Method
     passages: list[Passage]
     prompt_passages: list[Passage]
     guards: Guards
     matches: list[TitleMatch] = field(default_factory=list)
+    completion_method: Method | None = None
+
+    def method_for(self, as_chat: bool) -> Method:
+        """The method of the prompt as read: chat messages, or raw text to continue."""
+        return self.method if as_chat or self.completion_method is None else self.completion_method
 
 
 def plan_answer(
@@ -127,17 +141,21 @@ def plan_answer(
     """Plan one request (module docstring): ``passages`` are stage 1's, ``n_ra`` the passages
     the RA prompt holds, ``decoding`` the methods the call and the engine name (None = none)."""
     method = policy.method(*decoding)
+    completion = policy.method(*decoding, completion=True)
     retrieved = ranked = list(passages)
     matches: list[TitleMatch] = []
     if policy.title_match and retrieved:
-        index = index_of(retriever, retrieved)
+        index, found = index_of(retriever, retrieved, question)
         matches = index.match(question)
+        lookup = lookup_of(retriever)
+        if found:  # the lookup already ran: its passages serve named_first's
+            lookup = lambda titles, limit: [p for p in found if title_of(p) in titles][:limit]  # noqa: E731
         if matches:
-            ranked = named_first(retrieved, matches, index.titles, lookup_of(retriever))
+            ranked = named_first(retrieved, matches, index.titles, lookup)
     n_ra = n_ra or method.ra_passages
     prompt = prompt_passages(retrieved if policy.title_context == "off" else ranked, n_ra,
                              policy.title_context)
-    return AnswerPlan(method, ranked, prompt, policy.guards, matches)
+    return AnswerPlan(method, ranked, prompt, policy.guards, matches, completion)
 
 
 def named_first(

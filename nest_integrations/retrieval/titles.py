@@ -192,12 +192,42 @@ def first_passages(passages: Sequence[Passage]) -> list[Passage]:
     return list(best.values())
 
 
-def index_of(retriever: Any, retrieved: Sequence[Passage]) -> TitleIndex:
-    """The retriever's collection-wide index (``title_index()``, an optional capability: the
-    Chroma store, the in-memory and hybrid retrievers), else one of the retrieved passages."""
+#: Longest run of question words tried as a title where no index exists (``index_of``).
+CANDIDATE_WORDS = 6
+_EDGE = re.compile(r"^[\W_]+|[\W_]+$", re.UNICODE)
+
+
+def candidate_titles(text: str, max_words: int = CANDIDATE_WORDS) -> list[str]:
+    """Runs of up to ``max_words`` words of ``text`` as a title might be stored: the words as
+    written (edge punctuation and possessives off), and in lower, title and sentence case."""
+    words = [w for w in (_EDGE.sub("", _POSSESSIVE.sub("", t)) for t in str(text).split()) if w]
+    out: list[str] = []
+    for n in range(min(max_words, len(words)), 0, -1):
+        for i in range(len(words) - n + 1):
+            run = words[i : i + n]
+            if all(normalize(w) in STOPWORDS for w in run):
+                continue
+            phrase = " ".join(run)
+            out += [phrase, phrase.lower(), phrase.title(), phrase[:1].upper() + phrase[1:]]
+    return list(dict.fromkeys(out))
+
+
+def index_of(retriever: Any, retrieved: Sequence[Passage], question: str = ""
+             ) -> tuple[TitleIndex, list[Passage]]:  # fmt: skip
+    """The title index to match ``question`` against, and the passages a lookup found.
+
+    The retriever's collection-wide index (``title_index()``: the Chroma store, the in-memory
+    and hybrid retrievers). Else the titles of the retrieved passages, plus those of the
+    stored passages titled with a run of the question's words (``candidate_titles``), found
+    with one ``passages_titled`` call where the retriever has it (a framework vector store with
+    metadata filters)."""
     fn = getattr(retriever, "title_index", None)
     index = fn() if callable(fn) else None
-    return index if index is not None else TitleIndex.from_passages(retrieved)
+    if index is not None:
+        return index, []
+    lookup = lookup_of(retriever)
+    found = list(lookup(candidate_titles(question), LOOKUP_LIMIT)) if lookup and question else []
+    return TitleIndex.from_passages(list(retrieved) + found), found
 
 
 def lookup_of(retriever: Any) -> Any:
@@ -206,5 +236,6 @@ def lookup_of(retriever: Any) -> Any:
     return fn if callable(fn) else None
 
 
-__all__ = ["LOOKUP_LIMIT", "MAX_TITLE_WORDS", "STOPWORDS", "TitleIndex", "TitleMatch",
-           "first_passages", "index_of", "lookup_of", "normalize", "qualifier_base", "title_of"]
+__all__ = ["CANDIDATE_WORDS", "LOOKUP_LIMIT", "MAX_TITLE_WORDS", "STOPWORDS", "TitleIndex",
+           "TitleMatch", "candidate_titles", "first_passages", "index_of", "lookup_of",
+           "normalize", "qualifier_base", "title_of"]

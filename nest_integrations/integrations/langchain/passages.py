@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+import inspect
+
+from typing import Any, Iterable, Mapping, Sequence
 
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
@@ -82,6 +84,29 @@ class LangChainPassageRetriever:
             return [document_to_passage(d, s) for d, s in self._search(query, k)]
         docs = self.source.invoke(query)
         return [document_to_passage(d) for d in docs[:k]]
+
+    def passages_titled(self, titles: Sequence[str], limit: int = 32) -> list[Passage]:
+        """Stored documents whose ``metadata["title"]`` is one of ``titles``, where the vector
+        store can filter by metadata (Chroma's ``get(where=...)``, ``InMemoryVectorStore``'s
+        filter function); else none (the answer policy then matches the retrieved documents'
+        titles only)."""
+        store = self.source if isinstance(self.source, VectorStore) else getattr(
+            self.source, "vectorstore", None)
+        titles = [str(t) for t in titles if str(t)]
+        if store is None or not titles or limit < 1:
+            return []
+        get = getattr(store, "get", None)
+        if callable(get) and "where" in inspect.signature(get).parameters:  # Chroma
+            where = {"title": titles[0]} if len(titles) == 1 else {"title": {"$in": titles}}
+            res = get(where=where, limit=limit, include=["documents", "metadatas"])
+            return [document_to_passage(Document(page_content=text, metadata=meta or {}, id=i))
+                    for i, text, meta in zip(res["ids"], res["documents"], res["metadatas"])]
+        if type(store).__name__ == "InMemoryVectorStore":
+            wanted = set(titles)
+            docs = store.similarity_search(titles[0], k=limit,
+                                           filter=lambda d: d.metadata.get("title") in wanted)
+            return [document_to_passage(d) for d in docs]
+        return []
 
     def _search(self, query: str, k: int) -> list[tuple[Document, float | None]]:
         store = self.source

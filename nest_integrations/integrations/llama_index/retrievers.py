@@ -113,6 +113,28 @@ class LlamaIndexPassageRetriever:
     def retrieve(self, query: str, k: int) -> list[Passage]:
         return [node_to_passage(n) for n in self.nodes(query, k)]
 
+    def passages_titled(self, titles: Sequence[str], limit: int = 32) -> list[Passage]:
+        """Nodes whose ``metadata["title"]`` is one of ``titles``, through the index's metadata
+        filters (an index: anything with ``as_retriever(filters=...)``); none for a bare
+        retriever (the answer policy then matches the retrieved nodes' titles only)."""
+        from llama_index.core.vector_stores import (
+            FilterCondition,
+            MetadataFilter,
+            MetadataFilters,
+        )
+
+        titles = [str(t) for t in titles if str(t)]
+        if isinstance(self.source, BaseRetriever) or not titles or limit < 1:
+            return []
+        filters = MetadataFilters(filters=[MetadataFilter(key="title", value=t) for t in titles],
+                                  condition=FilterCondition.OR)
+        try:
+            nodes = self.source.as_retriever(similarity_top_k=limit,
+                                             filters=filters).retrieve(titles[0])
+        except (NotImplementedError, ValueError, TypeError):  # a store without filters
+            return []
+        return [node_to_passage(n) for n in nodes[:limit]]
+
 
 def as_passage_retriever(source: Any) -> Any:
     """A ``PassageRetriever`` from ours or from a LlamaIndex retriever/index."""

