@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from nest_integrations.core.tokens import cut_at_eos
 from nest_integrations.drafters.base import LOSSLESS, DecodeState, Draft, DrafterContext, Method
 from nest_integrations.drafters.corpus import (
     CorpusOptions,
     check_at_least,
     corpus_draft,
-    cut_at_eos,
     datastore_of,
     parse_options,
 )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nest_integrations.core.tokens import cut_at_eos
 from nest_integrations.drafters.base import (
     LOSSLESS,
     DecodeState,
@@ -26,7 +27,6 @@ from nest_integrations.drafters.base import (
 from nest_integrations.drafters.corpus import (
     AdaptiveLength,
     NgramOptions,
-    cut_at_eos,
     find_ngram,
     parse_options,
 )
