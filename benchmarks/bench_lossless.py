@@ -39,11 +39,10 @@ from nest_integrations.config import NestConfig  # noqa: E402
 from nest_integrations.dresd import (  # noqa: E402
     DresdDatastore,
     PassageSource,
-    PromptSource,
     build_datastore,
     default_datastore_path,
-    read_prompts,
 )
+from nest_integrations.builders.dresd_responses import PromptSource, read_prompts  # noqa: E402
 from nest_integrations.decoding.engine import NestEngine  # noqa: E402
 from nest_integrations.index.in_memory_store import InMemoryKeyStore  # noqa: E402
 from nest_integrations.lm.hf import HFLanguageModel  # noqa: E402

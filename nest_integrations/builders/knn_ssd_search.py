@@ -1,7 +1,7 @@
 """Skip-set search (spec §3.4): Bayesian optimisation over the 2L sublayer switches.
 
 ``optuna``'s TPE sampler (seed 42) proposes a skip/keep switch per attention and MLP sublayer;
-each trial runs exact greedy self-speculative decoding (``selfspec.self_speculative_generate``)
+each trial runs exact greedy self-speculative decoding (``knn_ssd_selfspec.self_speculative_generate``)
 on the domain's search prompts and returns its speed-up over plain decoding. Known-good shapes
 are probed first (``SEED_SETS``), as the Draft & Verify recipe allows.
 
@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from nest_integrations.knn_ssd.profile import update_profile
-from nest_integrations.knn_ssd.selfspec import (
+from nest_integrations.builders.knn_ssd_selfspec import (
     DEFAULT_MAX_DRAFT,
     DEFAULT_THRESHOLD,
     SpecStats,
