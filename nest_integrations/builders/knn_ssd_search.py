@@ -176,14 +176,8 @@ class SearchResult:
 
 
 def search_skip_set(
-    lm: Any,
-    domain: str,
-    texts: Sequence[str],
-    *,
-    trials: int = 40,
-    n_prompts: int = 4,
-    max_new_tokens: int = 24,
-    prompt_tokens: int = 96,
+    lm: Any, domain: str, texts: Sequence[str], *, trials: int = 40, n_prompts: int = 4,
+    max_new_tokens: int = 24, prompt_tokens: int = 96,
     objective: str = "model",
     profile: str | None = None,
     storage_dir: str | Path | None = None,
