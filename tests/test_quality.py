@@ -131,7 +131,7 @@ def test_open_ended_metrics():
 def test_the_default_routes_exactly_the_entity_questions_as_facts(qset):
     """``grounded``'s ``fact_decoding`` fires on every entity question and on no completion or
     open-ended prompt, so on those the default's code path is the relaxed one (what
-    ``benchmarks/quality.py``'s composed ``default`` row relies on)."""
+    ``python -m benchmarks.quality``'s composed ``default`` row relies on)."""
     from nest_integrations.core.question import asks_for_fact
 
     for q in qset.questions:
@@ -143,7 +143,7 @@ def test_title_match_reads_an_entity_from_every_question_but_the_completions(qse
     """``NestConfig.title_match`` needs the question's entity: every entity question and
     open-ended prompt names one (their gold document's title), no completion prompt does, so
     on completions the default's retrieval and prompt are the dense ones (what lets
-    ``benchmarks/quality.py`` compare runs made before and after the title match there)."""
+    ``python -m benchmarks.quality`` compare runs made before and after the title match there)."""
     from nest_integrations.core.question import question_entities, question_entity
     from nest_integrations.retrieval.titles import norm_title
 
