@@ -43,7 +43,8 @@ from __future__ import annotations
 
 from nest_integrations.attribution.attributor import Attributor, attribute
 from nest_integrations.attribution.config import DEFAULT_THRESHOLDS, SCORERS, AttributionConfig
-from nest_integrations.attribution.results import VERDICTS, Attribution, SentenceAttribution
+from nest_integrations.attribution.results import VERDICTS as VERDICTS  # the verdict names
+from nest_integrations.attribution.results import Attribution, SentenceAttribution
 from nest_integrations.attribution.splitting import split_sentences, split_units, word_tokens
 from nest_integrations.attribution.streaming import SentenceStream
 from nest_integrations.types import UnsupportedSentence

@@ -27,7 +27,7 @@ class AttributionConfig:
     Attributes:
         min_verbatim_tokens: shortest verbatim run cited, in tokens of the tokenizer used. 6:
             the shortest run (word tokens) that cites nothing in sentences of unrelated
-            documents and in 1% of fabricated ones (5: 3%; bench_attribution.py).
+            documents and in 1% of fabricated ones (5: 3%; ``benchmarks/attribution.py``).
         support_threshold: lowest support score; None = ``DEFAULT_THRESHOLDS[scorer]``.
         scorer: ``"embedding"``, ``"keys"``, ``"combined"`` or ``"fuzzy"`` (module docstring).
         check_values: a candidate counts (else its score is 0) only when its passage holds

@@ -63,7 +63,7 @@ def value_overlap(
     """Per (unit, candidate): 1 when the candidate's passage holds every value of the unit
     and the candidate sentence itself every quoted term (or the unit has none), else 0. All
     or nothing: with a share, one wrong value among a long sentence's many names lowered the
-    score by too little to matter (dev split of ``bench_attribution.py``). Numbers must
+    score by too little to matter (dev split of ``benchmarks/attribution.py``). Numbers must
     appear as they are; a name may differ in its ending ("Persian" / "Persia": the first
     ``max(5, len - 3)`` letters). A quoted term must be in the sentence, not just the passage:
     a topic that lists "|" and "^" does not support "the "|" operator yields the XOR"."""

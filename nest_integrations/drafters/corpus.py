@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence, TypeVar
 
-from nest_integrations.core.tokens import cut_at_eos
 from nest_integrations.drafters.base import DecodeState, Draft, DrafterContext, Source
 
 T = TypeVar("T")

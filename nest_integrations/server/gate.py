@@ -8,7 +8,7 @@ disconnects (or a caller that stops iterating) ends the generation at the next c
 and the slot passes to the next request as soon as the worker returns.
 
 Batching several requests into one forward pass is not done. Measured on a 2-core CPU
-(``benchmarks/bench_server.py --probe-batching``): batching 4 sequences makes a 64-token pass
+(``python -m benchmarks.server --probe-batching``): batching 4 sequences makes a 64-token pass
 (prefill, NEST verification) only ~1.3x cheaper per sequence, and NEST answers are mostly such
 passes (0.05-0.15 forward passes per token); it would pay for token-by-token modes (~2.2x per
 decode step), at the cost of ragged prompts and per-request token memories and drafts.

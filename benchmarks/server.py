@@ -15,16 +15,14 @@ batch). Target (reported, not asserted): serving overhead <= 10% at concurrency 
 
 Writes ``benchmarks/results/server.json`` and ``server.md``. Usage::
 
-    python benchmarks/bench_server.py                              # 6/8/16 requests at c=1/4/16
-    python benchmarks/bench_server.py --requests 4 --max-tokens 24 # quicker
+    python -m benchmarks.server                              # 6/8/16 requests at c=1/4/16
+    python -m benchmarks.server --requests 4 --max-tokens 24 # quicker
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import platform
 import socket
 import subprocess
 import sys
@@ -32,13 +30,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-os.environ.setdefault("NEST_HOME", str(REPO / ".nest"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
+from benchmarks import harness
 
 QUESTIONS = [
     "How does the assert statement work in Python?",
@@ -184,7 +178,7 @@ def start_server(store: Path, collection: str, threads: int) -> tuple[subprocess
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(harness.REPO)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "nest_integrations.cli", "serve", "--persist-dir", str(store),
          "--collection", collection, "--port", str(port), "--max-queue", "32",
@@ -275,11 +269,9 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
         "# `nest serve` vs the same engine in-process",
         "",
-        f"Command: `{meta['command']}`",
-        "",
         f"Setting: {meta['documents']} sample documents ({meta['passages']} passages), "
         f"SmolLM2-135M-Instruct, `paper` preset (greedy), {meta['max_tokens']} new tokens per "
-        f"chat question, streamed, {meta['threads']} torch thread(s), {meta['machine']}. "
+        f"chat question, streamed, {meta['threads']} torch thread(s). "
         "One generation at a time in both (the server's gate; a lock in-process); "
         "concurrency = client threads.",
         "",
@@ -315,8 +307,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description="nest serve vs in-process: TTFT, latency, tokens/s")
+def main(argv: Sequence[str] | None = None) -> int:
+    p = harness.parser("benchmarks.server", "nest serve vs in-process: TTFT, latency, tokens/s")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--requests", type=int, default=6,
                    help="requests per setting (at least the concurrency; default 6)")
@@ -325,23 +317,18 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads (both paths)")
     p.add_argument("--persist-dir", default=None, help="use this store instead of a fresh one")
     p.add_argument("--collection", default="bench-serve")
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     p.add_argument("--probe-batching", action="store_true",
-                   help="only time batch-1 vs batch-4 forwards; append them to server.md")
-    args = p.parse_args()
+                   help="only time batch-1 vs batch-4 forwards (server_batching.md)")
+    args, run = harness.start(p, argv)
 
     import torch
 
     torch.set_num_threads(args.threads)
     if args.probe_batching:
         probe = batch_probe()
-        md = Path(args.out) / "server.md"
-        text = md.read_text() if md.exists() else ""
-        text = text.split("## Would batching pay?")[0].rstrip("\n") + "\n\n"
-        md.write_text(text + batch_markdown(probe))
-        print(batch_markdown(probe))
+        harness.write_result(args.out, "server_batching", probe,
+                             "# Batch-1 vs batch-4 forwards\n\n" + batch_markdown(probe), run)
         return 0
-    load0 = os.getloadavg()[0]
     from nest_integrations import assembly
 
     tmp = tempfile.TemporaryDirectory(prefix="bench-serve-")
@@ -372,20 +359,14 @@ def main() -> int:
         proc.terminate()
         proc.wait(30)
     meta = {
-        "command": "python benchmarks/bench_server.py " + " ".join(sys.argv[1:]),
         "documents": stats.get("documents", "?"),
         "passages": stats.get("passages", "?"),
         "max_tokens": args.max_tokens,
         "threads": args.threads,
         "concurrency": args.concurrency,
-        "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores (shared), load average "
-        f"{load0:.1f} at the start and {os.getloadavg()[0]:.1f} at the end",
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "server.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    (out / "server.md").write_text(markdown(rows, meta))
-    print(markdown(rows, meta))
+    harness.write_result(args.out, "server", {"meta": meta, "rows": rows}, markdown(rows, meta),
+                         run)
     return 0
 
 

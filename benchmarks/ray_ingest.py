@@ -8,58 +8,49 @@ Both sides encode the token keys of the same passages of the shipped sample corp
   single-threaded actor per CPU; timed without and with the Ray start-up.
 
 The two stores are then compared (same passages and tokens, max key difference) and the
-figures printed and written to ``benchmarks/results/ray_ingest.md``.
+figures written to ``benchmarks/results/ray_ingest.md`` (and ``.json``).
 
 Usage::
 
-    NEST_HOME=.nest HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_ray_ingest.py \
-        --passages 200 --workers 2 --threads 1,2
+    python -m benchmarks.ray_ingest --passages 200 --workers 2 --threads 1,2
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
-import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from nest_integrations.index.keys import ensure_keys  # noqa: E402
-from nest_integrations.index.store import DiskKeyStore  # noqa: E402
-from nest_integrations.ingest import (  # noqa: E402
-    load_documents,
-    sample_corpus_inputs,
-    split_documents,
-    token_counter_for,
-)
-from nest_integrations.lm.hf import HFLanguageModel  # noqa: E402
-
-RESULTS = REPO / "benchmarks" / "results" / "ray_ingest.md"
+from benchmarks import harness
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = harness.parser("benchmarks.ray_ingest", __doc__)
     ap.add_argument("--passages", type=int, default=300)
     ap.add_argument("--workers", type=int, default=2, help="Ray actors (= CPUs of the instance)")
     ap.add_argument(
         "--threads", default="1,2", help="torch threads of the single-process runs (comma list)"
     )
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    args = ap.parse_args()
+    args, run = harness.start(ap, argv)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     logging.basicConfig(level=logging.WARNING)
 
+    import numpy as np
     import ray
+    import torch
+
+    from nest_integrations.index.keys import ensure_keys
+    from nest_integrations.index.store import DiskKeyStore
+    from nest_integrations.ingest import (
+        load_documents,
+        sample_corpus_inputs,
+        split_documents,
+        token_counter_for,
+    )
+    from nest_integrations.lm.hf import HFLanguageModel
 
     from nest_integrations.ingest.ray_keys import encode_keys_on_ray
 
@@ -67,7 +58,6 @@ def main() -> None:
     docs, _ = load_documents(sample_corpus_inputs())
     passages = split_documents(docs, token_counter_for(lm))[: args.passages]
     tmp = Path(tempfile.mkdtemp(prefix="bench-ray-"))
-    load = os.getloadavg()
 
     singles = []
     for threads in [int(x) for x in args.threads.split(",")]:
@@ -101,25 +91,17 @@ def main() -> None:
         diff = max(diff, float(np.abs(x.keys.astype(np.float32) - y.keys.astype(np.float32)).max()))
 
     rows = [
-        *[(f"single process, ensure_keys", f"1 process x {n} torch thread(s)", s, la)
+        *[("single process, ensure_keys", f"1 process x {n} torch thread(s)", s, la)
           for n, s, la in singles],
         ("Ray, encoding run", f"{result.workers} actors x 1 thread", t_ray, load_ray),
         ("Ray, incl. `ray.init`", f"{result.workers} actors x 1 thread", t_ray + t_init, load_ray),
     ]  # fmt: skip
     best = min(s for _, s, _ in singles)
-    cmd = (
-        "NEST_HOME=.nest HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_ray_ingest.py "
-        f"--passages {args.passages} --workers {args.workers} --threads {args.threads}"
-    )
     lines = [
         "# Ray ingest vs single-process key encoding",
         "",
-        f"Command: `{cmd}`",
-        "",
-        f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
-        f"shared (load average {load[0]:.1f} at the start); model SmolLM2-135M-Instruct fp32 "
-        f"on CPU; {len(passages)} passages of the sample corpus, {tokens:,} tokens; "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        f"Model SmolLM2-135M-Instruct fp32 on CPU; {len(passages)} passages of the sample "
+        f"corpus, {tokens:,} tokens.",
         "",
         "| run | workers | seconds | tokens/s | load avg after |",
         "|---|---|---:|---:|---:|",
@@ -136,10 +118,12 @@ def main() -> None:
         f"offsets); largest key difference {diff:.2e} (fp16 storage).",
     ]
     lines += ["", "## Reading", "", *READING]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    summary = {"passages": len(passages), "tokens": tokens, "workers": result.workers,
+               "single": [{"threads": n, "seconds": s, "load": la} for n, s, la in singles],
+               "ray_s": t_ray, "ray_init_s": t_init, "stores_equal": bool(same),
+               "max_key_diff": diff}
+    harness.write_result(args.out, "ray_ingest", summary, "\n".join(lines) + "\n", run)
+    return 0
 
 
 READING = [
@@ -163,4 +147,4 @@ READING = [
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

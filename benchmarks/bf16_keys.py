@@ -12,28 +12,24 @@ held-out sample texts (the last ones), from each model's own forward. Reported:
 - the RRC lambda (default alpha, tau; r = 1024) of each case against the reference;
 - passage-encoding speed of each dtype (ingest's key encoding).
 
-Usage: python benchmarks/bench_bf16_keys.py [--memory-tokens 5000] [--query-texts 12]
+Usage: python -m benchmarks.bf16_keys [--memory-tokens 5000] [--query-texts 12]
 (about 1-2 minutes on 2 cores). Results: benchmarks/results/bf16_keys.md.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import time
+from typing import Sequence
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from nest_integrations.config import NestConfig  # noqa: E402
-from nest_integrations.lm import backend  # noqa: E402
-from nest_integrations.lm.hf import HFLanguageModel  # noqa: E402
-
-SAMPLE = os.path.join(os.path.dirname(__file__), "..", "nest_integrations", "data", "sample",
-                      "wikipedia.jsonl")
+from benchmarks import harness
+from benchmarks.harness.prompts import SAMPLE_LEADS as SAMPLE
+from nest_integrations.config import NestConfig
+from nest_integrations.lm import backend
+from nest_integrations.lm.hf import HFLanguageModel
 
 
 def topk(q: torch.Tensor, mem: torch.Tensor, r: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,11 +45,11 @@ def recall(a: torch.Tensor, b: torch.Tensor) -> float:
                           for x, y in zip(a, b)]))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = harness.parser("benchmarks.bf16_keys", __doc__)
     ap.add_argument("--memory-tokens", type=int, default=5000)
     ap.add_argument("--query-texts", type=int, default=12)
-    args = ap.parse_args()
+    args, run = harness.start(ap, argv)
     threads = backend.configure_threads()
     texts = [json.loads(line)["text"] for line in open(SAMPLE, encoding="utf-8")]
     lms = {name: HFLanguageModel.from_default(dtype=name) for name in ("fp32", "bf16")}
@@ -80,6 +76,7 @@ def main() -> None:
     qcos = torch.nn.functional.cosine_similarity(qs["fp32"], qs["bf16"], dim=-1)
     cfg = NestConfig()
     lines = [
+        "# Token keys encoded in fp32 and in bf16", "",
         f"memory: {len(passages)} passages, {n} tokens; queries: {len(qs['fp32'])} token states "
         f"of {len(queries)} held-out texts; torch threads {threads}",
         "",
@@ -120,8 +117,11 @@ def main() -> None:
     lines.append(f"passage encoding ({n} tokens): fp32 {secs['fp32']:.2f} s "
                  f"({n / secs['fp32']:.0f} tok/s), bf16 {secs['bf16']:.2f} s "
                  f"({n / secs['bf16']:.0f} tok/s): {secs['fp32'] / secs['bf16']:.2f}x")
-    print("\n".join(lines))
+    summary = {"passages": len(passages), "tokens": n, "encode_s": secs,
+               "cosine_mean": float(cos.mean()), "query_cosine_mean": float(qcos.mean())}
+    harness.write_result(args.out, "bf16_keys", summary, "\n".join(lines) + "\n", run)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -19,40 +19,34 @@ document is not in the memory.
 
 Run (about 10-15 min on 2 busy cores)::
 
-    NEST_HOME=.nest HF_HUB_OFFLINE=1 ANONYMIZED_TELEMETRY=False \
-        .venv/bin/python benchmarks/bench_key_codecs.py
+    python -m benchmarks.key_codecs
 
 Writes ``benchmarks/results/key_codecs.md`` (and ``.json``).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import platform
 import random
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from nest_integrations.calibrate import split_corpus  # noqa: E402
-from nest_integrations.calibrate.fitting import ALPHAS, MU_MULTIPLES, TAUS  # noqa: E402
-from nest_integrations.calibrate.scoring import ScoredText as _Scored  # noqa: E402
-from nest_integrations.calibrate.scoring import ScorePool as _Pool  # noqa: E402
-from nest_integrations.config import NestConfig  # noqa: E402
-from nest_integrations.core.token_memory import TokenMemory  # noqa: E402
-from nest_integrations.index import codecs  # noqa: E402
-from nest_integrations.index.keys import encode_keys  # noqa: E402
-from nest_integrations.index.store import DiskKeyStore  # noqa: E402
+from benchmarks import harness
+from nest_integrations.calibrate import split_corpus
+from nest_integrations.calibrate.fitting import ALPHAS, MU_MULTIPLES, TAUS
+from nest_integrations.calibrate.scoring import ScoredText as _Scored
+from nest_integrations.calibrate.scoring import ScorePool as _Pool
+from nest_integrations.config import NestConfig
+from nest_integrations.core.token_memory import TokenMemory
+from nest_integrations.index import codecs
+from nest_integrations.index.keys import encode_keys
+from nest_integrations.index.store import DiskKeyStore
 
 CODECS = [("fp16", {}), ("int8", {}), ("pq", {}), ("pq", {"m": 144})]
 
@@ -86,14 +80,14 @@ def _ns_bytes(store: DiskKeyStore) -> int:
 
 
 @torch.inference_mode()
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", type=int, default=30000, help="corpus subset size in tokens")
-    ap.add_argument("--texts", type=int, default=12, help="texts in-corpus and held-out each")
-    ap.add_argument("--gen-texts", type=int, default=6, help="of those, generated from")
-    ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "key_codecs.md"))
-    args = ap.parse_args()
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = harness.parser("benchmarks.key_codecs", __doc__)
+    for flag, default, what in (("--tokens", 30000, "corpus subset size in tokens"),
+                                ("--texts", 12, "texts in-corpus and held-out each"),
+                                ("--gen-texts", 6, "of those, generated from"),
+                                ("--new-tokens", 32, "tokens generated per text")):
+        ap.add_argument(flag, type=int, default=default, help=what)
+    args, run = harness.start(ap, argv)
     torch.set_num_threads(1)
     t_all = time.perf_counter()
     from nest_integrations.decoding.engine import NestEngine
@@ -234,9 +228,10 @@ def main() -> int:
         "n_passages": cfg.n_passages, "texts": {"in": len(in_texts), "out": len(out_texts)},
         "gen_texts_each": args.gen_texts, "new_tokens": args.new_tokens,
         "encode_seconds": t_enc, "total_seconds": time.perf_counter() - t_all,
-        "machine": platform.platform(), "torch_threads": 1,
+        "torch_threads": 1,
     }
-    _write(Path(args.out), res, meta)
+    harness.write_result(args.out, "key_codecs", {"meta": meta, "results": res},
+                         _markdown(res, meta), run)
     return 0
 
 
@@ -264,19 +259,17 @@ def _calibrated(scored: list[_Scored], key_dim: int) -> dict:
             "cal_feasible": bool(feasible)}
 
 
-def _write(out: Path, res: dict, meta: dict) -> None:
+def _markdown(res: dict, meta: dict) -> str:
     fp = res["fp16"]
     lines = [
-        "# Key codecs: size and quality (issue 15 part 2)",
+        "# Key codecs: size and quality",
         "",
-        "Produced by `benchmarks/bench_key_codecs.py` (run once; figures below are from that "
-        "run). " + meta["corpus"] + f"; model {meta['model']} (d={meta['key_dim']}); "
+        meta["corpus"] + f"; model {meta['model']} (d={meta['key_dim']}); "
         f"r = n_neighbors = {meta['n_neighbors']}, b = {meta['n_passages']} BM25 passages per "
         f"text; {meta['texts']['in']} in-corpus and {meta['texts']['out']} held-out texts "
         "scored teacher-forced (split of `nest calibrate`), "
         f"{meta['gen_texts_each']} of each generated from ({meta['new_tokens']} new tokens, "
-        f"default `NestConfig()`). Total {meta['total_seconds']:.0f} s on {meta['machine']}, "
-        "1 torch thread.",
+        f"default `NestConfig()`), 1 torch thread.",
         "",
         "| codec | bytes/key (codes) | bytes/token on disk | vs fp16 | without tables (at scale) | recall@r in / out "
         "| λ teacher-forced in / out | λ generation in / out | accepted/verify in / out "
@@ -303,16 +296,8 @@ def _write(out: Path, res: dict, meta: dict) -> None:
         "",
         f"Base LM p_M-free perplexity on the same tokens: in {fp['ppl_base_in']:.3f}, held-out "
         f"{fp['ppl_base_out']:.3f} ({fp['n_tokens_in']} / {fp['n_tokens_out']} scored tokens).",
-        "",
-        "```json",
-        json.dumps({"meta": meta, "results": res}, indent=1),
-        "```",
-        "",
     ]
-    text = "\n".join(lines)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text, encoding="utf-8")
-    print(text)
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -41,50 +41,45 @@ Scorers: ``fuzzy`` (difflib), ``fuzzy-rapidfuzz`` (``rapidfuzz`` partial ratio, 
 extra), ``embedding``, ``keys``, ``combined``; ``-novalues`` runs one without the value check
 (``fuzzy-novalues`` is the plain string match of LangChain's recipes).
 
-    python benchmarks/bench_attribution.py --per-corpus 60        # all scorers, ~15 min here
-    python benchmarks/bench_attribution.py --scorers embedding,fuzzy --per-corpus 60
+    python -m benchmarks.attribution --per-corpus 60        # all scorers, ~15 min here
+    python -m benchmarks.attribution --scorers embedding,fuzzy --per-corpus 60
 
 Writes ``benchmarks/results/attribution.md``, ``attribution.json`` and ``attribution_pr.png``.
+The cost of ``NestConfig(attribute=True)`` in an answer is ``python -m
+benchmarks.attribution_overhead``.
 
 ``--answers JSONL`` instead attributes the closed-question answers that
-``benchmarks/quality.py`` recorded (``attribute_answers``: the flag rates of wrong and right
+``python -m benchmarks.quality`` recorded (``attribute_answers``: the flag rates of wrong and right
 answers per system), with the stores quality.py generated from (``--persist-dir``,
 ``--store-dir``; default under ``$NEST_HOME``), and writes
 ``results/attribution_answers_<stem>.md``:
 
-    python benchmarks/bench_attribution.py --answers benchmarks/results/quality_test.jsonl \\
+    python -m benchmarks.attribution --answers benchmarks/results/quality_test.jsonl \\
         --answers-systems rag,base
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import random
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-os.environ.setdefault("NEST_HOME", str(REPO / ".nest"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
-
-from nest_integrations.attribution import (  # noqa: E402
+from benchmarks import harness
+from nest_integrations.attribution import (
     AttributionConfig,
     Attributor,
     split_sentences,
     word_tokens,
 )
-from nest_integrations.types import Passage  # noqa: E402
+from nest_integrations.types import Passage
 
-RESULTS = REPO / "benchmarks" / "results"
+REPO, RESULTS = harness.REPO, harness.RESULTS
 NEGATIVE_KINDS = ("wrong_value", "unrelated", "fabricated")
 CORPORA = ("entities", "wiki", "pydoc")
 
@@ -509,7 +504,7 @@ def verbatim_sweep(items: list[Item], lengths: range) -> list[dict[str, Any]]:
 
 
 def generator_answers(path: Path, attributor: Attributor, systems: tuple[str, ...]) -> dict:
-    """Attribute the recorded answers of ``benchmarks/qa_dev.py`` (``qa_dev.jsonl``: the
+    """Attribute the recorded answers of the grounded-QA dev set (``qa_dev.jsonl``: the
     embedded model without retrieval, ``base``, and RAG greedy, ``rag``) to the top-4 BM25
     passages of their question, and relate the verdicts to the QA metric's correctness. An
     answer is **flagged** when a sentence is unsupported, or every cited passage belongs to
@@ -519,8 +514,7 @@ def generator_answers(path: Path, attributor: Attributor, systems: tuple[str, ..
 
     corpus = generate_corpus(seed=0)
     retriever = InMemoryRetriever([_doc_passage(d.id, d.text, d.name) for d in corpus.documents])
-    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
-               if line.strip()]
+    records = harness.read_jsonl(path)
     out: dict[str, Any] = {}
     for system in systems:
         rows = []
@@ -579,7 +573,7 @@ def _flagged_sentences(a: Any, gold_doc_id: str | None, attributor: Attributor) 
 
 
 def answer_retrieval(persist_dir: Path | None, store_dir: Path | None) -> Any:
-    """``retrieve(source, question, k)`` with the retrievers ``benchmarks/quality.py``
+    """``retrieve(source, question, k)`` with the retrievers ``python -m benchmarks.quality``
     generated with, per question source: the entity collection (``--build``:
     ``$NEST_HOME/quality``) for ``entities-hard``, the default sample store
     (``$NEST_HOME/store``) for ``wiki`` and ``pydoc``; opened the way the engine opens them
@@ -609,8 +603,7 @@ def attribute_answers(
     records: list[dict[str, Any]], attributor: Attributor, retrieve: Any, k: int,
     systems: list[str] | None = None, recorded_k: int = 8,
 ) -> dict[str, Any]:
-    """Attribute recorded closed-question answers (``benchmarks/quality.py``'s or
-    ``qa_dev.py``'s JSONL: ``question``, ``system``, ``text``, ``correct``, ``gold_doc_id``,
+    """Attribute recorded closed-question answers (``python -m benchmarks.quality``'s JSONL: ``question``, ``system``, ``text``, ``correct``, ``gold_doc_id``,
     ``source``) to the top ``k`` passages the same retrieval gives their question
     (``retrieve(source, question, k)``), and relate the flags to the QA metric. An answer is
     **flagged** when one of its sentences is unsupported, or supported only by another
@@ -679,11 +672,11 @@ def render_answers(r: dict[str, Any]) -> str:
         return f"{v:.0%}" + (f" ({ci[0]:.0%}-{ci[1]:.0%})" if ci else "")
 
     lines = [f"# Attribution of recorded answers: `{r['records']}`", "",
-             f"Command: `NEST_THREADS=1 {r['command'].strip()}` ({r['total_s']:.0f} s). Scorer "
+             "Scorer "
              f"`{r['scorer']}` at its dev-chosen threshold {r['threshold']:.4f} "
              "(`attribution.DEFAULT_THRESHOLDS`, chosen on the labelled set's dev split, never on "
              f"these answers); passages: the top {r['k']} of the retrieval the generator used "
-             "(`benchmarks/quality.py`'s stores). Flagged: a sentence unsupported, or supported "
+             "(`python -m benchmarks.quality`'s stores). Flagged: a sentence unsupported, or supported "
              "only by a document other than the question's gold one. Targets (issue 23): "
              ">= 60% of wrong answers flagged, <= 15% of right ones. 95% Wilson intervals. "
              f"The retrieval gives the recorded gold rank on {r['retrieval']['same_gold_rank']} "
@@ -710,12 +703,10 @@ def render_answers(r: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def answers_main(args: Any, argv: list[str] | None) -> int:
+def answers_main(args: Any, run: harness.Run) -> int:
     """``--answers PATH``: attribute recorded answers (``attribute_answers``)."""
-    t0 = time.perf_counter()
     path = Path(args.answers)
-    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
-               if line.strip()]
+    records = harness.read_jsonl(path)
     retrieve = answer_retrieval(args.persist_dir, args.store_dir)
     cfg = AttributionConfig(scorer=args.answers_scorer)
     from nest_integrations.embeddings import shared_embedder
@@ -737,14 +728,9 @@ def answers_main(args: Any, argv: list[str] | None) -> int:
     report = {"records": str(shown),
               "scorer": cfg.scorer, "threshold": cfg.threshold, "k": args.answers_k,
               "systems": res, "retrieval": retrieval,
-              "sources": sorted({s for g in res.values() for s in g["by_source"]}),
-              "command": "python benchmarks/bench_attribution.py "
-              + " ".join(argv if argv is not None else sys.argv[1:]),
-              "total_s": time.perf_counter() - t0}
-    out = Path(args.answers_out or RESULTS / f"attribution_answers_{path.stem}")
-    Path(str(out) + ".json").write_text(json.dumps(report, indent=1), encoding="utf-8")
-    Path(str(out) + ".md").write_text(render_answers(report), encoding="utf-8")
-    print(f"wrote {out}.md", flush=True)
+              "sources": sorted({s for g in res.values() for s in g["by_source"]})}
+    stem = args.answers_out or f"attribution_answers_{path.name.split('.')[0]}"
+    harness.write_result(args.out, stem, report, render_answers(report), run)
     return 0
 
 
@@ -795,8 +781,8 @@ def plot_curves(scorers: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = harness.parser("benchmarks.attribution", __doc__)
     ap.add_argument("--per-corpus", type=int, default=100,
                     help="questions (entities), documents (wiki) and positives (pydoc) per "
                          "corpus")
@@ -804,38 +790,38 @@ def main(argv: list[str] | None = None) -> int:
                     default="fuzzy,fuzzy-rapidfuzz,fuzzy-novalues,fuzzy-rapidfuzz-novalues,"
                             "embedding,embedding-novalues,keys,combined")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(RESULTS / "attribution"))
     ap.add_argument("--qa-records", default=str(RESULTS / "qa_dev.jsonl"),
-                    help="recorded qa_dev.py outputs whose base/rag answers are attributed")
+                    help="recorded grounded-QA dev answers (base, rag) that are attributed "
+                    "(`python -m benchmarks.quality --set entities --stem qa_dev`; read "
+                    "gzipped when only <path>.gz exists)")
     ap.add_argument("--dev-precision", type=float, default=DEV_PRECISION,
                     help="the threshold rule: the lowest threshold with at least this DEV "
                          "support precision (else the best dev F1); never chosen on test")
     ap.add_argument("--answers", default=None, metavar="JSONL",
                     help="instead of the labelled set: attribute the closed-question answers "
-                         "recorded by benchmarks/quality.py (e.g. results/quality_test.jsonl)")
+                         "recorded by python -m benchmarks.quality (e.g. results/quality_test.jsonl)")
     ap.add_argument("--answers-systems", default="",
                     help="systems of --answers to attribute (default: all)")
     ap.add_argument("--answers-k", type=int, default=AttributionConfig().k,
                     help="passages per question (the top of the generator's retrieval)")
     ap.add_argument("--answers-scorer", default="embedding")
     ap.add_argument("--answers-out", default=None,
-                    help="output stem (default results/attribution_answers_<records stem>)")
+                    help="output stem (default attribution_answers_<records stem>)")
     ap.add_argument("--persist-dir", type=Path, default=None,
                     help="quality.py's entity store (default $NEST_HOME/quality)")
     ap.add_argument("--store-dir", type=Path, default=None,
                     help="the sample store (default $NEST_HOME/store)")
-    args = ap.parse_args(argv)
+    args, run = harness.start(ap, argv)
     import torch
 
     torch.set_num_threads(int(os.environ.get("NEST_THREADS", "1")))  # 2 threads on 2 busy
     # cores made MiniLM 25x slower here (thread contention)
     if args.answers:
-        return answers_main(args, argv)
+        return answers_main(args, run)
     from nest_integrations.embeddings import shared_embedder
 
     rng = random.Random(args.seed)
     embedder = shared_embedder()
-    load0 = os.getloadavg()
     t0 = time.perf_counter()
     items = (entity_items(args.per_corpus, rng) + wiki_items(args.per_corpus, rng, embedder)
              + pydoc_items(args.per_corpus, rng, embedder))
@@ -897,35 +883,27 @@ def main(argv: list[str] | None = None) -> int:
               f"R {m['unsupported_recall']:.3f}  {res['ms_per_sentence']:.1f} ms/sentence",
               flush=True)
     report["curve_comparison"] = curve_comparison(report["scorers"])
-    plot_curves(report["scorers"], Path(args.out + "_pr.png"))
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    plot_curves(report["scorers"], Path(args.out) / "attribution_pr.png")
     qa = Path(args.qa_records)
-    if qa.is_file() and "embedding" in report["scorers"]:
+    if (qa.is_file() or qa.with_name(qa.name + ".gz").is_file()) and "embedding" in report[
+            "scorers"]:
         cfg = AttributionConfig(support_threshold=report["scorers"]["embedding"]["threshold"])
         report["generators"] = generator_answers(qa, Attributor(cfg, embedder=embedder),
                                                  ("base", "rag"))
         report["generators_source"] = str(qa.relative_to(REPO) if qa.is_relative_to(REPO) else qa)
         for system, g in report["generators"].items():
             print(f"{system}: {g}", flush=True)
-    report["load_before"] = load0
-    report["load_after"] = os.getloadavg()
-    report["cores"] = os.cpu_count()
-    report["command"] = "python benchmarks/bench_attribution.py " + " ".join(argv or sys.argv[1:])
-    report["total_s"] = time.perf_counter() - t0
-    Path(args.out + ".json").write_text(json.dumps(report, indent=1), encoding="utf-8")
-    Path(args.out + ".md").write_text(render(report), encoding="utf-8")
-    print(f"wrote {args.out}.md", flush=True)
+    harness.write_result(args.out, "attribution", report, render(report), run)
     return 0
 
 
 def render(r: dict[str, Any]) -> str:
     lines = [
-        "# Attribution of any text (issue 23)",
+        "# Attribution of any text",
         "",
-        f"Command: `NEST_THREADS=1 {r['command'].strip()}` ({r['total_s']:.0f} s). Machine: "
-        f"{r['cores']} CPU "
-        f"cores, load average {r['load_before'][0]:.1f} before / {r['load_after'][0]:.1f} after "
-        "(shared with other jobs). Written by `benchmarks/bench_attribution.py` (its docstring "
-        "defines the items and metrics).",
+        "Written by `python -m benchmarks.attribution` (its docstring defines the items and "
+        "metrics).",
         "",
         f"{r['items']} labelled answer sentences ({r['dev']} dev, {r['test']} test; split by "
         "document): per corpus (grounded-QA entities, Wikipedia leads and pydoc topics of the "
@@ -993,7 +971,7 @@ def render(r: dict[str, Any]) -> str:
                      f"{row['positive']:.0%} |")
     if r.get("generators"):
         lines += ["", f"Answers of two generators (recorded in `{r['generators_source']}` by "
-                  "`benchmarks/qa_dev.py`: the embedded SmolLM2-135M without retrieval, `base`, "
+                  "the grounded-QA dev run: the embedded SmolLM2-135M without retrieval, `base`, "
                   "and RAG greedy, `rag`), attributed with the embedding scorer at its dev "
                   "threshold to the question's top-4 BM25 passages. Flagged: a sentence "
                   "unsupported, or every citation on another entity's document.", "",

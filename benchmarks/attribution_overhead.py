@@ -10,33 +10,30 @@ apart. Both settings must give the same token ids. Also timed: the attribution a
 (``SentenceStream`` over the answer, warm embedder and embedding cache), per answer, at once
 and sentence by sentence as the stream calls it (which must give the same verdicts).
 
-    NEST_THREADS=1 python benchmarks/bench_attribution_overhead.py --persist-dir .nest/store
+    NEST_THREADS=1 python -m benchmarks.attribution_overhead --persist-dir .nest/store
 
 Writes ``benchmarks/results/attribution_overhead.md`` and ``.json``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
 import time
-from pathlib import Path
+from typing import Sequence
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks import harness
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = harness.parser("benchmarks.attribution_overhead", __doc__)
     ap.add_argument("--persist-dir", default=None, help="the nest ingest store (default: NEST_HOME's)")
     ap.add_argument("--collection", default=None)
     ap.add_argument("--questions", type=int, default=6)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--out", default=str(RESULTS / "attribution_overhead"))
-    args = ap.parse_args(argv)
+    args, run = harness.start(ap, argv)
 
     import torch
 
@@ -104,16 +101,11 @@ def main(argv: list[str] | None = None) -> int:
             1e3 * statistics.mean(r["attribution_stream_s"] for r in rows),
         "attribution_share": sum(r["attribution_s"] for r in rows) / total_off,
     }
-    out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
     s = summary
     lines = [
-        "# Attribution overhead (issue 23)",
+        "# Attribution overhead",
         "",
-        f"Command: `NEST_THREADS={s['threads']} python benchmarks/bench_attribution_overhead.py"
-        f"{' --persist-dir ' + args.persist_dir if args.persist_dir else ''}` "
-        f"({len(questions)} sample questions x {args.reps}, interleaved, max_new_tokens={n}; "
-        f"load average {load0:.1f} before / {load1:.1f} after, 2 shared CPU cores).",
+        f"{len(questions)} sample questions x {args.reps}, interleaved, max_new_tokens={n}.",
         "",
         "| attribute | total s | s / answer |",
         "|---|---|---|",
@@ -137,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     lines += [f"| {r['question']} | {r['rep']} | {r['off_s']:.2f} | {r['on_s']:.2f} | "
               f"{1e3 * r['attribution_s']:.0f} / {1e3 * r['attribution_stream_s']:.0f} | {r['support']} | {r['unsupported']} |"
               for r in rows]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    harness.write_result(args.out, "attribution_overhead", {"summary": summary, "rows": rows},
+                         "\n".join(lines) + "\n", run)
     return 0
 
 

@@ -9,35 +9,28 @@ One run measures, on real keys of the shipped sample corpus (SmolLM2-135M, d = 5
   codes, token ids, offsets, sqlite index, codec tables), write throughput (coding + fsync) and
   the median time to read the keys of one query's passages (``--b`` passages, as stage 2 does);
 - the Ray ingest figures of ``benchmarks/results/ray_ingest.json`` when that file exists
-  (``python benchmarks/bench_ray_ingest.py``).
+  (``python -m benchmarks.ray_ingest``).
 
-Quality per codec (recall against fp16, change in lambda, accepted tokens, perplexity) is in
-``benchmarks/bench_key_codecs.py``; lazy-key query latency in ``benchmarks/bench_lazy_keys.py``.
+Quality per codec (recall against fp16, change in lambda, accepted tokens, perplexity) is
+``python -m benchmarks.key_codecs``; lazy-key query latency ``python -m benchmarks.lazy_keys``.
 
-    python benchmarks/bench_scaling.py                 # about 3 minutes on 2 CPU cores
-    python benchmarks/bench_scaling.py --passages 150  # quicker
+    python -m benchmarks.scaling                 # about 3 minutes on 2 CPU cores
+    python -m benchmarks.scaling --passages 150  # quicker
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
-os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from benchmarks import harness
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "benchmarks" / "results"
 SCALES = (1e6, 1e8, 1e9)
 CODECS = (("fp16", {}), ("int8", {}), ("pq", {"m": 72}), ("pq", {"m": 96}))
 
@@ -66,14 +59,13 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 86400:,.1f} days"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = harness.parser("benchmarks.scaling", __doc__)
     ap.add_argument("--passages", type=int, default=300, help="sample passages encoded")
     ap.add_argument("--b", type=int, default=40, help="passages read per query (NEST b)")
     ap.add_argument("--reads", type=int, default=30, help="timed query reads per codec")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=str(RESULTS / "scaling.json"))
-    args = ap.parse_args()
+    args, run = harness.start(ap, argv)
 
     import torch
 
@@ -189,19 +181,12 @@ def main() -> None:
             )
 
     ray = None
-    ray_file = RESULTS / "ray_ingest.json"
+    ray_file = harness.RESULTS / "ray_ingest.json"
     if ray_file.exists():
         ray = json.loads(ray_file.read_text())
 
     out = {
         "config": vars(args),
-        "machine": {
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "load_avg": os.getloadavg(),
-            "torch_threads": torch.get_num_threads(),
-        },
         "model": lm.fingerprint,
         "key_dim": lm.key_dim,
         "n_passages": len(passages),
@@ -211,12 +196,9 @@ def main() -> None:
         "encode_tokens_per_s": encode_tps,
         "rows": rows,
         "ray": ray,
-        "run": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    Path(args.out).write_text(json.dumps(out, indent=1))
-    md = render(out)
-    Path(args.out).with_suffix(".md").write_text(md)
-    print(md)
+    harness.write_result(args.out, "scaling", out, render(out), run)
+    return 0
 
 
 def _lazy_with(tmp: str, lm, codec):
@@ -241,11 +223,8 @@ def render(out: dict) -> str:
     lines = [
         "# Scaling figures",
         "",
-        f"`python benchmarks/bench_scaling.py --passages {out['config']['passages']}` "
-        f"({out['run']}): {out['n_passages']} passages of the sample corpus, {n:,} tokens "
-        f"({tpp:.0f} tokens per passage), model `{out['model']}` (d = {out['key_dim']}), "
-        f"{out['machine']['cpus']} CPUs, {out['machine']['torch_threads']} torch threads, "
-        f"load average {out['machine']['load_avg'][0]:.1f}.",
+        f"{out['n_passages']} passages of the sample corpus, {n:,} tokens "
+        f"({tpp:.0f} tokens per passage), model `{out['model']}` (d = {out['key_dim']}).",
         "",
         f"Single-process key encoding: **{out['encode_tokens_per_s']:,.0f} tokens/s**.",
         "",
@@ -304,4 +283,4 @@ def render(out: dict) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

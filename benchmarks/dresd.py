@@ -9,56 +9,36 @@ are evaluated. The out-of-domain datastore is the sample corpus (``nest ingest -
 
 Usage::
 
-    NEST_HOME=.nest HF_HUB_OFFLINE=1 python benchmarks/bench_lossless.py          # ~15 min
-    python benchmarks/bench_lossless.py --n-eval 4 --max-new-tokens 32 --no-sweep  # smoke run
+    python -m benchmarks.dresd          # ~15 min
+    python -m benchmarks.dresd --n-eval 4 --max-new-tokens 32 --no-sweep  # smoke run
 
 Writes ``benchmarks/results/lossless.md`` and ``lossless.json``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import os
-import random
-import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import torch
 
-import torch  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from nest_integrations.config import NestConfig  # noqa: E402
-from nest_integrations.dresd import (  # noqa: E402
+from benchmarks import harness
+from benchmarks.harness.prompts import in_domain_datastore, tell_me_about
+from nest_integrations.config import NestConfig
+from nest_integrations.core.tokens import cut_at_eos
+from nest_integrations.decoding.engine import NestEngine
+from nest_integrations.dresd import (
     DresdDatastore,
     PassageSource,
     build_datastore,
     default_datastore_path,
 )
-from nest_integrations.builders.dresd_responses import PromptSource, read_prompts  # noqa: E402
-from nest_integrations.decoding.engine import NestEngine  # noqa: E402
-from nest_integrations.index.in_memory_store import InMemoryKeyStore  # noqa: E402
-from nest_integrations.lm.hf import HFLanguageModel  # noqa: E402
+from nest_integrations.index.in_memory_store import InMemoryKeyStore
+from nest_integrations.lm.hf import HFLanguageModel
 
-LOG = logging.getLogger("bench_lossless")
-SAMPLE = ROOT / "nest_integrations" / "data" / "sample" / "wikipedia.jsonl"
-
-
-def prompt_sets(n_train: int, n_eval: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
-    titles = [json.loads(line)["metadata"]["title"] for line in SAMPLE.read_text().splitlines()]
-    random.Random(seed).shuffle(titles)
-    make = lambda t: {"prompt": f"Tell me about {t}."}  # noqa: E731
-    if n_train + n_eval > len(titles):
-        raise SystemExit(f"--n-train + --n-eval must be <= {len(titles)}")
-    # eval = the LAST n_eval titles, so datastores of several sizes share one held-out set
-    return [make(t) for t in titles[:n_train]], [make(t) for t in titles[-n_eval:]]
+LOG = logging.getLogger(__name__)
 
 
 def ood_datastore(lm: Any) -> Path:
@@ -82,31 +62,8 @@ def ood_datastore(lm: Any) -> Path:
     return path
 
 
-def id_datastore(lm: Any, train: list[dict], max_new: int, name: str = "bench-lossless") -> Path:
-    path = default_datastore_path(f"{name}-train{len(train)}")
-    path.mkdir(parents=True, exist_ok=True)
-    prompts = path / "train_prompts.jsonl"
-    prompts.write_text("".join(json.dumps(p) + "\n" for p in train))
-    try:
-        DresdDatastore.open(path, lm)
-        return path
-    except FileNotFoundError:
-        pass
-    build_datastore(lm, PromptSource(read_prompts(prompts), lm, max_new_tokens=max_new,
-                                     batch_size=8), path,
-                    progress=True)  # fmt: skip
-    return path
-
-
-def strip_eos(ids: list[int], eos: frozenset[int]) -> list[int]:
-    for i, t in enumerate(ids):
-        if t in eos:
-            return ids[:i]
-    return ids
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = harness.parser("benchmarks.dresd", __doc__)
     ap.add_argument("--n-train", type=int, default=200)
     ap.add_argument("--n-train-small", type=int, default=60,
                     help="a smaller in-domain datastore for the size curve (0: none)")
@@ -114,15 +71,16 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-sweep", action="store_true", help="skip the draft-shape sweep")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "lossless.md"))
-    args = ap.parse_args()
+    ap.add_argument("--stem", default="lossless", help="output file stem (default lossless)")
+    args, args.run = harness.start(ap, argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     torch.set_num_threads(args.threads)
     lm = HFLanguageModel.from_default()
-    train, evals = prompt_sets(args.n_train, args.n_eval)
+    train, evals = tell_me_about(args.n_train, args.n_eval)
     ood = ood_datastore(lm)
-    ind = id_datastore(lm, train, 128)
-    small = id_datastore(lm, train[: args.n_train_small], 128) if args.n_train_small else None
+    ind = in_domain_datastore(lm, train, 128, "bench-lossless")
+    small = (in_domain_datastore(lm, train[: args.n_train_small], 128, "bench-lossless")
+             if args.n_train_small else None)
     stores = {"ood": DresdDatastore.open(ood, lm), "id": DresdDatastore.open(ind, lm)}
     engine = NestEngine(lm, None, InMemoryKeyStore(), NestConfig(temperature=0.0))
     eos = lm.eos_token_ids
@@ -138,7 +96,7 @@ def main() -> int:
                                         max_new_tokens=n, eos_token_id=sorted(eos),
                                         pad_token_id=sorted(eos)[0], **kw)  # fmt: skip
             dt = time.perf_counter() - t0
-            return {"ids": strip_eos(out[0, len(ids) :].tolist(), eos), "seconds": dt}
+            return {"ids": cut_at_eos(out[0, len(ids) :].tolist(), eos), "seconds": dt}
 
         return run
 
@@ -255,8 +213,6 @@ def index_table(stores: dict) -> list[dict]:
 def write_report(
     args: Any, table: list[dict], stores: dict, train: list, evals: list, indexes: list[dict]
 ) -> None:
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     meta = {
         "model": "SmolLM2-135M-Instruct (fp32, CPU)",
         "torch_threads": args.threads,
@@ -265,16 +221,12 @@ def write_report(
         "train_split": f"first {len(train)} shuffled sample titles (seed 0)",
         "eval_split": f"last {len(evals)} titles (disjoint)",
         "datastores": {k: v.stats() for k, v in stores.items()},
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
-    out.with_suffix(".json").write_text(json.dumps(
-        {"meta": meta, "rows": table, "indexes": indexes}, indent=2, default=str))
     f = lambda x, p=2: "—" if x is None else (f"{x:.{p}f}" if isinstance(x, float) else str(x))  # noqa: E731
     lines = [
-        "# Lossless decoding: DReSD vs peers (`benchmarks/bench_lossless.py`)",
+        "# Lossless decoding: DReSD vs peers (`python -m benchmarks.dresd`)",
         "",
-        f"{meta['date']}; {meta['model']}; {args.threads} torch thread(s) on a shared 2-core "
-        f"machine; {len(evals)} held-out prompts x {args.max_new_tokens} new tokens, greedy; "
+        f"{meta['model']}; {args.threads} torch thread(s); {len(evals)} held-out prompts x {args.max_new_tokens} new tokens, greedy; "
         "methods interleaved per prompt after one warm-up run each.",
         "",
         f"- Prompts: \"Tell me about {{title}}.\" over the sample corpus's Wikipedia titles. "
@@ -310,9 +262,8 @@ def write_report(
                   if k not in ("datastore", "n", "kind", "build_s", "query_ms", "recall@50")}
         lines.append(f"| {r['datastore']} | {r['n']:,} | {r['kind']} | {params or ''} | "
                      f"{r['build_s']} | {r['query_ms']} | {r['recall@50']} |")
-    lines.append("")
-    out.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    harness.write_result(args.out, args.stem, {"meta": meta, "rows": table, "indexes": indexes},
+                         "\n".join(lines) + "\n", args.run)
 
 
 if __name__ == "__main__":

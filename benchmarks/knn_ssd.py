@@ -26,27 +26,19 @@ method's tokens equal greedy's.
 
 Usage::
 
-    python benchmarks/bench_knn_ssd.py                        # 4 prompts/domain x 32 tokens
-    python benchmarks/bench_knn_ssd.py --per-domain 2 --max-new-tokens 16   # quick look
+    python -m benchmarks.knn_ssd                        # 4 prompts/domain x 32 tokens
+    python -m benchmarks.knn_ssd --per-domain 2 --max-new-tokens 16   # quick look
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import platform
 import random
 import sys
 import time
-from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-os.environ.setdefault("NEST_HOME", str(REPO / ".nest"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-OUT = REPO / "benchmarks" / "results"
+from benchmarks import harness
 
 
 def stream_order(domains: list[str], per_domain: int, mix_ratio: float, seed: int) -> list[tuple[str, int]]:
@@ -64,8 +56,8 @@ def stream_order(domains: list[str], per_domain: int, mix_ratio: float, seed: in
     return order
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = harness.parser("benchmarks.knn_ssd", __doc__)
     ap.add_argument("--per-domain", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--profile", default=None, help="profile name or path (default: default)")
@@ -73,12 +65,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--render-only", action="store_true",
                     help="rewrite knn_ssd.md from knn_ssd.json without running anything")
-    args = ap.parse_args()
+    args, run = harness.start(ap, argv)
     if args.render_only:
-        result = json.loads((OUT / "knn_ssd.json").read_text())
+        result = json.loads((args.out / "knn_ssd.json").read_text())
         names, domains = list(result["overall"]), list(result["per_domain"])
-        (OUT / "knn_ssd.md").write_text(render(result, names, domains))
-        return
+        harness.write_result(args.out, "knn_ssd", result, render(result, names, domains), run)
+        return 0
 
     import torch
 
@@ -172,28 +164,23 @@ def main() -> None:
                    "min_similarity": router.min_similarity,
                    "fallbacks": sum(r["set"] == MIXED for r in routes.values())},
         "settings": {"per_domain": args.per_domain, "max_new_tokens": args.max_new_tokens,
-                     "threads": args.threads, "seed": args.seed, "torch": torch.__version__,
-                     "python": platform.python_version(), "cpus": os.cpu_count(),
-                     "load_avg": os.getloadavg(), "prompts": provenance()},
+                     "threads": args.threads, "seed": args.seed, "prompts": provenance()},
         "overall": {n: agg(all_keys, n) for n in names},
         "streams": streams,
         "per_domain": per_domain,
         "routes": {f"{d}#{i}": r for (d, i), r in routes.items()},
     }
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "knn_ssd.json").write_text(json.dumps(result, indent=1) + "\n")
-    (OUT / "knn_ssd.md").write_text(render(result, names, list(DOMAINS)))
-    print(render(result, names, list(DOMAINS)))
+    harness.write_result(args.out, "knn_ssd", result, render(result, names, list(DOMAINS)), run)
+    return 0
 
 
 def render(r: dict[str, Any], names: list[str], domains: list[str]) -> str:
     s = r["settings"]
     lines = [
-        "# KNN-SSD benchmark (`python benchmarks/bench_knn_ssd.py`)",
+        "# KNN-SSD benchmark (`python -m benchmarks.knn_ssd`)",
         "",
         f"Model {r['model']}, greedy, {s['per_domain']} eval prompts per domain x "
-        f"{s['max_new_tokens']} new tokens, {s['threads']} torch thread(s) on a shared "
-        f"{s['cpus']}-core CPU (load average at the end {', '.join(f'{x:.1f}' for x in s['load_avg'])}). "
+        f"{s['max_new_tokens']} new tokens, {s['threads']} torch thread(s). "
         f"Profile: `{r['profile']}`. Eval prompts: the *eval* split of each domain, disjoint "
         "from the search and anchor prompts (*train* split).",
         "",
@@ -244,4 +231,4 @@ def render(r: dict[str, Any], names: list[str], domains: list[str]) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

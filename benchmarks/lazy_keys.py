@@ -18,28 +18,21 @@ are checked to be identical. Writes ``benchmarks/results/lazy_keys.json`` and ``
 
 Usage::
 
-    python benchmarks/bench_lazy_keys.py                  # 6 questions, 64 new tokens
-    python benchmarks/bench_lazy_keys.py --questions 3 --max-new-tokens 32
+    python -m benchmarks.lazy_keys                  # 6 questions, 64 new tokens
+    python -m benchmarks.lazy_keys --questions 3 --max-new-tokens 32
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-os.environ.setdefault("NEST_HOME", str(REPO / ".nest"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
+from benchmarks import harness
 
 
 def run_question(engine, question: str, max_new_tokens: int) -> dict:
@@ -57,15 +50,14 @@ def run_question(engine, question: str, max_new_tokens: int) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = harness.parser("benchmarks.lazy_keys", __doc__)
     parser.add_argument("--questions", type=int, default=6, help="sample questions to ask")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2,
                         help="runs of the pre-encoded and warm cases per question (the fastest "
                         "is kept; the cold case runs once by definition)")
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
-    args = parser.parse_args(argv)
+    args, run = harness.start(parser, argv)
 
     import torch
 
@@ -143,31 +135,21 @@ def main(argv: list[str] | None = None) -> int:
         "cache_after": {k: cache[k] for k in ("n_entries", "n_tokens", "bytes_used",
                                                "bytes_per_token", "max_bytes")},
         "rows": rows,
-        "load_avg": os.getloadavg()[0],
-        "platform": platform.platform(),
-        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    out = Path(args.out)
-    (out / "lazy_keys.json").write_text(json.dumps(summary, indent=2))
-    (out / "lazy_keys.md").write_text(render(summary, argv))
-    print((out / "lazy_keys.md").read_text())
+    harness.write_result(args.out, "lazy_keys", summary, render(summary), run)
     eager_store.close()
     lazy.key_store.close()
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
-def render(s: dict, argv: list[str] | None) -> str:
+def render(s: dict) -> str:
     med = lambda xs: statistics.median(xs)  # noqa: E731
     rows = s["rows"]
-    cmd = "python benchmarks/bench_lazy_keys.py" + (" " + " ".join(argv) if argv else "")
     lines = [
         "# Lazy token keys vs pre-encoded keys",
         "",
-        f"Command: `{cmd}` (one run; `torch.set_num_threads(1)`; shared 2-core CPU, load avg "
-        f"{s['load_avg']:.2f}; {s['time']}).",
-        "",
-        f"Model `{s['model']}`; sample corpus {s['corpus']['passages']} passages, "
+        f"One run, `torch.set_num_threads(1)`. Model `{s['model']}`; sample corpus {s['corpus']['passages']} passages, "
         f"{s['corpus']['tokens']:,} tokens, ingested with `--keys lazy` in "
         f"{s['lazy_ingest_s']:.1f} s (no keys encoded). Pre-encoded baseline: the "
         f"{s['pre_encode']['passages']} passages the questions retrieve "
@@ -218,4 +200,4 @@ def render(s: dict, argv: list[str] | None) -> str:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:] or None))
+    raise SystemExit(main())

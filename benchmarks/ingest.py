@@ -12,25 +12,19 @@ embedded default LM (SmolLM2-135M-Instruct) and reports:
 
 Writes ``benchmarks/results/ingest.json`` and ``ingest.md``. Usage::
 
-    python benchmarks/bench_ingest.py               # whole sample corpus (several minutes on CPU)
-    python benchmarks/bench_ingest.py --limit 60    # a quick slice
+    python -m benchmarks.ingest               # whole sample corpus (several minutes on CPU)
+    python -m benchmarks.ingest --limit 60    # a quick slice
+
+Key encoding on Ray against one process is ``python -m benchmarks.ray_ingest``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
-import sys
 import tempfile
 import time
-from pathlib import Path
+from typing import Sequence
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-os.environ.setdefault("NEST_HOME", str(REPO / ".nest"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from benchmarks import harness
 
 
 def prefill_tokens_per_s(lm, passages, batch_size: int = 16) -> tuple[float, int, float]:
@@ -53,14 +47,11 @@ def prefill_tokens_per_s(lm, passages, batch_size: int = 16) -> tuple[float, int
     return n_tokens / seconds, n_tokens, seconds
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description="ingest tokens/s vs raw prefill tokens/s")
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = harness.parser("benchmarks.ingest", "ingest tokens/s vs raw prefill tokens/s")
     parser.add_argument("--limit", type=int, default=0, help="ingest only the first N documents")
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="output folder")
     parser.add_argument("--device", default=None, help="torch device for the LM (default cpu)")
-    args = parser.parse_args()
-
-    import torch
+    args, run = harness.start(parser, argv)
 
     from nest_integrations.ingest import IngestPipeline, load_documents, sample_corpus_inputs
     from nest_integrations.lm.hf import HFLanguageModel
@@ -102,27 +93,13 @@ def main() -> int:
         "key_store_bytes": key_stats["bytes_on_disk"],
         "key_dtype": key_stats["dtype"],
         "key_dim": key_stats["key_dim"],
-        "machine": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(),
-            "cpus": os.cpu_count(),
-            "load_avg_1m": round(os.getloadavg()[0], 2),
-        },
-        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     assert prefill_tokens == tokens, (prefill_tokens, tokens)
-
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "ingest.json").write_text(json.dumps(result, indent=2) + "\n")
     md = [
         "# Ingest benchmark",
         "",
         f"{result['corpus']}: {result['documents']} documents, {result['passages']} passages, "
-        f"{tokens:,} tokens; model `{result['model']}` on {result['device']} "
-        f"({result['machine']['torch_threads']} torch threads, load avg "
-        f"{result['machine']['load_avg_1m']}).",
+        f"{tokens:,} tokens; model `{result['model']}` on {result['device']}.",
         "",
         "| measure | value |",
         "|---|---|",
@@ -133,11 +110,8 @@ def main() -> int:
         f"| keys / prefill | {result['keys_vs_prefill']} |",
         f"| key-store bytes per token ({result['key_dtype']}, d={result['key_dim']}) | "
         f"{result['key_store_bytes_per_token']} |",
-        "",
-        f"Run {result['when']}; timings on a shared CPU are noisy.",
     ]
-    (out / "ingest.md").write_text("\n".join(md) + "\n")
-    sys.stdout.write("\n".join(md) + "\n")
+    harness.write_result(args.out, "ingest", result, "\n".join(md) + "\n", run)
     return 0
 
 
