@@ -42,6 +42,7 @@ import argparse
 import gzip
 import json
 import math
+import re
 import statistics
 import sys
 import time
@@ -543,16 +544,24 @@ def load_result(path: Path) -> dict[str, Any]:
         raw.setdefault("llama_cpp", {})
         m = raw.get("machine", {})
         old = raw.get("command", "?")
-        raw["run"] = {"command": old, "when": raw.get("when", "?"),
-                      "rerun": old.replace("python benchmarks/bench_speed_all.py",
-                                           "python -m benchmarks.speed").replace(
-                          "--methods", "--rows") + " --stem speed_all",
+        raw["run"] = {"command": old, "when": raw.get("when", "?"), "rerun": rerun_of(old),
                       "machine": {k: m[k] for k in ("cpu", "cpus", "torch_threads",
                                                     "native_bf16") if k in m},
                       "load_start": m.get("loadavg_start", [0.0]),
                       "load_end": m.get("loadavg_end", [0.0]), "commit": "unknown",
                       "wall_s": m.get("timed_wall_s", 0.0)}
     return raw
+
+
+def rerun_of(command: str) -> str:
+    """The ``python -m benchmarks.speed`` command that re-runs a ``bench_speed_all.py`` one:
+    ``--methods`` is ``--rows``, and its output folder (default ``speed_all``) the stem."""
+    new = command.replace("python benchmarks/bench_speed_all.py", "python -m benchmarks.speed")
+    new = new.replace("--methods", "--rows")
+    folder = re.search(r" --out benchmarks/results/(\S+)", new)
+    if folder:
+        return new.replace(folder.group(0), f" --stem {folder.group(1)}")
+    return new + " --stem speed_all"
 
 
 def vars_of(r: Row) -> dict[str, Any]:
