@@ -164,4 +164,4 @@ def test_pick_agreement_restricts_the_mixtures_choice_to_lm_plausible_tokens():
         with pytest.raises(ValueError, match="pick_agreement"):
             NestConfig(pick_agreement=bad)
     assert NestConfig().pick_agreement is None
-    assert NestConfig.from_preset("grounded").pick_agreement is None  # an option (README)
+    assert NestConfig.from_preset("grounded").pick_agreement is None  # an option (docs/methods.md)
