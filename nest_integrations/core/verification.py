@@ -73,7 +73,7 @@ def lm_agreement_veto(p_lm: torch.Tensor, draft: torch.Tensor, gamma: float) -> 
     """Rows where the LM alone would not accept the draft token by Eq. 7:
     ``p_LM(w) <= (gamma / 2) * max p_LM``. Relaxed acceptance then keeps only tokens that both
     p_M and the (RA) LM find plausible: the kNN can no longer carry a token the LM rejects
-    (``NestConfig.lm_agreement``, issue 22).
+    (``NestConfig.lm_agreement``).
 
     Returns:
         ``(L,)`` bool, True where the draft token must be rejected.

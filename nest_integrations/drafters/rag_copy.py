@@ -7,8 +7,8 @@ best-ranked one). Verification is exact, so the answer is token for token the RA
 same model and retrieval; the speed-up comes from accepted copies, and every accepted copy
 carries its passage and exact offsets (``Citation.kind == "verbatim"``).
 
-This is the lossless floor that relaxed NEST must beat on answer quality (issue 10, LLMA
-arXiv 2304.04487 is the same idea with reference documents).
+This is the lossless floor that relaxed NEST must beat on answer quality (LLMA, arXiv
+2304.04487, is the same idea with reference documents).
 """
 
 from __future__ import annotations

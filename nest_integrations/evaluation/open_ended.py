@@ -1,19 +1,16 @@
-"""Open-ended answer metrics (issue 22): content, degeneration, run-on into other documents,
-and where the citations point. Pure functions (hand-computed cases in tests/test_quality.py).
+"""Open-ended answer metrics: content, degeneration, run-on into other documents, and where the
+citations point. Pure functions (hand-computed cases in tests/test_quality.py).
 
 - **ROUGE-L** (``rouge_l``): F-measure of the answer against the gold passage (``metrics.rouge``).
 - **degenerate** (``degenerate``): the answer is empty, mostly punctuation (under half of its
   non-space characters are letters or digits), repeats a sentence or line, or loops on a phrase
   (``core.topic.repeat_start`` / ``loop_start``, with the text taken as ended), runs into junk
-  (``core.topic.junk_start``: 4+ separators or 4+ empty lines in a row, what the relaxed modes'
-  guard now cuts), or repeats one short line ``LINE_REPEATS`` times ("Python" line after line:
-  the guards' 12-character line minimum lets it through; added after the first test-split run
-  showed it, for every system alike).
+  (``core.topic.junk_start``: 4+ separators or 4+ empty lines in a row), or repeats one short
+  line ``LINE_REPEATS`` times (a line the guards' 12-character minimum lets through).
 - **junk** (``junky``): a rough pattern count of broken text that ``degenerate`` lets through:
   two commas with nothing between, a function word right before a comma ("was a, and"), a
-  sentence that opens with punctuation, or a word doubled ("the the"). Added after the
-  ``open-who`` prompts showed "Fred Rogers was a, and author,, Presbyterian minister", which
-  ROUGE-L against the lead rewards.
+  sentence that opens with punctuation, or a word doubled ("the the"); ROUGE-L against the
+  lead rewards such copies.
 - **run-on** (``other_document_tokens``): output tokens attributed to a passage of another
   document than the gold one: text that belongs to another document.
 - **gold-cited share**: as in ``grounded.gold_cited_share``; **substantial citation**: the

@@ -78,7 +78,7 @@ class EvalSettings:
     calibration_texts: int = 24
 
     def nest_config(self) -> NestConfig:
-        # The paper's setting: no on-topic guards (issue 22's are ours), every span a citation.
+        # The paper's setting: no on-topic guards (they are ours), every span a citation.
         cfg = NestConfig.from_preset(self.preset, **{**PAPER_EVAL, "n_passages": self.n_passages})
         if self.gamma is not None:
             cfg = cfg.replace(relaxation=self.gamma)
