@@ -4,27 +4,27 @@ Encodes the first 1,500 characters of 8 pydoc entries of the shipped sample corp
 embedded model. Every 10th token key of the first entry is a query; the keys of the other 7
 are the memory. Prints the median squared distance at a few neighbour ranks, and, for each μ,
 the median weight of the nearest neighbour and the median effective number of neighbours
-(1 / Σ w², over the 1,024 nearest) of Eq. 2's softmax. Writes ``results/knn_spread.md``.
+(1 / Σ w², over the 1,024 nearest) of Eq. 2's softmax. Writes ``results/knn_spread.md`` (and ``.json``).
 
-    python benchmarks/knn_spread.py [--dtype fp32] [--mu 0.0417,0.1,0.25,1.0]
+    python -m benchmarks.knn_spread [--dtype fp32] [--mu 0.0417,0.1,0.25,1.0]
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-from pathlib import Path
+from typing import Sequence
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks import harness
+
+REPO = harness.REPO
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = harness.parser("benchmarks.knn_spread", __doc__)
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--mu", default=None, help="comma-separated μ values (default: 1/sqrt(d), "
                     "0.1, 0.25, 1.0)")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "knn_spread.md")
-    args = ap.parse_args(argv)
+    args, run = harness.start(ap, argv)
 
     import torch
 
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     mus = ([float(m) for m in args.mu.split(",")] if args.mu
            else [1.0 / math.sqrt(d), 0.1, 0.25, 1.0])
     lines = [
-        "# How many neighbours carry p_kNN's weight (`benchmarks/knn_spread.py`)", "",
+        "# How many neighbours carry p_kNN's weight (`python -m benchmarks.knn_spread`)", "",
         f"Model `{lm.fingerprint}` ({args.dtype}), key dimension {d}; {queries.shape[0]} queries "
         f"(every 10th key of `{files[0].name}`) against {memory.shape[0]} keys of "
         f"{len(files) - 1} other pydoc entries; squared L2 distances as in Eq. 2. Median "
@@ -52,15 +52,16 @@ def main(argv: list[str] | None = None) -> int:
     for r in (1, 2, 5, 17, 65, 257, dist.shape[1]):
         if r <= dist.shape[1]:
             lines.append(f"| {r} | {float(dist[:, r - 1].median()):.1f} |")
+    spread = {}
     lines += ["", "| μ | nearest neighbour's weight (median) | effective neighbours, 1/Σw² "
               f"(median, of {dist.shape[1]}) |", "|---|---|---|"]
     for mu in mus:
         w = knn_weights(dist, mu)
+        spread[mu] = float((1.0 / (w ** 2).sum(dim=1)).median())
         lines.append(f"| {mu:.4g} | {float(w[:, 0].median()):.3f} | "
                      f"{float((1.0 / (w ** 2).sum(dim=1)).median()):.0f} |")
-    md = "\n".join(lines) + "\n"
-    print(md)
-    args.out.write_text(md, encoding="utf-8")
+    harness.write_result(args.out, "knn_spread", {"key_dim": d, "effective_neighbours": spread},
+                         "\n".join(lines) + "\n", run)
     return 0
 
 

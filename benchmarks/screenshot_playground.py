@@ -1,15 +1,15 @@
 """Screenshot of the playground page (``nest serve``'s ``/``) for the README.
 
 Ingests part of the shipped sample corpus (the pydoc topics and Wikipedia leads of
-``bench_server.py``) into a temporary store, starts ``nest serve`` on a free loopback port, asks
+``benchmarks/server.py``) into a temporary store, starts ``nest serve`` on a free loopback port, asks
 one question in headless Chromium (Debian's ``chromium`` + ``chromium-driver``, as in
 ``tests/server/test_server_page.py``), clicks the first copied span so its source is shown
 with the span marked, and saves the page. The test suite never writes this file.
 
 Usage::
 
-    python benchmarks/screenshot_playground.py         # writes benchmarks/results/playground.png
-    python benchmarks/screenshot_playground.py --out /tmp/p.png --question "What is Futurism?"
+    python -m benchmarks.screenshot_playground         # writes benchmarks/results/playground.png
+    python -m benchmarks.screenshot_playground --out /tmp/p.png --question "What is Futurism?"
 """
 
 from __future__ import annotations
@@ -20,10 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from bench_server import REPO, build_store, start_server  # noqa: E402
+from benchmarks import harness
+from benchmarks.server import build_store, start_server
 
 CHROMIUM = os.environ.get("NEST_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("NEST_CHROMEDRIVER", "/usr/bin/chromedriver")
@@ -76,13 +74,15 @@ def shoot(url: str, question: str, max_tokens: int, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "playground.png")
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.screenshot_playground",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=harness.RESULTS / "playground.png")
     ap.add_argument("--question", default="What is belly dance?")
     ap.add_argument("--max-tokens", type=int, default=40)
     ap.add_argument("--wiki", type=int, default=6, help="Wikipedia leads to ingest")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the server")
     args = ap.parse_args(argv)
+    harness.setup()
     with tempfile.TemporaryDirectory(prefix="nest-shot-") as tmp:
         store = build_store(Path(tmp), args.wiki, "playground")
         proc, url = start_server(store, "playground", args.threads)

@@ -27,7 +27,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # through the assembly, which attaches ``NestEngine.from_defaults``
+    # the assembly's subclass, which adds ``NestEngine.from_defaults``
     if name == "NestEngine":
         from nest_integrations.assembly import NestEngine
 

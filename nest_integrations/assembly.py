@@ -64,11 +64,24 @@ from nest_integrations.defaults import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_PRESET,
 )
-from nest_integrations.decoding.engine import NestEngine
+from nest_integrations.decoding import engine as decoding_engine
 from nest_integrations.paths import persist_root
 from nest_integrations.policy import AnswerPolicy
 
 LOG = logging.getLogger(__name__)
+
+
+class NestEngine(decoding_engine.NestEngine):
+    """The public ``NestEngine`` (``nest_integrations.NestEngine``): the decoding engine plus its
+    assembly constructor, ``NestEngine.from_defaults(...)`` == ``from_defaults(...)``.
+
+    A subclass here, so the engine module never imports the assembly (no upward import, no
+    attribute attached at import time); every engine this module builds is one."""
+
+    @classmethod
+    def from_defaults(cls, *args: Any, **kwargs: Any) -> NestEngine:
+        """See ``assembly.from_defaults``."""
+        return from_defaults(*args, **kwargs)
 
 
 # --------------------------------------------------------------------------------- resolution
@@ -518,15 +531,6 @@ def attributor_from_defaults(
 
         embedder = shared_embedder()
     return Attributor(acfg, embedder=embedder, lm=lm, key_store=key_store, retriever=retriever)
-
-
-def _engine_from_defaults(cls: type, *args: Any, **kwargs: Any) -> NestEngine:
-    return from_defaults(*args, **kwargs)
-
-
-_engine_from_defaults.__doc__ = from_defaults.__doc__
-#: ``NestEngine.from_defaults``: attached here, so that the engine module never imports upward.
-NestEngine.from_defaults = classmethod(_engine_from_defaults)  # type: ignore[attr-defined]
 
 
 _CALIBRATED_FIELDS = ("knn_temperature", "rrc_offset", "rrc_scale")

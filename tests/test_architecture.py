@@ -1,6 +1,7 @@
 """Import lint: the package's import graph (read with ``ast``, nothing imported) has no cycles,
-and the inner layers import no adapter. Each rule is also run on a synthetic bad graph, so the
-checks can fail."""
+between modules or between packages (lazy imports counted), every package imports only its own
+layer or the ones below, and the inner layers import no adapter. Each rule is also run on a
+planted bad graph, so the checks can fail."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ PACKAGE = "nest_integrations"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
 #: Imports inside functions that point back up the graph on purpose, each with its reason.
-#: They run only when called, so they cannot create an import-time cycle. Empty: the engine no
-#: longer imports the assembly (``NestEngine.from_defaults`` is attached by the assembly).
+#: They run only when called, so they cannot create an import-time cycle. Empty: the engine
+#: never imports the assembly (``assembly.NestEngine`` subclasses it to add ``from_defaults``).
 LAZY_EDGES_ALLOWED: dict[tuple[str, str], str] = {}
 
 #: Modules the inner layers may import: core/ sees only itself, types and config.
@@ -32,6 +33,26 @@ EDGE = "nest_integrations.cli"
 #: Engine-building parts that framework adapters must reach through the assembly only.
 ASSEMBLED = ("nest_integrations.lm", "nest_integrations.index", "nest_integrations.retrieval.chroma",
              "nest_integrations.decoding.engine")
+
+
+#: The packages of ``nest_integrations`` from the bottom up: a package imports only packages of
+#: its own layer or of the layers below, lazily or not. ``""`` is the top-level package itself
+#: (``__init__.py``: public re-exports).
+PACKAGE_LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("plain data and settings", ("types", "config", "defaults", "paths", "jsonl", "_optional",
+                                 "wikipedia", "calibration_store")),
+    ("the algorithms", ("core",)),
+    ("ports and their implementations", ("lm", "embeddings", "index", "retrieval", "output")),
+    ("what drafters and the loop read", ("dresd", "knn_ssd", "attribution")),
+    ("drafters", ("drafters",)),
+    ("the loop and the engine", ("decoding",)),
+    ("assembly", ("assembly",)),
+    ("pipelines that build engines or decode offline", ("builders", "ingest", "calibrate")),
+    ("evaluation", ("evaluation",)),
+    ("framework edges and the server", ("integrations", "langchain", "llama_index", "server",
+                                        "")),
+    ("command line", ("cli",)),
+]
 
 
 def module_name(path: Path) -> str:
@@ -147,6 +168,41 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
     return sorted(bad)
 
 
+def package_of(module: str) -> str:
+    """``nest_integrations.X`` for any module under ``X``; the top-level package is itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph collapsed to packages (edges inside a package dropped)."""
+    out: dict[str, set[str]] = {}
+    for m, targets in graph.items():
+        p = package_of(m)
+        out.setdefault(p, set()).update(package_of(t) for t in targets if package_of(t) != p)
+    for targets in list(out.values()):
+        for t in targets:
+            out.setdefault(t, set())
+    return out
+
+
+def layer_of() -> dict[str, int]:
+    """Package -> its index in ``PACKAGE_LAYERS``."""
+    return {(f"{PACKAGE}.{p}" if p else PACKAGE): i
+            for i, (_, names) in enumerate(PACKAGE_LAYERS) for p in names}
+
+
+def upward_imports(packages: dict[str, set[str]]) -> list[str]:
+    """Package imports that point to a higher layer, and packages with no layer."""
+    layers = layer_of()
+    bad = [f"{p} has no layer in PACKAGE_LAYERS" for p in packages if p not in layers]
+    for p, targets in packages.items():
+        for t in targets:
+            if p in layers and t in layers and layers[t] > layers[p]:
+                bad.append(f"{p} -> {t} ({PACKAGE_LAYERS[layers[p]][0]!r} imports "
+                           f"{PACKAGE_LAYERS[layers[t]][0]!r})")
+    return sorted(bad)
+
+
 # ------------------------------------------------------------------------------------ the rules
 
 
@@ -169,6 +225,23 @@ def test_inner_layers_import_no_adapter() -> None:
     assert layer_violations(graph) == []
 
 
+def test_no_package_cycles_counting_lazy_imports() -> None:
+    """Packages (``drafters``, ``knn_ssd``, ...) form no loop, lazy imports included: a module
+    cycle is not needed for two packages to lean on each other."""
+    cycle = find_cycle(package_graph(import_graph(include_lazy=True)))
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_every_package_imports_only_its_layer_or_below() -> None:
+    """Every package has a layer, and none imports a package of a higher layer, lazily or not."""
+    packages = package_graph(import_graph(include_lazy=True))
+    assert {f"{PACKAGE}.drafters", f"{PACKAGE}.builders", PACKAGE} <= set(packages)
+    assert upward_imports(packages) == []
+    named = [p for _, names in PACKAGE_LAYERS for p in names]
+    assert len(named) == len(set(named))
+    assert set(layer_of()) == set(packages)  # no layer names a package that is gone
+
+
 def test_allowed_lazy_edges_exist_and_stay_lazy() -> None:
     """Each allowed back edge is really there, and only inside a function."""
     mods = modules()
@@ -188,6 +261,37 @@ def test_a_back_edge_planted_in_the_real_graph_is_a_cycle() -> None:
     cycle = find_cycle(graph)
     assert cycle is not None and {"nest_integrations.decoding.engine",
                                   "nest_integrations.assembly"} <= set(cycle)
+
+
+def test_a_package_loop_planted_in_the_real_graph_is_found() -> None:
+    """The old loop, the KNN-SSD drafter importing the self-speculative builder (which imports
+    the drafters), planted back: no module cycle, but a package loop and an upward import."""
+    graph = import_graph(include_lazy=True)
+    graph["nest_integrations.drafters.knn_ssd"].add(
+        "nest_integrations.builders.knn_ssd_selfspec")
+    cycle = find_cycle(package_graph(graph))
+    assert cycle is not None and {"nest_integrations.drafters",
+                                  "nest_integrations.builders"} <= set(cycle)
+    assert upward_imports(package_graph(graph)) == [
+        "nest_integrations.drafters -> nest_integrations.builders ('drafters' imports "
+        "'pipelines that build engines or decode offline')"]
+
+
+def test_package_check_finds_a_loop_no_module_cycle_shows() -> None:
+    """a.x -> b.y -> a.z is acyclic between modules and a loop between packages a and b."""
+    graph = {"nest_integrations.a.x": {"nest_integrations.b.y"},
+             "nest_integrations.b.y": {"nest_integrations.a.z"},
+             "nest_integrations.a.z": set()}
+    assert find_cycle(graph) is None
+    assert package_graph(graph) == {"nest_integrations.a": {"nest_integrations.b"},
+                                    "nest_integrations.b": {"nest_integrations.a"}}
+    assert find_cycle(package_graph(graph)) is not None
+    assert upward_imports({"nest_integrations.core": {"nest_integrations.lm"},
+                           "nest_integrations.lm": set(),
+                           "nest_integrations.new": set()}) == [
+        "nest_integrations.core -> nest_integrations.lm ('the algorithms' imports "
+        "'ports and their implementations')",
+        "nest_integrations.new has no layer in PACKAGE_LAYERS"]
 
 
 def test_cycle_finder_finds_a_planted_cycle() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from nest_integrations import assembly, cli
 from nest_integrations.cli.ask import ask_spec
-from nest_integrations.decoding.engine import NestEngine
+from nest_integrations.assembly import NestEngine
 from tests.engines import make_engine
 from nest_integrations.ingest.pipeline import IngestPipeline
 from nest_integrations.integrations.langchain import ChatNest

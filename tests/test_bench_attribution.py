@@ -1,4 +1,4 @@
-"""benchmarks/bench_attribution.py's measuring parts, on small hand-made inputs: the threshold
+"""``python -m benchmarks.attribution``'s measuring parts, on small hand-made inputs: the threshold
 rule, the precision-recall curve and its operating points, the pydoc items, and the flags of
 recorded answers (``--answers``) with the fuzzy scorer (no model)."""
 
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from benchmarks import bench_attribution as B
+from benchmarks import attribution as B
 from nest_integrations.attribution import AttributionConfig, Attributor
 from nest_integrations.types import Passage
 

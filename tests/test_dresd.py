@@ -16,10 +16,9 @@ from nest_integrations.dresd import (
     DatastoreMismatchError,
     DresdDatastore,
     PassageSource,
-    PromptSource,
     build_datastore,
-    read_prompts,
 )
+from nest_integrations.builders.dresd_responses import PromptSource, read_prompts
 from nest_integrations.dresd.pca import fit_transform
 from nest_integrations.types import Passage
 
@@ -216,7 +215,7 @@ def test_drafter_counters_land_in_the_generation_stats(tiny_lm, tmp_path):
     options are refused by name."""
     from nest_integrations.drafters import get_method
     from nest_integrations.drafters.base import DrafterContext
-    from nest_integrations.dresd.responses import prompt_ids
+    from nest_integrations.builders.dresd_responses import prompt_ids
     from nest_integrations.decoding.loop import decode_ids
     from nest_integrations.types import NestStats
 
@@ -361,7 +360,7 @@ def test_oracle_greedy_dresd_equals_greedy(tiny_lm, tmp_path):
 
 
 def test_batched_responses_and_keys_match_sequential_greedy(tiny_lm):
-    from nest_integrations.dresd.responses import (
+    from nest_integrations.builders.dresd_responses import (
         batched_greedy,
         greedy_with_keys,
         keys_in_context,

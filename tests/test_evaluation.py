@@ -194,15 +194,15 @@ def _fake_wheel(tmp_path: Path) -> Path:
 
 def test_load_wiki_leads_checks_the_pinned_hash(tmp_path, monkeypatch):
     """A wheel with another sha256 is refused; with the pinned hash it loads (empty leads out)."""
-    from nest_integrations.evaluation import corpora
+    from nest_integrations import wikipedia
 
     wheel = _fake_wheel(tmp_path)
     with pytest.raises(ValueError, match="sha256"):
         load_wiki_leads(wheel)
-    monkeypatch.setattr(corpora, "WHEEL_SHA256", hashlib.sha256(wheel.read_bytes()).hexdigest())
+    monkeypatch.setattr(wikipedia, "WHEEL_SHA256", hashlib.sha256(wheel.read_bytes()).hexdigest())
     leads, prov = load_wiki_leads(wheel)
     assert list(leads) == ["Alpha"] and leads["Alpha"].description == "letter"
-    assert prov["n_leads"] == 1 and prov["wheel_sha256"] == corpora.WHEEL_SHA256
+    assert prov["n_leads"] == 1 and prov["wheel_sha256"] == wikipedia.WHEEL_SHA256
 
 
 def test_split_of_matches_data_md():

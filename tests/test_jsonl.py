@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nest_integrations.dresd.responses import read_prompts as dresd_prompts
+from nest_integrations.builders.dresd_responses import read_prompts as dresd_prompts
 from nest_integrations.evaluation.tasks import load_jsonl_task
 from nest_integrations.jsonl import jsonl_values
 from nest_integrations.knn_ssd.domains import read_prompts as knn_ssd_prompts

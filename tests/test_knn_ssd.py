@@ -21,7 +21,7 @@ from nest_integrations.knn_ssd.profile import (
     update_profile,
 )
 from nest_integrations.knn_ssd.router import Router, kmeans_anchors
-from nest_integrations.knn_ssd.selfspec import draft_chain, self_speculative_generate
+from nest_integrations.builders.knn_ssd_selfspec import draft_chain, self_speculative_generate
 from nest_integrations.lm.layer_skip import LayerSkipError, SkipSet, decoder_layers
 
 import faiss  # noqa: E402,F401  (a required dependency: imported, so a broken install fails)
@@ -401,7 +401,7 @@ def test_the_package_ships_a_complete_profile_for_the_embedded_model():
 
 def test_tiny_search_writes_a_loadable_profile_and_resumes(tiny_lm, tmp_path):
     pytest.importorskip("optuna")
-    from nest_integrations.knn_ssd.search import build_anchors, search_skip_set
+    from nest_integrations.builders.knn_ssd_search import build_anchors, search_skip_set
 
     path = str(tmp_path / "prof.json")
     texts = [CODE, PROSE]
@@ -543,7 +543,7 @@ def test_draft_cost_fraction_matches_the_search_cost_model():
     from dataclasses import asdict
 
     from nest_integrations.drafters.knn_ssd import draft_cost_fraction
-    from nest_integrations.knn_ssd.search import CostModel
+    from nest_integrations.builders.knn_ssd_search import CostModel
 
     model = CostModel(full=1.0, base=0.1, attn=0.01, mlp=0.02, verify_a=0.9, verify_b=0.1,
                       n_layers=30)

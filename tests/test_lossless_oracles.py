@@ -43,7 +43,7 @@ import torch
 
 from nest_integrations.config import Guards, NestConfig
 from nest_integrations.dresd import SourceBatch, build_datastore
-from nest_integrations.dresd.responses import keys_in_context
+from nest_integrations.builders.dresd_responses import keys_in_context
 from nest_integrations.decoding.engine import NestEngine
 from nest_integrations.index.in_memory_store import InMemoryKeyStore
 from nest_integrations.lm.backend import cpu_has_native_bf16

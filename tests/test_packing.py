@@ -1,6 +1,6 @@
 """Prepacked bf16 linears (``lm.packing``): the loader packs a bf16 CPU model, keeps its
 parameters and fingerprint, and the packed model computes what the plain one does (bf16
-numerics). Speed is a benchmark (``benchmarks/bench_packed.py``), not a test."""
+numerics). Speed is a benchmark (``python -m benchmarks.speed --kernels``), not a test."""
 
 from __future__ import annotations
 

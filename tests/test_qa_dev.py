@@ -1,5 +1,6 @@
-"""The grounded-QA dev loop (``python -m benchmarks.quality --set entities``): system specs, an interleaved tiny run
-through a real engine, and the summary table against a hand-computed case."""
+"""The grounded-QA loop behind ``python -m benchmarks.quality``: system specs, an interleaved
+tiny run through a real engine (closed and open-ended questions), and the summary tables
+against hand-computed cases."""
 
 from __future__ import annotations
 
@@ -78,3 +79,52 @@ def test_tiny_interleaved_run(tiny_lm):
     rows = qa_dev.summarize(records)
     assert [r["system"] for r in rows] == ["base", "rag", "paper"]
     assert rows[0]["speed_vs_base"] == 1.0 and "vs_reference" in rows[2]
+
+
+def test_tiny_open_ended_run_and_its_summary(tiny_lm):
+    """Open-ended questions through two systems, interleaved, scored by ``open_ended``; the
+    summary pools them per system with the paired ROUGE-L difference to the reference."""
+    from tests.engines import make_engine
+    from nest_integrations.evaluation import open_ended
+    from nest_integrations.evaluation.quality_set import OpenQuestion
+    from nest_integrations.evaluation.retrieval import BM25Retriever
+
+    corpus = generate_corpus(seed=2, per_kind=3)
+    passages = [Passage(id=f"p/{d.id}", text=d.text, doc_id=d.id) for d in corpus.documents]
+    engine = make_engine(tiny_lm, BM25Retriever(passages))
+    docs = corpus.documents[:2]
+    questions = [OpenQuestion(f"o{i}", f"What is {d.name}?", d.id, d.text, "open-wiki")
+                 for i, d in enumerate(docs)]
+    specs = [qa_dev.BUILTIN["rag"], qa_dev.BUILTIN["paper"]]
+    seen = []
+    records = qa_dev.run_open_questions(engine, questions, specs, k=3, max_new_tokens=6,
+                                        on_record=seen.append)
+    assert seen == records and [r["system"] for r in records] == ["rag", "paper"] * 2
+    for r in records:
+        assert 0.0 <= r["rouge_l"] <= 1.0 and 0 <= r["other_doc_tokens"] <= r["new_tokens"] <= 6
+        assert r["source"] == "open-wiki" and r["gold_doc_id"] in {d.id for d in docs}
+    rows = {r["system"]: r for r in open_ended.summarize(records, "rag")}
+    assert rows["rag"]["n"] == 2 and "rouge_l_diff" not in rows["rag"]
+    assert "rouge_l_diff" in rows["paper"]
+    md = open_ended.markdown_table(list(rows.values()), "rag")
+    assert md.count("\n") == 3 and "| paper | 2 |" in md
+
+
+def test_open_ended_summary_hand_case():
+    def rec(sys, q, rl, deg=False, junk=False, other=0, gold=0, cited=0, t=1.0):
+        return {"system": sys, "question_id": q, "rouge_l": rl, "degenerate": deg,
+                "junk": junk, "other_doc_tokens": other, "substantial_citation": cited > 3,
+                "cited_chars": cited, "gold_cited_chars": gold, "new_tokens": 10,
+                "time_total": t}
+
+    from nest_integrations.evaluation import open_ended
+
+    records = [rec("rag", "a", 0.2, t=2.0), rec("nest", "a", 0.6, other=2, gold=8, cited=10),
+               rec("rag", "b", 0.4, deg=True, t=2.0), rec("nest", "b", 0.4, junk=True)]
+    rows = {r["system"]: r for r in open_ended.summarize(records, "rag")}
+    n = rows["nest"]
+    assert n["rouge_l"] == pytest.approx(0.5) and n["junk"] == 1 and n["degenerate"] == 0
+    assert n["run_on_share"] == pytest.approx(2 / 20) and n["gold_cited_share"] == 0.8
+    assert n["rouge_l_diff"][0] == pytest.approx(0.2) and n["tokens_per_s"] == 10.0
+    md = open_ended.markdown_table(list(rows.values()), "rag")
+    assert "| nest | 2 | 50.0 (" in md and "| +20.0 (" in md and "| 2.00x |" in md

@@ -1,6 +1,7 @@
-"""Every ``bash`` and ``python`` block of README.md runs, in README order, on the sample corpus.
+"""Every ``bash`` and ``python`` block of README.md and of the pages in docs/ runs, in order
+(README first, then ``DOCS``), on the sample corpus.
 
-The blocks are read from README.md itself (so the test follows the README), one test per
+The blocks are read from the files themselves (so the test follows the docs), one test per
 block, sharing one ``$NEST_HOME`` in a temporary folder (the converted model is linked in, the
 sample corpus comes from the session's ``sample_store``, made by the same ``nest ingest --sample``,
 which the README's block then re-runs for real and finds unchanged). Commands run as
@@ -50,6 +51,11 @@ from tests._stores import copy_sample_store
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+#: The documentation pages whose blocks run after the README's, in this order (a page's blocks
+#: may use what an earlier block made: the DReSD datastore, the KNN-SSD profile, the server).
+DOCS = ["configuration", "ingest", "methods", "backends", "citations", "server", "scaling",
+        "evaluation", "benchmarks", "decisions"]
+DOC_FILES = [README] + [REPO / "docs" / f"{name}.md" for name in DOCS]
 pytestmark = pytest.mark.slow
 
 QUESTION = "What is belly dance?"
@@ -66,22 +72,33 @@ class Block:
     code: str
     heading: str
     index: int
+    page: str = "README"
 
     @property
     def id(self) -> str:
         words = re.sub(r"[^a-z0-9]+", "-", self.heading.lower()).strip("-")
-        return f"{self.index:02d}-{self.lang}-{words[:40]}"
+        return f"{self.index:02d}-{self.page}-{self.lang}-{words[:40]}"
 
 
-def readme_blocks(text: str | None = None) -> list[Block]:
-    """The ``bash`` and ``python`` fenced blocks of README.md, with their section heading."""
+def readme_blocks(text: str | None = None, page: str = "README", start: int = 0) -> list[Block]:
+    """The ``bash`` and ``python`` fenced blocks of one page (README.md by default), with their
+    section heading, numbered from ``start``."""
     text = README.read_text(encoding="utf-8") if text is None else text
     out, heading = [], ""
-    for m in re.finditer(r"^(#{2,4} [^\n]*)$|^```(\w+)\n(.*?)^```", text, re.M | re.S):
+    for m in re.finditer(r"^(#{1,4} [^\n]*)$|^```(\w+)\n(.*?)^```", text, re.M | re.S):
         if m.group(1):
             heading = m.group(1).lstrip("# ").strip()
         elif m.group(2) in ("bash", "python"):
-            out.append(Block(m.group(2), m.group(3), heading, len(out)))
+            out.append(Block(m.group(2), m.group(3), heading, start + len(out), page))
+    return out
+
+
+def doc_blocks() -> list[Block]:
+    """The blocks of README.md, then of every page of ``DOCS``, numbered in that order."""
+    out: list[Block] = []
+    for path in DOC_FILES:
+        page = "README" if path == README else path.stem
+        out += readme_blocks(path.read_text(encoding="utf-8"), page, len(out))
     return out
 
 
@@ -281,7 +298,7 @@ def commands(code: str) -> list[str]:
     return out
 
 
-BLOCKS = readme_blocks()
+BLOCKS = doc_blocks()
 
 
 def _key(block: Block, table: dict[str, Any]) -> str | None:
@@ -291,8 +308,10 @@ def _key(block: Block, table: dict[str, Any]) -> str | None:
 
 
 def test_the_tables_match_the_readme() -> None:
-    """Each exclusion and adaptation names exactly one README block (a README edit that moves
-    or drops one shows up here), and the README has blocks of both kinds."""
+    """Each exclusion and adaptation names exactly one block of README.md and docs/ (an edit
+    that moves or drops one shows up here), there are blocks of both kinds, and every page of
+    docs/ is in ``DOCS`` (so none of its blocks is left out)."""
+    assert sorted(DOCS) == sorted(p.stem for p in (REPO / "docs").glob("*.md"))
     for table in (EXCLUDED, ADAPT):
         for key in table:
             hits = [b.id for b in BLOCKS if key in b.code]

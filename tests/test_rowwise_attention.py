@@ -1,7 +1,7 @@
 """Row-wise verify attention (``lm.rowwise_attention``): in bf16 on CPU a verify pass's rows equal
 one-token steps bit for bit, for chains and token trees, which is what makes the lossless
 methods exactly greedy there. The control: transformers' own SDPA does not give that on the
-real model. Speed is a benchmark (``benchmarks/bench_packed.py``), not a test."""
+real model. Speed is a benchmark (``python -m benchmarks.speed --kernels``), not a test."""
 
 from __future__ import annotations
 

@@ -81,13 +81,8 @@ def cmd_dresd(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> int:
     apply_backend_args(args)
-    from nest_integrations.dresd import (
-        PassageSource,
-        PromptSource,
-        build_datastore,
-        default_datastore_path,
-        read_prompts,
-    )
+    from nest_integrations.builders.dresd_responses import PromptSource, read_prompts
+    from nest_integrations.dresd import PassageSource, build_datastore, default_datastore_path
 
     if args.from_prompts:
         prompts = read_prompts(args.from_prompts)  # clear errors before loading the model

@@ -2,7 +2,7 @@
 
 Register it in the main CLI with either ``add_eval_parser(subparsers)`` or, in ``COMMANDS``,
 ``"eval": (add_eval_args, cmd_eval, EVAL_HELP)``. ``main(argv)`` runs it standalone
-(``benchmarks/eval_nest.py`` does).
+(as the small evaluation in ``docs/evaluation.md`` does).
 
 Usage::
 

@@ -107,7 +107,7 @@ def cmd_knn_ssd(args: argparse.Namespace) -> int:
     texts = _texts(args.prompts) if hasattr(args, "prompts") else []
     lm = _load_lm(args.model)
     if args.knn_command == "search":
-        from nest_integrations.knn_ssd.search import search_skip_set
+        from nest_integrations.builders.knn_ssd_search import search_skip_set
 
         res = search_skip_set(
             lm, args.domain, texts, trials=args.trials, n_prompts=args.n_prompts,
@@ -122,7 +122,7 @@ def cmd_knn_ssd(args: argparse.Namespace) -> int:
                           f"tokens/step {res.stats.get('mean_accepted')}"])
         return 0
     if args.knn_command == "anchors":
-        from nest_integrations.knn_ssd.search import build_anchors
+        from nest_integrations.builders.knn_ssd_search import build_anchors
 
         out = build_anchors(lm, args.domain, texts, k=args.k, profile=args.profile)
         _emit(args, out, [f"{out['domain']}: {out['anchors']} anchors from {out['n_prompts']} "

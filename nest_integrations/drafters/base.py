@@ -90,6 +90,8 @@ class DecodeState:
         eos: token ids that end generation; drafts never need to contain them.
         passages: the generation's passages; sources index into this list. A drafter that
             cites text outside it (DReSD) registers passages with ``add_passage``.
+        offsets: per passage, its ``(m, 2)`` token character offsets, or None when the
+            generation holds none for it (citations into it need them).
         memory: NEST's token memory (``TokenMemory``) when the method uses it, else None.
         lm: the target ``LanguageModel`` (a drafter that runs it must leave ``cache`` as it
             found it: exactly the committed tokens as computed by the full model).
@@ -167,6 +169,8 @@ class DrafterContext:
     engine as ``drafter_options`` or per call; each drafter reads them into its own option
     dataclass (``drafters.corpus.parse_options``). ``stats`` is the generation's ``NestStats``
     (a drafter that decides something before decoding, like KNN-SSD's route, records it there).
+    ``engine`` is the engine that runs the generation (a datastore-backed drafter finds its
+    collection's default datastore through it); ``prompt_passages`` the RA prompt's passages.
     """
 
     lm: Any

@@ -3,8 +3,8 @@ adaptation, and corpus drafts (DReSD, REST) with their datastore and token trees
 
 - ``parse_options``: a ``drafter_options`` dict -> the method's option dataclass (a clear
   ValueError on an unknown key or a bad value);
-- ``cut_at_eos`` / ``find_ngram`` / ``adapt_length``: used by prompt lookup, RAG-copy, DReSD
-  and REST;
+- ``find_ngram`` / ``adapt_length``: used by prompt lookup, RAG-copy, DReSD and REST
+  (``cut_at_eos`` is in ``core.tokens``);
 - ``CorpusOptions`` / ``open_datastore`` / ``default_datastore_for`` / ``corpus_draft``: the
   datastore-backed drafters (``dresd``, ``rest``).
 """
@@ -56,17 +56,6 @@ def check_at_least(method: str, options: Any, names: Sequence[str], minimum: int
         if getattr(options, name) < minimum:
             got = getattr(options, name)
             raise ValueError(f"{method} {name} must be >= {minimum}, got {got!r}")
-
-
-def cut_at_eos(tokens: Sequence[int], eos: frozenset[int] | set[int]) -> list[int]:
-    """``tokens`` up to (not including) the first end token: drafts never carry EOS (the
-    verify step's own token ends the text)."""
-    out = []
-    for t in tokens:
-        if t in eos:
-            break
-        out.append(int(t))
-    return out
 
 
 def find_ngram(seq: Sequence[int], pattern: Sequence[int], *, last: bool = False,
@@ -270,7 +259,6 @@ __all__ = [
     "SHAPES",
     "adapt_length",
     "corpus_draft",
-    "cut_at_eos",
     "datastore_of",
     "default_datastore_for",
     "find_ngram",

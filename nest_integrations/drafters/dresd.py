@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from nest_integrations.core.tokens import cut_at_eos
 from nest_integrations.drafters.base import LOSSLESS, DecodeState, Draft, DrafterContext, Method
 from nest_integrations.drafters.corpus import (
     CorpusOptions,
     check_at_least,
     corpus_draft,
-    cut_at_eos,
     datastore_of,
     parse_options,
 )
@@ -44,11 +44,9 @@ LOG = logging.getLogger(__name__)
 class DresdOptions(CorpusOptions):
     """``drafter_options`` of ``decoding="dresd"`` (and the ``CorpusOptions``).
 
-    Defaults measured on 2 CPU cores with SmolLM2-135M (benchmarks/results/lossless.md): one
-    chain beats a 4-draft tree there (a verify forward costs ~linearly more per extra token on
-    CPU), and drafts whose best neighbour has cosine < 0.8 were accepted ~0.2 tokens per step
-    against ~1.0 above it (4 probe prompts disjoint from the benchmark's), so they are not worth
-    a verify pass.
+    Defaults as measured on CPU (``docs/decisions.md``): one chain beats a tree (a verify pass
+    grows about linearly with its tokens), and drafts whose best neighbour is below cosine 0.8
+    are rarely accepted, so they are skipped.
 
     Attributes:
         k: neighbours searched per step.

@@ -277,9 +277,9 @@ class KnnSsdDrafter:
 
 def draft_cost_fraction(skip: "SkipSet", profile_cost: dict[str, Any] | None) -> float:
     """Seconds of one draft pass with ``skip`` as a fraction of a one-token full pass: from the
-    profile's measured per-sublayer costs (``knn_ssd.search.CostModel``) when it has them,
+    profile's measured per-sublayer costs (``builders.knn_ssd_search.CostModel``) when it has them,
     else the share of sublayers kept."""
-    try:  # CostModel.draft(skip) / CostModel.verify(1) (knn_ssd.search), from its dict
+    try:  # CostModel.draft(skip) / CostModel.verify(1) (builders.knn_ssd_search), from its dict
         c = profile_cost or {}
         if c and int(c["n_layers"]) == skip.n_layers and float(c["full"]) > 0:
             n = skip.n_layers

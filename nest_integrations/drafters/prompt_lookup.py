@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nest_integrations.core.tokens import cut_at_eos
 from nest_integrations.drafters import corpus
 from nest_integrations.drafters.base import DecodeState, Draft, DrafterContext, Source
 
@@ -45,7 +46,7 @@ class PromptLookupDrafter(corpus.AdaptiveLength):
             start = corpus.find_ngram(ctx, ctx[-n:], last=True, end=len(ctx) - 1)
             if start is None:
                 continue
-            cont = corpus.cut_at_eos(ctx[start + n : start + n + n_draft], state.eos)
+            cont = cut_at_eos(ctx[start + n : start + n + n_draft], state.eos)
             if cont:
                 return Draft(cont, [None] * len(cont))
         return None

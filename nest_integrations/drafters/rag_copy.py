@@ -7,14 +7,15 @@ best-ranked one). Verification is exact, so the answer is token for token the RA
 same model and retrieval; the speed-up comes from accepted copies, and every accepted copy
 carries its passage and exact offsets (``Citation.kind == "verbatim"``).
 
-This is the lossless floor that relaxed NEST must beat on answer quality (issue 10, LLMA
-arXiv 2304.04487 is the same idea with reference documents).
+This is the lossless floor that relaxed NEST must beat on answer quality (LLMA, arXiv
+2304.04487, is the same idea with reference documents).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nest_integrations.core.tokens import cut_at_eos
 from nest_integrations.drafters.base import (
     LOSSLESS,
     DecodeState,
@@ -26,7 +27,6 @@ from nest_integrations.drafters.base import (
 from nest_integrations.drafters.corpus import (
     AdaptiveLength,
     NgramOptions,
-    cut_at_eos,
     find_ngram,
     parse_options,
 )

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from nest_integrations.core.tokens import cut_at_eos
 from nest_integrations.drafters import corpus
 from nest_integrations.drafters.base import LOSSLESS, DecodeState, Draft, DrafterContext, Method
 
@@ -141,7 +142,7 @@ class RestDrafter:
             first: dict[tuple[int, ...], int] = {}
             for s in hits[: opts.max_matches]:
                 g = int(s) + m - 1  # the row of the context's last token
-                seq = corpus.cut_at_eos(tokens[g + 1 : min(g + 1 + length, int(sa.end[s]))], eos)
+                seq = cut_at_eos(tokens[g + 1 : min(g + 1 + length, int(sa.end[s]))], eos)
                 if seq:
                     counts[tuple(seq)] += 1
                     first.setdefault(tuple(seq), g)

@@ -1,6 +1,8 @@
 """DReSD (Dense Retrieval for Speculative Decoding): a corpus-wide datastore of 64-d token keys
-drafts continuations that the LM verifies exactly (lossless). See ``datastore`` for the layout
-and key convention, ``drafters/dresd.py`` for drafting, ``cli/dresd.py`` for ``nest dresd``.
+drafts continuations that the LM verifies exactly (lossless). This package is the datastore
+(``datastore``: layout, key convention, resumable build from passages; ``pca``; ``index``), read
+by ``drafters/dresd.py``; the response cache of a prompts file, which decodes, is
+``builders/dresd_responses.py``; ``nest dresd`` is ``cli/dresd.py``.
 
 Usage::
 
@@ -19,16 +21,13 @@ from nest_integrations.dresd.datastore import (
     build_datastore,
     default_datastore_path,
 )
-from nest_integrations.dresd.responses import PromptSource, read_prompts
 
 __all__ = [
     "DatastoreError",
     "DatastoreMismatchError",
     "DresdDatastore",
     "PassageSource",
-    "PromptSource",
     "SourceBatch",
     "build_datastore",
     "default_datastore_path",
-    "read_prompts",
 ]

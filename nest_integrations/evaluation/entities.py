@@ -315,7 +315,7 @@ class KeywordQuestion:
     must_not: tuple[str, ...] = ()
 
 
-#: The README's, the cookbook's and the preset comparison's questions over the sample corpus
+#: The README's and the cookbook's questions over the sample corpus
 #: (``nest ingest --sample``), with the words a right answer contains and a wrong one does not.
 #: The ``must`` words come from the gold document (e.g. "debugging" for assert), so the LM's
 #: own vague answer usually fails them; run-on is not meaningful for these free-form answers.

@@ -20,7 +20,7 @@ import string
 import unicodedata
 from typing import Any, Iterable, Sequence
 
-from nest_integrations.drafters import corpus
+from nest_integrations.core.tokens import cut_at_eos
 
 #: ROUGE variants reported (F-measure), as in the paper's Table 1.
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
@@ -30,11 +30,6 @@ _PUNCT = set(string.punctuation) | {"\u2013", "\u2014", "\u2018", "\u2019", "\u2
 
 
 # ----------------------------------------------------------------------------- text clean-up
-
-
-def cut_at_eos(token_ids: Sequence[int], eos_ids: Iterable[int]) -> list[int]:
-    """Token ids up to (not including) the first EOS id (E3): the drafters' cut."""
-    return corpus.cut_at_eos(token_ids, set(eos_ids))
 
 
 def cut_at_stop(text: str, stops: Iterable[str]) -> str:

@@ -1,23 +1,24 @@
-"""Open-ended answer metrics (issue 22): content, degeneration, run-on into other documents,
-and where the citations point. Pure functions (hand-computed cases in tests/test_quality.py).
+"""Open-ended answer metrics: content, degeneration, run-on into other documents, and where the
+citations point. Pure functions (hand-computed cases in tests/test_quality.py).
 
 - **ROUGE-L** (``rouge_l``): F-measure of the answer against the gold passage (``metrics.rouge``).
 - **degenerate** (``degenerate``): the answer is empty, mostly punctuation (under half of its
   non-space characters are letters or digits), repeats a sentence or line, or loops on a phrase
   (``core.topic.repeat_start`` / ``loop_start``, with the text taken as ended), runs into junk
-  (``core.topic.junk_start``: 4+ separators or 4+ empty lines in a row, what the relaxed modes'
-  guard now cuts), or repeats one short line ``LINE_REPEATS`` times ("Python" line after line:
-  the guards' 12-character line minimum lets it through; added after the first test-split run
-  showed it, for every system alike).
+  (``core.topic.junk_start``: 4+ separators or 4+ empty lines in a row), or repeats one short
+  line ``LINE_REPEATS`` times (a line the guards' 12-character minimum lets through).
 - **junk** (``junky``): a rough pattern count of broken text that ``degenerate`` lets through:
   two commas with nothing between, a function word right before a comma ("was a, and"), a
-  sentence that opens with punctuation, or a word doubled ("the the"). Added after the
-  ``open-who`` prompts showed "Fred Rogers was a, and author,, Presbyterian minister", which
-  ROUGE-L against the lead rewards.
+  sentence that opens with punctuation, or a word doubled ("the the"); ROUGE-L against the
+  lead rewards such copies.
 - **run-on** (``other_document_tokens``): output tokens attributed to a passage of another
   document than the gold one: text that belongs to another document.
 - **gold-cited share**: as in ``grounded.gold_cited_share``; **substantial citation**: the
   answer shows a citation of at least ``SUBSTANTIAL_WORDS`` words.
+
+``score`` turns one answer into a record of these; ``summarize`` pools records per system
+(ROUGE-L with a bootstrap interval, paired difference to a reference system), and
+``markdown_table`` shows the summary.
 """
 
 from __future__ import annotations
@@ -83,5 +84,81 @@ def rouge_l(prediction: str, reference: str, scorer: Any = None) -> float:
     return rouge(prediction, reference, scorer)["rougeL"]["f"]
 
 
+def score(result: Any, question: Any, scorer: Any = None) -> dict[str, Any]:
+    """The open-ended metrics of one answer (a ``NestResult``) to an ``OpenQuestion``."""
+    from nest_integrations.evaluation.grounded import gold_cited_share
+
+    cites = list(result.citations)
+    return {
+        "text": result.text,
+        "rouge_l": rouge_l(result.text, question.gold_text, scorer),
+        "degenerate": degenerate(result.text),
+        "junk": junky(result.text),
+        "other_doc_tokens": other_document_tokens(result.token_sources, result.passages,
+                                                  question.gold_doc_id),
+        "substantial_citation": substantial_citation(cites),
+        "cited_chars": sum(len(c.text) for c in cites),
+        "gold_cited_chars": sum(len(c.text) for c in cites if c.doc_id == question.gold_doc_id),
+        "gold_cited_share": gold_cited_share(cites, question.gold_doc_id),
+        "new_tokens": result.stats.new_tokens, "time_total": result.stats.time_total,
+        "finish_reason": result.stats.finish_reason,
+    }
+
+
+def summarize(records: Sequence[dict[str, Any]], reference: str) -> list[dict[str, Any]]:
+    """One row per system (first-seen order): ROUGE-L (bootstrap 95% CI) and its paired
+    difference to ``reference``, degenerate and junk counts, run-on and gold-cited shares,
+    substantial citations, tokens/s."""
+    from nest_integrations.evaluation import stats
+
+    systems = list(dict.fromkeys(r["system"] for r in records))
+    ref = {r["question_id"]: r for r in records if r["system"] == reference}
+    rows = []
+    for s in systems:
+        rs = [r for r in records if r["system"] == s]
+        new = sum(r["new_tokens"] for r in rs)
+        cited = sum(r["cited_chars"] for r in rs)
+        t = sum(r["time_total"] for r in rs)
+        rl, lo, hi = stats.bootstrap_ci([r["rouge_l"] for r in rs])
+        row = {
+            "system": s, "n": len(rs), "rouge_l": rl, "rouge_l_ci": (lo, hi),
+            "degenerate": sum(r["degenerate"] for r in rs),
+            "junk": sum(r["junk"] for r in rs),
+            "run_on_share": sum(r["other_doc_tokens"] for r in rs) / new if new else None,
+            "substantial": sum(r["substantial_citation"] for r in rs),
+            "gold_cited_share": (sum(r["gold_cited_chars"] for r in rs) / cited
+                                 if cited else None),
+            "tokens_per_s": new / t if t else None,
+        }
+        if s != reference and ref:
+            common = [r for r in rs if r["question_id"] in ref]
+            row["rouge_l_diff"] = stats.paired_bootstrap_diff(
+                [r["rouge_l"] for r in common], [ref[r["question_id"]]["rouge_l"] for r in common])
+        rows.append(row)
+    return rows
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], reference: str) -> str:
+    """``summarize``'s rows as a Markdown table."""
+    pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+    lines = ["| system | n | ROUGE-L (95% CI) | vs " + reference + " (diff, 95% CI) | "
+             "degenerate | junk | run-on (other-doc tokens) | >= 4-word citation | "
+             "gold-cited chars | tok/s | vs " + reference + " speed |", "|" + "---|" * 11]
+    ref_tps = next((r["tokens_per_s"] for r in rows if r["system"] == reference), None)
+    for r in rows:
+        lo, hi = r["rouge_l_ci"]
+        d = r.get("rouge_l_diff")
+        diff = f"{100 * d[0]:+.1f} ({100 * d[1]:+.1f}, {100 * d[2]:+.1f})" if d else "-"
+        tps = r["tokens_per_s"]
+        sp = f"{tps / ref_tps:.2f}x" if tps and ref_tps else "-"
+        lines.append(
+            f"| {r['system']} | {r['n']} | {100 * r['rouge_l']:.1f} ({100 * lo:.1f}-"
+            f"{100 * hi:.1f}) | {diff} | {r['degenerate']}/{r['n']} | {r['junk']}/{r['n']} "
+            f"| {pct(r['run_on_share'])} | {r['substantial']}/{r['n']} | "
+            f"{pct(r['gold_cited_share'])} | {'-' if tps is None else f'{tps:.1f}'} | {sp} |")
+    return "\n".join(lines)
+
+
 __all__ = ["JUNK_PATTERN", "LINE_REPEATS", "SUBSTANTIAL_WORDS", "degenerate", "junky",
+           "markdown_table", "score", "summarize",
            "other_document_tokens", "rouge_l", "substantial_citation"]

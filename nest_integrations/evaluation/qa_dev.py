@@ -184,11 +184,17 @@ def generate(
     max_new_tokens: int,
     base_overrides: dict[str, Any] | None = None,
 ) -> Any:
-    """One generation of ``spec`` (``decoding=`` only when the spec names one)."""
+    """One generation of ``spec``: its preset's config and answer policy (the ``rag``, ``base``
+    and method systems: no policy), ``decoding=`` only when the spec names one."""
+    from nest_integrations.policy import AnswerPolicy
+
     cfg = spec.config(base_overrides)
+    policy = (AnswerPolicy.from_preset(spec.preset) if spec.decoding is None
+              else AnswerPolicy())  # a named method: plain, as the spec's context gives it
     kw: dict[str, Any] = {
         "max_new_tokens": max_new_tokens,
         "config": cfg,
+        "policy": policy,
         "passages": spec.passages_for(passages, cfg),
     }
     if spec.decoding is not None:
@@ -258,6 +264,39 @@ def run_questions(
     return records
 
 
+def run_open_questions(
+    engine: Any,
+    questions: Sequence[Any],
+    systems: Sequence[SystemSpec],
+    *,
+    k: int = 8,
+    max_new_tokens: int = 64,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Every open-ended question (``quality_set.OpenQuestion``) through every system,
+    interleaved, with the same retrieved passages; one ``open_ended.score`` record each."""
+    from nest_integrations.evaluation import open_ended
+    from nest_integrations.evaluation.metrics import rouge_scorer
+
+    scorer = rouge_scorer()
+    records = []
+    for q in questions:
+        passages = engine.retrieve(q.question, k)
+        docs = [p.doc_id for p in passages]
+        messages = [{"role": "user", "content": q.question}]
+        for spec in systems:
+            result = generate(engine, spec, messages, passages, max_new_tokens)
+            records.append({
+                "question_id": q.id, "question": q.question, "system": spec.name,
+                "source": q.source, "gold_doc_id": q.gold_doc_id,
+                "gold_rank": docs.index(q.gold_doc_id) + 1 if q.gold_doc_id in docs else None,
+                **open_ended.score(result, q, scorer),
+            })
+            if on_record is not None:
+                on_record(records[-1])
+    return records
+
+
 # ----------------------------------------------------------------------------- summary
 
 
@@ -324,11 +363,14 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def markdown_table(rows: Sequence[dict[str, Any]], reference: str = "rag") -> str:
-    """The summary as a markdown table (McNemar: wins/losses vs the reference, and p)."""
+def markdown_table(rows: Sequence[dict[str, Any]], reference: str = "rag",
+                   speed_reference: str = "base") -> str:
+    """The summary as a markdown table (McNemar: wins/losses vs the reference, and p; speed
+    against ``speed_reference``, as ``summarize`` was given it)."""
     head = (
         "| system | correct | accuracy (95% CI) | wrong entity | gold-cited chars | "
-        "off-topic copied | run-on | tok/s | vs base | vs " + reference + " (+/-, McNemar p) |"
+        f"off-topic copied | run-on | tok/s | vs {speed_reference} | vs {reference} "
+        "(+/-, McNemar p) |"
     )
     lines = [head, "|" + "---|" * 10]
     for r in rows:
@@ -355,6 +397,7 @@ __all__ = [
     "generate",
     "markdown_table",
     "parse_system",
+    "run_open_questions",
     "run_questions",
     "score_output",
     "summarize",

@@ -1,4 +1,4 @@
-"""The quality question set (issue 22): a dev/test protocol that cannot overfit.
+"""The quality question set: a dev/test protocol that cannot overfit.
 
 Three sources, every question tied to one gold document, split dev/test **by document** with a
 deterministic seed, so no document (and no sentence frame of one entity) serves both splits:
@@ -17,12 +17,8 @@ deterministic seed, so no document (and no sentence frame of one entity) serves 
 - ``pydoc``: completion questions over the Python reference topics of the sample corpus
   (``data/sample/pydoc``): a sentence cut just before one content word.
 
-(Version 1 of the builder blanked the value mid-sentence, a cloze form at which every system
-scored at the floor on dev: pydoc 0/10, wiki 1/10.)
-
 An **open-ended split** asks "What is X?" (wiki), "Who was X?" (wiki leads of the People topic,
-source ``open-who``: added after issue 22, where the default's answers to this form held junk
-copies such as "was a, and author,,", gone with issue 21's ``knn_temperature=0.25``) and "Write
+source ``open-who``, which showed the junk copies ``knn_temperature=0.25`` removed) and "Write
 the reference entry for X" (pydoc); the gold passage is the document's opening text
 (``OpenQuestion.gold_text``).
 

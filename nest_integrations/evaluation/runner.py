@@ -94,7 +94,7 @@ class EvalSettings:
 #: on a shared machine where a 1-token step was 2.3x slower than idle).
 #: ``full``: 600 examples, the paper's hybrid retrieval and QA budget (128 tokens), a 100 x 8
 #: gamma sweep; about 15 hours on 2 CPU cores (estimate), so prefer ``--device cuda``.
-#: See README.md in this package.
+#: See docs/evaluation.md.
 SETTINGS: dict[str, EvalSettings] = {
     "small": EvalSettings(
         name="small",

@@ -15,11 +15,8 @@ every codec; what a lossy codec changes is which neighbours are found and how fa
   one byte (256 centroids, trained with k-means on a sample). The default ``m = d / 8`` gives
   ``d / 8`` bytes per key: 1/16 of fp16.
 
-Measured on the sample corpus (``benchmarks/results/key_codecs.md``, SmolLM2-135M, d = 576):
-int8 stores 0.51x fp16's bytes per token with no measurable change (top-1024 recall 0.997,
-equal lambda, p_M perplexity and generated tokens); pq (m = 72) 0.09x (0.07x at scale) with
-recall 0.85, higher lambda and +31% calibrated in-corpus p_M perplexity; recalibrate after a
-switch to pq.
+int8 halves fp16's bytes with no measurable change; pq costs recall and raises lambda, so
+recalibrate after a switch to pq (``benchmarks/results/key_codecs.md``).
 
 Trained codecs (``int8``, ``pq``) must be trained once, on a sample of the corpus's keys, before
 the first key is stored; their tables are saved with the store (``save``/``load``) and their

@@ -12,10 +12,8 @@ Layout under ``path``::
                                    in older stores)
 
 The fingerprint does not depend on the dtype (``HFLanguageModel.fingerprint``), so a store
-encoded in fp32 is read by the same model loaded in bf16 and vice versa. That was measured:
-bf16 keys agree with fp32 ones to cosine 0.9999 and a bf16 model on an fp32 store finds the
-fp32 neighbours better than on a store it encoded itself, with the same RRC lambda
-(``benchmarks/results/bf16_keys.md``). ``open`` logs a note when the dtypes differ.
+encoded in fp32 is read by the same model loaded in bf16 and vice versa: the keys are
+interchangeable (``benchmarks/results/bf16_keys.md``). ``open`` logs a note when they differ.
     ns/<namespace>/manifest.json   one namespace per (fingerprint, key source, codec): key_dim,
                                    codec params and, once trained, the codec fingerprint
     ns/<namespace>/codec.npz       trained codec tables (int8, pq only)

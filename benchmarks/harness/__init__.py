@@ -1,0 +1,38 @@
+"""What every benchmark shares.
+
+- ``run``: the environment (``$NEST_HOME`` = the repo's ``.nest``, offline hub), the run record
+  (command, machine: ``lscpu`` model name, load at start and end, commit, date, wall time),
+  and ``parser``/``start``, the opening of every benchmark's ``main``;
+- ``report``: the one result writer (Markdown + JSON, both headed by the run record), table
+  helpers, and ``read_jsonl`` for raw records (plain or gzipped);
+- ``timing``: rotating interleaving of systems per prompt, pooled tokens/s and ratios;
+- ``prompts``: the shared prompt sets (sample-corpus completions, held-out leads, QA,
+  "Tell me about {title}." chat prompts);
+- ``systems``: ``Row``, the definition of one system under test (engine, backend, dtype, method,
+  threads, prompt, config), and the runners that execute a row per ``(engine, backend)``.
+"""
+
+from benchmarks.harness.report import fmt, pct, read_jsonl, row, table, write_result
+from benchmarks.harness.run import REPO, RESULTS, Run, machine, parser, setup, start
+from benchmarks.harness.timing import geomean, pooled, rate, ratio, rotated
+
+__all__ = [
+    "REPO",
+    "RESULTS",
+    "Run",
+    "fmt",
+    "geomean",
+    "machine",
+    "parser",
+    "pct",
+    "pooled",
+    "rate",
+    "ratio",
+    "read_jsonl",
+    "rotated",
+    "row",
+    "setup",
+    "start",
+    "table",
+    "write_result",
+]

@@ -1,0 +1,128 @@
+"""The environment of a benchmark run and its record: the command as typed, the machine, the
+load at start and end, the commit, the date and the wall time."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def setup() -> None:
+    """Defaults every benchmark runs with: ``$NEST_HOME`` the repo's ``.nest`` (where the tests
+    and ``scripts/install.sh`` put the converted model), the Hugging Face Hub offline, Chroma's
+    telemetry off. Values already set win."""
+    os.environ.setdefault("NEST_HOME", str(REPO / ".nest"))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
+
+
+def cpu_model() -> str:
+    """``lscpu``'s model name (else what the cost model names the machine by)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            if line.strip().lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    from nest_integrations.lm.cost import machine_name
+
+    return machine_name()
+
+
+def commit() -> str:
+    """The checkout's short commit, ``+dirty`` when tracked files differ from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head or "unknown") + ("+dirty" if dirty else "")
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    info: dict[str, Any] = {"cpu": cpu_model(), "cpus": os.cpu_count(),
+                            "python": platform.python_version()}
+    try:
+        import torch
+
+        info.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
+        from nest_integrations.lm import backend
+
+        info["native_bf16"] = backend.cpu_has_native_bf16()
+    except ImportError:
+        pass
+    return info
+
+
+def load() -> list[float]:
+    """The 1, 5 and 15 minute load averages."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+@dataclass
+class Run:
+    """One run's record, started when the benchmark starts and finished when it writes."""
+
+    command: str
+    when: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    load_start: list[float] = field(default_factory=load)
+    commit: str = field(default_factory=commit)
+    started: float = field(default_factory=time.perf_counter)
+    record: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, module: str, argv: Sequence[str]) -> Run:
+        """The run of ``python -m <module> <argv>`` (``NEST_THREADS=`` in front when set)."""
+        return cls(command_line(module, argv, os.environ.get("NEST_THREADS")))
+
+    def finish(self) -> dict[str, Any]:
+        """The record: command, date, machine, load at start and end, commit, wall seconds."""
+        if not self.record:
+            self.record = {
+                "command": self.command, "when": self.when, "machine": machine(),
+                "load_start": self.load_start, "load_end": load(), "commit": self.commit,
+                "wall_s": round(time.perf_counter() - self.started, 1),
+            }
+        return self.record
+
+
+def command_line(module: str, argv: Sequence[str], threads_env: str | None = None) -> str:
+    """The command as typed: ``[NEST_THREADS=n ]python -m <module> <args>``."""
+    env = f"NEST_THREADS={shlex.quote(threads_env)} " if threads_env else ""
+    return env + f"python -m {module}" + "".join(" " + shlex.quote(a) for a in argv)
+
+
+def parser(module: str, doc: str | None) -> argparse.ArgumentParser:
+    """The argument parser of ``python -m <module>``: its docstring's first line as the
+    description, and ``--out`` (the results folder, default ``benchmarks/results``)."""
+    ap = argparse.ArgumentParser(prog=f"python -m {module}",
+                                 description=(doc or "").strip().split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=RESULTS, help="results folder")
+    return ap
+
+
+def start(ap: argparse.ArgumentParser, argv: Sequence[str] | None = None
+          ) -> tuple[argparse.Namespace, Run]:
+    """Parse ``argv`` (default: the command line), set the environment (``setup``) and start
+    the run record."""
+    import sys
+
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    args = ap.parse_args(args_list)
+    setup()
+    return args, Run.start(ap.prog.removeprefix("python -m "), args_list)

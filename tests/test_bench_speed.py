@@ -1,0 +1,227 @@
+"""The benchmark harness and ``python -m benchmarks.speed``'s pure parts, without a model:
+row choice, the runner registry, summaries (ratios, identical counts, ROUGE means), the time
+profile, the targets, the Markdown, the result writer and reading an older result file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import harness, speed
+from benchmarks.harness import systems
+from benchmarks.harness.run import Run, command_line
+from benchmarks.harness.systems import Row
+
+
+def test_rows_pull_in_the_baseline_and_their_references():
+    got = speed.resolve_rows(["grounded", "dresd"])
+    # catalogue order, plus the baseline and the references the chosen rows are measured against
+    assert list(got) == ["hf-greedy", "hf-greedy-model", "rag-greedy", "dresd", "grounded"]
+    variant = speed.resolve_rows(["grounded@fp32"])
+    assert variant["grounded@fp32"].dtype == "fp32"
+    assert variant["grounded@fp32"].reference == "rag-greedy@fp32"
+    assert "rag-greedy@fp32" in variant and "hf-greedy" in variant
+    assert set(speed.resolve_rows(["lookahead"])) >= {"grounded-la0", "grounded-la16"}
+    with pytest.raises(KeyError, match="turbo"):
+        speed.resolve_rows(["turbo"])
+
+
+def test_parse_args():
+    args = speed.parse_args(["--rows", "grounded,dresd", "--per-set", "2", "--rows", "paper"])
+    assert "paper" in args.systems and "dresd" in args.systems and args.per_set == 2
+    assert args.dtype == "bf16" and args.set_list == ["grounded", "held-out", "qa"]
+    assert "llama.cpp" not in speed.parse_args(["--no-llama-cpp"]).systems
+    for bad in (["--rows", "grounded,turbo"], ["--per-set", "0"], ["--sets", "qa,nope"]):
+        with pytest.raises(SystemExit):
+            speed.parse_args(bad)
+    assert command_line("benchmarks.speed", ["--per-set", "2", "--out", "a b"]) == (
+        "python -m benchmarks.speed --per-set 2 --out 'a b'")
+    assert command_line("benchmarks.speed", [], "1") == "NEST_THREADS=1 python -m benchmarks.speed"
+
+
+def test_a_row_names_a_known_engine_backend_and_weights():
+    with pytest.raises(ValueError, match="backend"):
+        Row("x", "x", backend="onnx")
+    with pytest.raises(ValueError, match="threads"):
+        Row("x", "x", threads=0)
+
+
+def test_a_new_backend_is_one_registered_runner(monkeypatch):
+    """A row on a backend with no runner is a clear error; registering one makes it run."""
+    monkeypatch.setattr(systems, "RUNNERS", dict(systems.RUNNERS))
+    row = Row("rag-copy@llama.cpp", "ours on llama.cpp", "rag-copy", backend="llama.cpp",
+              retrieve=True, reference="rag-greedy", lossless=True, threads=1)
+    with pytest.raises(ValueError, match="no runner for engine='nest', backend='llama.cpp'"):
+        systems.run_row(None, row, {}, 4)
+    seen = []
+
+    def fake(parts, r, q, max_new):
+        import torch
+
+        seen.append((r.name, max_new, torch.get_num_threads()))
+        return {"ids": [1], "tokens": 1, "seconds": 0.5, "text": "x"}
+
+    systems.register("nest", "llama.cpp", fake)
+    assert systems.run_row(None, row, {"prompt": "q"}, 4)["tokens"] == 1
+    assert seen == [("rag-copy@llama.cpp", 4, 1)]
+
+
+def test_rotated_interleaving():
+    assert [harness.rotated("abc", i) for i in range(4)] == [
+        list("abc"), list("bca"), list("cab"), list("abc")]
+    assert harness.geomean([2.0, 0.5]) == pytest.approx(1.0)
+
+
+def run(tokens, seconds, ids, text="x", **extra):
+    return {"tokens": tokens, "seconds": seconds, "ids": ids, "text": text, **extra}
+
+
+def timing(retrieval, keys, prefill, lm, knn, draft, total):
+    return {"retrieval": retrieval, "keys": keys, "prefill": prefill, "lm": lm, "knn": knn,
+            "draft": draft, "total": total}
+
+
+@pytest.fixture
+def records():
+    return [
+        {"set": "qa",
+         "hf-greedy": run(10, 1.0, [1, 2]),
+         "hf-greedy-model": run(10, 0.9, [1, 2]),
+         "rag-greedy": run(10, 2.0, [3, 4]),
+         "greedy": run(10, 1.25, [1, 2], verify_steps=0, accepted=0, forwards=11),
+         "grounded": run(10, 0.5, [3, 5], attributed=5, verify_steps=2, accepted=6, forwards=3,
+                         rougeL_ref=0.5, time=timing(0.05, 0.05, 0.2, 0.3, 0.05, 0.0, 0.5))},
+        {"set": "held-out",
+         "hf-greedy": run(20, 1.0, [7]),
+         "hf-greedy-model": run(20, 0.9, [7]),
+         "rag-greedy": run(20, 2.0, [8]),
+         "greedy": run(20, 1.0, [9], verify_steps=0, accepted=0, forwards=21),
+         "grounded": run(20, 2.0, [8], attributed=0, verify_steps=4, accepted=2, forwards=10,
+                         rougeL_ref=1.0, time=timing(0.1, 0.1, 0.8, 1.6, 0.1, 0.1, 2.0))},
+    ]
+
+
+def test_summary_ratios_and_quality(records):
+    rows = speed.resolve_rows(["greedy", "grounded"])
+    s = speed.summarize(records, rows)
+    assert s["prompts"] == 2
+    # pooled: HF 30 tok / 2 s = 15/s; RAG 30 / 4 = 7.5/s; grounded 30 / 2.5 = 12/s
+    assert s["grounded"]["tokens_per_s"] == pytest.approx(12.0)
+    assert s["grounded"]["vs_base"] == pytest.approx(0.8)
+    assert s["grounded"]["vs_ref"] == pytest.approx(1.6)  # against rag-greedy
+    assert s["greedy"]["vs_ref"] == pytest.approx((30 / 2.25) / (30 / 1.8))  # hf-greedy-model
+    assert s["hf-greedy"]["vs_ref"] is None  # it is the baseline, no reference
+    # geo-mean of per-prompt ratios: grounded 20/s vs 10/s and 10/s vs 20/s -> 1.0
+    assert s["grounded"]["vs_base_geomean"] == pytest.approx(1.0)
+    assert s["greedy"]["identical"] == "1/2" and s["greedy"]["reference"] == "hf-greedy-model"
+    assert s["grounded"]["identical"] == "1/2" and s["grounded"]["reference"] == "rag-greedy"
+    assert s["grounded"]["cited"] == pytest.approx(5 / 30)
+    assert s["grounded"]["rougeL_ref"] == pytest.approx(0.75)
+    assert s["grounded"]["accepted_per_verify"] == pytest.approx(8 / 6)
+    assert s["grounded"]["tokens_per_pass"] == pytest.approx(30 / 13)
+    assert s["hf-greedy"]["identical"] is None
+
+
+def test_profile_names_the_largest_share(records):
+    p = speed.profile(records, "grounded")
+    assert p["runs"] == 2 and p["total_s"] == pytest.approx(2.5)
+    assert p["seconds"]["prefill"] == pytest.approx(1.0)
+    assert p["seconds"]["verify"] == pytest.approx(0.9)  # time_lm minus the prefill
+    assert p["seconds"]["other"] == pytest.approx(2.5 - 2.45)  # the rest of time_total
+    assert sum(p["shares"].values()) == pytest.approx(1.0)
+    assert p["largest"] == "prefill"
+    assert speed.profile(records, "greedy") is None  # no timings recorded
+
+
+def result_of(records):
+    rows = speed.resolve_rows(["greedy", "grounded"])
+    return {
+        "records": records, "baseline": "hf-greedy",
+        "systems": {n: speed.vars_of(r) for n, r in rows.items()},
+        "quickstart": {"question": "q?", "max_new_tokens": 96, "repeats": 1, "text": "a",
+                       "grounded_vs_hf_fp32": 2.6,
+                       "runs": {"grounded": {"tokens_per_s": 26.0, "tokens": 96, "forwards": 30,
+                                             "vs_hf_fp32": 2.6}}},
+        "model": "m", "dtype": "bf16", "device": "cpu", "passages": 3, "n_passages": 8,
+        "per_set": 1, "max_new_tokens": 48, "heldout_source": "h", "datastore": "-",
+        "llama_cpp": {"status": "not importable: x"}, "curve_tokens": [1, 9],
+        "curves": {"bf16": {"tokens": [1, 9], "seconds": [0.05, 0.06]}},
+    }
+
+
+def test_targets_and_markdown(records):
+    result = speed.derive(result_of(records))
+    assert result["by_set"]["qa"]["grounded"]["vs_ref"] == pytest.approx(4.0)
+    assert result["profile"]["greedy"] is None and result["profile"]["grounded"]["runs"] == 2
+    t = {x["target"]: x for x in result["targets"]}
+    qa = t["`grounded` >= 1.5x RAG greedy on grounded QA (qa)"]
+    assert qa["measured"] == pytest.approx(4.0) and qa["met"] is True  # 20/s vs 5/s
+    held = t["`grounded` >= 1.0x HF greedy on held-out prompts"]
+    assert held["measured"] == pytest.approx(0.5) and held["met"] is False
+    assert t["`greedy` identical to greedy on every prompt (hf-greedy-model)"]["met"] is False
+    assert t["DReSD in-domain (qa) >= 1.5x HF greedy"]["met"] is None  # not run
+    assert t["quickstart `nest ask` (grounded) >= 2.5x HF fp32 greedy"]["met"] is True
+    md = speed.markdown(result)
+    assert "| `grounded` >= 1.0x HF greedy on held-out prompts | 0.50x | 1x | **no** |" in md
+    assert "| bf16 | 50 | 1.00 | 1.20 |" in md  # c(1) ms, then c(T)/c(1)
+    assert "RA prefill (prompt forward) 40.0%" in md
+    assert "llama.cpp: not importable: x." in md
+    assert ("| `grounded` (the default: RA-NEST + guards) | 12.0 | 0.80 (1.00) | "
+            "1.60 (rag-greedy) | 1/2 |") in md
+
+
+def test_the_writer_heads_both_files_with_the_run(tmp_path, records, monkeypatch):
+    monkeypatch.delenv("NEST_THREADS", raising=False)  # tests/conftest.py sets it
+    run = Run.start("benchmarks.speed", ["--per-set", "1"])
+    result = speed.derive(result_of(records))
+    md, js = harness.write_result(tmp_path, "speed", result, speed.markdown(result), run,
+                                  quiet=True)
+    text, data = md.read_text(), json.loads(js.read_text())
+    assert text.startswith("# Speed with quality")
+    assert "Command: `python -m benchmarks.speed --per-set 1`" in text
+    record = data["run"]
+    assert record["command"] == "python -m benchmarks.speed --per-set 1"
+    assert record["machine"]["cpu"] and record["commit"] and len(record["load_start"]) == 3
+    assert f"commit `{record['commit']}`" in text and record["machine"]["cpu"] in text
+
+
+def test_an_older_result_file_renders(tmp_path, records):
+    """``--render-only`` reads ``bench_speed_all.py``'s layout (rows keyed by method) too, and
+    keeps that run's command, with the command that re-runs it now."""
+    old = {"rows": records, "methods": ["hf-greedy", "hf-greedy-model", "rag-greedy", "greedy",
+                                        "grounded"],
+           "command": "python benchmarks/bench_speed_all.py --methods grounded", "when": "then",
+           "machine": {"cpu": "cpu0", "cpus": 2, "loadavg_start": [1.0], "loadavg_end": [1.5]},
+           "model": "m", "dtype": "bf16", "device": "cpu", "passages": 3, "n_passages": 8,
+           "per_set": 1, "max_new_tokens": 48, "heldout_source": "h", "datastore": "-"}
+    (tmp_path / "speed_all.json").write_text(json.dumps(old))
+    assert speed.main(["--render-only", "--stem", "speed_all", "--out", str(tmp_path),
+                       "--quiet"]) == 0
+    text = (tmp_path / "speed_all.md").read_text()
+    assert "Command: `python benchmarks/bench_speed_all.py --methods grounded`" in text
+    assert "Re-run with: `python -m benchmarks.speed --rows grounded --stem speed_all`" in text
+    assert "cpu0" in text and "| our `greedy` | 13.3 |" in text
+
+
+def test_every_benchmark_opens_the_same_way(monkeypatch):
+    """``harness.parser`` names the module and adds ``--out``; ``harness.start`` parses, sets the
+    environment defaults and records the command."""
+    monkeypatch.delenv("NEST_THREADS", raising=False)
+    ap = harness.parser("benchmarks.example", "One line.\n\nMore.")
+    ap.add_argument("--n", type=int, default=1)
+    args, run = harness.start(ap, ["--n", "3"])
+    assert ap.description == "One line." and ap.prog == "python -m benchmarks.example"
+    assert args.n == 3 and args.out == harness.RESULTS
+    assert run.command == "python -m benchmarks.example --n 3"
+
+
+def test_raw_records_are_read_plain_or_gzipped(tmp_path):
+    import gzip
+
+    rows = [{"a": 1}, {"b": [2]}]
+    text = "".join(json.dumps(r) + "\n" for r in rows) + "\n"
+    (tmp_path / "r.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    assert harness.read_jsonl(tmp_path / "r.jsonl") == rows  # only the .gz exists
+    (tmp_path / "p.jsonl").write_text(text)
+    assert harness.read_jsonl(tmp_path / "p.jsonl") == rows
