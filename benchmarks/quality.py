@@ -11,7 +11,9 @@ Question sets (``--set``):
   ``--split dev``; report ``--split test``;
 - ``entities``: the grounded-QA dev set (``evaluation.entities``: 60 fictional documents sharing
   sentence frames; ``--n`` of its 300 questions);
-- ``sample``: the questions about the sample corpus (``entities.SAMPLE_QUESTIONS``).
+- ``sample``: the questions about the sample corpus (``entities.SAMPLE_QUESTIONS``);
+- ``robust``: every question asked in several phrasing families, over four corpora
+  (``benchmarks/robust.py``, which has its own options: ``--set robust --help``).
 
 Systems (``--systems``, ``evaluation.qa_dev`` names): ``rag`` (greedy, top 3 passages in the
 prompt: the McNemar and speed reference), ``base`` (the LM alone), ``grounded`` (the default),
@@ -292,6 +294,11 @@ def markdown(args: argparse.Namespace, scope: str, records: list[dict], dtype: s
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--set" in argv and argv[argv.index("--set") + 1 :][:1] == ["robust"]:
+        from benchmarks import robust  # the phrasing families: its own options
+
+        i = argv.index("--set")
+        return robust.main(argv[:i] + argv[i + 2 :])
     args = parse_args(argv)
     harness.setup()
     run = harness.Run.start("benchmarks.quality", argv)

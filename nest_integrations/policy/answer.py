@@ -104,7 +104,7 @@ _GROUNDED_GUARDS = Guards(stop_on_repeat=True, min_citation_words=GROUNDED_MIN_C
 #: The policy part of each preset (``config.PRESETS`` holds the algorithm part).
 POLICIES: dict[str, AnswerPolicy] = {
     **{name: AnswerPolicy() for name in PRESETS},
-    "grounded": AnswerPolicy(title_match=True, title_context="first", decoding="rag-copy",
+    "grounded": AnswerPolicy(title_match=True, title_context="only", decoding="rag-copy",
                              completion_decoding="nest", guards=_GROUNDED_GUARDS),
     "copy": AnswerPolicy(title_match=True, title_context="first", decoding="nest",
                          guards=_GROUNDED_GUARDS),

@@ -16,9 +16,10 @@ Per set and family: closed accuracy, won/lost against RAG and McNemar's exact p,
 answers (``phrasings.wrong_attribute``), cited characters on the gold document, the shortest
 citation, ROUGE-L and degenerate answers for open-ended prompts, tokens per second.
 
-    python benchmarks/robust_answers.py --split dev --sets entities,open --n-closed 24 \\
-        --n-open 16 --systems rag,default,default@only --out benchmarks/results/robust_dev
-    python benchmarks/robust_answers.py --split test --out benchmarks/results/robust_test
+    python -m benchmarks.quality --set robust --split dev --sets entities,open \\
+        --n-closed 24 --n-open 16 --systems rag,default,default@first --stem robust_dev
+    python -m benchmarks.quality --set robust --split test \\
+        --sets entities,open,completions,profiles,faq,fr-es --stem robust_test
 
 Stores are built once under ``--work`` (default ``$NEST_HOME/bench/robust``): the FAQ set needs
 Debian's ``python3.11-doc`` unpacked (``--pydoc``), the French and Spanish set the
@@ -38,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from benchmarks import harness
 from nest_integrations import assembly
 from nest_integrations.config import NestConfig
 from nest_integrations.evaluation import grounded, stats
@@ -211,9 +213,9 @@ def build_stores(work: Path, sets: Iterable[str], qs: Any, profiles: Any, pydoc:
     if "profiles" in sets:
         ingest("profiles", lambda d: [profiles.write_jsonl(d / "profiles.jsonl")])
     if "open" in sets or "completions" in sets:
-        from nest_integrations.ingest import sample_corpus_path
+        from nest_integrations.ingest.documents import sample_corpus_inputs
 
-        ingest("nest", lambda d: [sample_corpus_path()], keys=True)
+        ingest("nest", lambda d: sample_corpus_inputs(), keys=True)  # as `nest ingest --sample`
     if "faq" in sets and pydoc is not None:
         ingest("pydocs", lambda d: [pydoc / "faq", pydoc / "library"])
     if "fr-es" in sets and leads is not None:
@@ -344,9 +346,8 @@ def summarize(records: list[dict[str, Any]], systems: list[str], reference: str 
     return rows
 
 
-def markdown(rows: list[dict[str, Any]], command: str, machine: str) -> str:
-    out = ["# Robust answers: the default against in-context RAG, by phrasing family", "",
-           f"Command: `{command}`", f"Machine: {machine}", ""]
+def markdown(rows: list[dict[str, Any]]) -> str:
+    out = ["# Robust answers: the default against in-context RAG, by phrasing family", ""]
     closed = [r for r in rows if "correct" in r]
     if closed:
         out += ["## Closed questions", "",
@@ -378,8 +379,10 @@ def markdown(rows: list[dict[str, Any]], command: str, machine: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    harness.setup()
     from nest_integrations import paths
-    from nest_integrations.lm.backend import configure_threads, machine_name
+    from nest_integrations.lm.backend import configure_threads
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--split", default="dev", choices=("dev", "test"))
@@ -395,14 +398,24 @@ def main(argv: list[str] | None = None) -> int:
                    help="unpacked python3.11-doc: .../html/_sources (holds faq/ and library/)")
     p.add_argument("--wiki-wheel", type=Path, default=None)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--out", type=Path, required=True, help="output stem (.md, .json, .jsonl)")
+    p.add_argument("--out", type=Path, default=harness.RESULTS)
+    p.add_argument("--stem", default="robust")
+    p.add_argument("--from-records", type=Path, default=None, metavar="JSONL",
+                   help="summarise recorded answers (a run's .jsonl) instead of generating")
     args = p.parse_args(argv)
+    run_record = harness.Run.start("benchmarks.quality --set robust", list(argv or []))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     configure_threads(args.threads)
     sets = [s for s in args.sets.split(",") if s]
     systems = [s for s in args.systems.split(",") if s]
     if args.split == "dev" and ("profiles" in sets or "faq" in sets or "fr-es" in sets):
         p.error("the profiles, FAQ and French/Spanish sets are held out: --split test only")
+    if args.from_records is not None:
+        records = harness.read_jsonl(args.from_records)
+        rows = summarize(records, systems)
+        harness.write_result(args.out, args.stem, {"rows": rows, "from": str(args.from_records)},
+                             markdown(rows), run_record)
+        return 0
     work = args.work or paths.nest_home() / "bench" / "robust"
     items: list[Item] = []
     qs = profiles = leads = None
@@ -424,16 +437,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.split == "dev":  # the held-out family is never looked at on dev
         items = [i for i in items if i.family != HELD_OUT]
     root = build_stores(work, sets, qs, profiles, args.pydoc, leads)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     records = run(items, systems, root, args.max_closed, args.max_open,
-                  args.out.with_suffix(".jsonl"))
+                  args.out / f"{args.stem}.jsonl")
     rows = summarize(records, systems)
-    command = "python benchmarks/robust_answers.py " + " ".join(argv or sys.argv[1:])
-    args.out.with_suffix(".json").write_text(json.dumps(
-        {"command": command, "machine": machine_name(), "rows": rows}, indent=1, default=str))
-    md = markdown(rows, command, machine_name())
-    args.out.with_suffix(".md").write_text(md, encoding="utf-8")
-    sys.stdout.write(md)
+    harness.write_result(args.out, args.stem, {"rows": rows}, markdown(rows), run_record)
     return 0
 
 
