@@ -45,6 +45,7 @@ PACKAGE_LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("ports and their implementations", ("lm", "embeddings", "index", "retrieval", "output")),
     ("what drafters and the loop read", ("dresd", "knn_ssd", "attribution")),
     ("drafters", ("drafters",)),
+    ("the answer policy", ("policy",)),
     ("the loop and the engine", ("decoding",)),
     ("assembly", ("assembly",)),
     ("pipelines that build engines or decode offline", ("builders", "ingest", "calibrate")),
