@@ -18,7 +18,6 @@ key stores refused with the reason, the cost curve and cost-planned drafts on ll
 
 from __future__ import annotations
 
-import gc
 import json
 from typing import Any
 
@@ -273,9 +272,8 @@ def test_caches_are_sequences_reused_after_collection(lm):
     assert torch.equal(lm.forward(p, lm.new_cache())[0], l1)
     lm.crop_cache(c1, 2)
     assert torch.equal(lm.forward(p[2:], c1)[0], l1[2:])
-    for _ in range(MAX_SEQUENCES + 10):
+    for _ in range(MAX_SEQUENCES + 10):  # each cache is freed when the call returns
         lm.forward(p, lm.new_cache())
-        gc.collect()
     with pytest.raises(ValueError, match="cannot crop"):
         lm.crop_cache(c2, 99)
 
@@ -506,6 +504,26 @@ def test_shared_model_and_engine_on_llama_cpp(lm):
         engine.generate("Hello", max_new_tokens=4, decoding="knn-ssd")
     res = engine.generate("The capital of France is", max_new_tokens=6, decoding="greedy")
     assert res.stats.new_tokens == len(res.token_ids) > 0
+
+
+def test_server_serves_presets_on_llama_cpp(lm):
+    """``nest serve --backend llama.cpp``'s server takes the default and a requested preset
+    (their key source becomes final_norm) and answers a chat completion."""
+    from nest_integrations.server import protocol as P
+    from nest_integrations.server.app import Server, ServerSettings, engine_call
+
+    engine = assembly.build_engine(assembly.EngineSpec(backend="llama.cpp"))
+    server = Server.start(engine, ServerSettings(decoding="greedy"))
+    try:
+        assert server.base_config.key_source == "final_norm"
+        req = P.GenerationRequest(prompt=[{"role": "user", "content": "Hi"}], preset="paper",
+                                  max_tokens=4)
+        kwargs, preset, decoding = engine_call(server, req)
+        assert preset == "paper" and kwargs["config"].key_source == "final_norm"
+        assert engine.generate("Hi", max_new_tokens=4, config=kwargs["config"],
+                               decoding=decoding).token_ids
+    finally:
+        server.gate.close()
 
 
 def test_a_key_store_of_one_backend_is_refused_by_the_other(tmp_path, lm):
