@@ -278,6 +278,18 @@ def test_caches_are_sequences_reused_after_collection(lm):
         lm.crop_cache(c2, 99)
 
 
+def test_a_closed_model_raises_instead_of_crashing():
+    """After ``close()`` the llama.cpp context is gone: calls raise, they never reach freed
+    memory."""
+    closed = LlamaCppLanguageModel.from_default(threads=1)
+    cache = closed.new_cache()
+    closed.close()
+    for call in (lambda: closed.forward([1, 2], cache), lambda: closed.tokenize("x"),
+                 closed.new_cache, lambda: closed.detokenize([5])):
+        with pytest.raises(RuntimeError, match="was closed"):
+            call()
+
+
 def test_encode_passages_equals_forward_after_the_prefix(lm):
     """Passage keys (several passages packed in one decode) equal the keys of a forward over
     the passage prefix and the passage, within float noise."""

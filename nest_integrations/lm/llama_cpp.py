@@ -42,6 +42,7 @@ Needs the ``llamacpp`` extra (``pip install nest-integrations[llamacpp]``; see
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import logging
@@ -320,15 +321,15 @@ class LlamaCppLanguageModel:
                              f"{self.max_context} tokens: split passages before encoding them")
         result = [np.zeros((0, self.key_dim), dtype=np.float32) for _ in token_ids]
         start = len(prefix) - 1  # the key predicting d[0] sits at the last prefix position
-        todo = [i for i, d in enumerate(token_ids) if len(d)]
+        todo = collections.deque(i for i, d in enumerate(token_ids) if len(d))
         with self._lock:
             while todo:
-                group, used = [todo.pop(0)], 0
+                group = [todo.popleft()]
                 used = len(seqs[group[0]])
                 while (todo and len(group) < MAX_SEQUENCES // 2
                        and used + len(seqs[todo[0]]) <= batch_tokens):
                     used += len(seqs[todo[0]])
-                    group.append(todo.pop(0))
+                    group.append(todo.popleft())
                 states = self._encode_group([seqs[i] for i in group])
                 for i, keys in zip(group, states):
                     result[i] = keys[start: start + len(token_ids[i])].copy()

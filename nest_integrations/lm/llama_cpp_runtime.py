@@ -136,8 +136,13 @@ class LlamaCppRuntime:
 
     # ----------------------------------------------------------------------------- sequences
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"the llama.cpp model {self.path.name} was closed")
+
     def take_sequence(self) -> int:
         """A free, empty sequence id."""
+        self._check_open()
         self._collect()
         if not self._free:
             raise RuntimeError(f"all {MAX_SEQUENCES} llama.cpp sequences are in use (live "
@@ -168,6 +173,7 @@ class LlamaCppRuntime:
 
     def remove(self, seq: int, start: int) -> None:
         """Drop positions ``>= start`` of ``seq``."""
+        self._check_open()
         if not self.lib.llama_memory_seq_rm(self.mem, seq, int(start), -1):
             raise RuntimeError(f"llama.cpp could not remove positions {start}.. of sequence {seq}")
 
@@ -202,6 +208,7 @@ class LlamaCppRuntime:
         the last ``logits_last`` rows are outputs; returns their logits and no states (as
         llama-cpp-python's ``Llama`` processes a prompt).
         """
+        self._check_open()
         lib, batch, n = self.lib, self.batch, len(tokens)
         self._set_embeddings(keys)
         self._set_step_threads()
@@ -237,6 +244,7 @@ class LlamaCppRuntime:
 
     def tokenize(self, text: str, *, special: bool) -> list[int]:
         """Ids of ``text`` without BOS; ``special``: special tokens' text becomes their ids."""
+        self._check_open()
         data = text.encode("utf-8")
         size = len(data) + 16
         while True:
@@ -248,6 +256,7 @@ class LlamaCppRuntime:
 
     def piece(self, token: int, special: bool = False) -> bytes:
         """The bytes of one token (a special token's text only with ``special``)."""
+        self._check_open()
         size = 64
         while True:
             buf = ctypes.create_string_buffer(size)
