@@ -26,9 +26,14 @@ LangChain's ``ChatNest``/``NestLLM``, LlamaIndex's
   default) whenever a persist dir or the Chroma store is used, else in memory.
 - **Hybrid retrieval** (``NestConfig.hybrid_retrieval``, ``nest ask --hybrid``) fuses the
   Chroma store's dense scores with BM25 over the same collection (``retrieval.hybrid``).
-- **Models** are loaded once per process per ``(model, device, key_source, dtype)``
+- **Models** are loaded once per process per ``(backend, model, device, key_source, dtype)``
   (``shared_model``; thread-safe). The dtype is the resolved one (``lm.backend``): an fp32 and a
   bf16 load of the same checkpoint are two models; ``None`` and ``"fp32"`` on CPU are one.
+- **Backends** (``EngineSpec.backend``, ``--backend``): ``"torch"`` (transformers) or
+  ``"llama.cpp"`` (``lm.llama_cpp``: a GGUF file; ``model`` None is the shipped Q4_1 GGUF read as
+  it is). On llama.cpp the keys are the final norm's output, so the config's key source becomes
+  ``"final_norm"`` when it is the default ``"ffn_input"`` (``backend_config``); KNN-SSD, dtypes
+  and devices other than the CPU are refused there with the reason.
 - **Serialising model calls.** One policy for every engine built here and every engine handed
   to an adapter: its model's method calls run one at a time per model, process-wide
   (``serialized``). LangChain ``batch``/``astream`` and LlamaIndex ``achat``/``astream_*`` run
@@ -156,6 +161,9 @@ class EngineSpec:
         decoding: a ``drafters.METHODS`` name (None = the policy's); the engine validates it.
         drafter_options: options for the method's drafter (e.g. a datastore path).
         hybrid: fuse BM25 with the store's dense scores; None = ``config.hybrid_retrieval``.
+        backend: what runs the model (``lm.backend.BACKENDS``): ``"torch"`` or ``"llama.cpp"``;
+            None = the process default (``--backend``; torch unless set). Resolved here, and
+            the config adapted to it (``backend_config``).
         calibrated: use the kNN temperature and RRC offset/scale that ``nest calibrate`` stored
             for this model and collection. None (default) = when one is stored and the config
             leaves those three at their defaults and puts no passages in the prompt (the
@@ -175,17 +183,21 @@ class EngineSpec:
     hybrid: bool | None = None
     calibrated: bool | None = None
     dtype: str | None = None
+    backend: str | None = None
     policy: Any = None
 
     def __post_init__(self) -> None:
-        from nest_integrations.lm.backend import parse_dtype
+        from nest_integrations.lm.backend import parse_dtype, resolve_backend
 
         object.__setattr__(self, "policy", resolve_policy(self.policy, self.config))
         cfg = resolve_config(self.config)
         if self.hybrid is not None and self.hybrid != cfg.hybrid_retrieval:
             cfg = cfg.replace(hybrid_retrieval=bool(self.hybrid))
         set_ = functools.partial(object.__setattr__, self)
-        set_("config", cfg)
+        backend = resolve_backend(self.backend)
+        set_("backend", backend)
+        check_backend(backend, self.dtype, self.device, self.decoding)
+        set_("config", backend_config(cfg, backend))
         set_("hybrid", cfg.hybrid_retrieval)
         set_("decoding", self.decoding or DEFAULT_DECODING)
         if self.persist_dir is not None:
@@ -224,21 +236,88 @@ class EngineSpec:
         return dict(self.drafter_options) if self.drafter_options is not None else None
 
 
+# --------------------------------------------------------------------------------- backends
+
+
+def backend_name(backend: str | None) -> str | None:
+    """``backend``'s canonical name (``"torch"``, ``"llama.cpp"``; None stays None), else a
+    ``ValueError`` naming the accepted ones: the adapters' check at construction."""
+    from nest_integrations.lm.backend import parse_backend
+
+    return parse_backend(backend)
+
+
+def check_backend(backend: str, dtype: Any = None, device: Any = None,
+                  decoding: str | None = None) -> None:  # fmt: skip
+    """A ``ValueError`` when ``dtype``, ``device`` or ``decoding`` cannot run on ``backend``
+    (llama.cpp: the GGUF's own weights, on the CPU, no KNN-SSD)."""
+    if backend != "llama.cpp":
+        return
+    from nest_integrations.lm.backend import parse_dtype
+
+    if parse_dtype(dtype) not in (None, "auto"):
+        raise ValueError(
+            f"dtype={dtype!r} applies to the torch backend: llama.cpp runs the GGUF file's own "
+            "quantisation (pick another with model='Q8_0' etc., see docs/backends.md)"
+        )
+    if device not in (None, "cpu", "auto"):
+        raise ValueError(f"device={device!r}: the llama.cpp backend of this package runs on the "
+                         "CPU only; use backend='torch' for CUDA")
+    if decoding == "knn-ssd":
+        from nest_integrations.lm.llama_cpp import KNN_SSD_UNSUPPORTED
+
+        raise ValueError(KNN_SSD_UNSUPPORTED)
+
+
+def backend_config(cfg: NestConfig, backend: str) -> NestConfig:
+    """``cfg`` for ``backend``: on llama.cpp the key source is ``"final_norm"`` (its embeddings
+    output); the default ``"ffn_input"`` is replaced, any other key source is a ``ValueError``."""
+    if backend != "llama.cpp" or cfg.key_source == "final_norm":
+        return cfg
+    if cfg.key_source == NestConfig().key_source:
+        LOG.debug("llama.cpp backend: key_source %r -> 'final_norm'", cfg.key_source)
+        return cfg.replace(key_source="final_norm")
+    raise ValueError(
+        f"key_source={cfg.key_source!r} is not available on the llama.cpp backend: its keys are "
+        "the final norm's output (key_source='final_norm'); use backend='torch' for other layers"
+    )
+
+
+def lm_backend(lm: Any) -> str:
+    """The backend a loaded model runs on (``"torch"`` unless it says otherwise)."""
+    return str(getattr(unwrap(lm), "backend", "torch"))
+
+
+def engine_config(engine: Any, config: NestConfig | str | Mapping[str, Any] | None) -> NestConfig:
+    """A per-call ``config`` (a ``NestConfig``, preset name or mapping; None = the engine's)
+    for ``engine``'s model: on llama.cpp the default key source becomes ``"final_norm"``
+    (``backend_config``), so presets work on either backend."""
+    if config is None:
+        return engine.config
+    return backend_config(resolve_config(config), lm_backend(engine.lm))
+
+
 # --------------------------------------------------------------------------------- models
 
-_MODELS: dict[tuple[str | None, str | None, str, str], Any] = {}
+_MODELS: dict[tuple[str, str | None, str | None, str, str], Any] = {}
 _MODELS_LOCK = threading.Lock()
 
 
 def load_model(
     model: str | None = None, device: str | None = None, key_source: Any = None,
-    dtype: Any = None,
+    dtype: Any = None, backend: str | None = None,
 ) -> Any:
-    """Load a language model (uncached): None is the embedded default, anything else goes to
-    ``HFLanguageModel.from_pretrained`` (a local folder, or a Hub id in the HF cache)."""
+    """Load a language model (uncached). On torch, None is the embedded default and anything
+    else goes to ``HFLanguageModel.from_pretrained`` (a local folder, or a Hub id in the HF
+    cache); on llama.cpp, ``model`` is a GGUF path, a quantisation of the embedded model
+    (``"Q8_0"``) or None (the shipped GGUF; ``lm.llama_cpp.resolve_gguf``)."""
+    from nest_integrations.lm.backend import resolve_backend
     from nest_integrations.lm.hf import HFLanguageModel
 
     key_source = NestConfig().key_source if key_source is None else key_source
+    backend = resolve_backend(backend)
+    if backend == "llama.cpp":
+        return _load_llama_cpp(model, device, key_source, dtype)
     if model is None:
         return HFLanguageModel.from_default(device=device, dtype=dtype, key_source=key_source)
     return HFLanguageModel.from_pretrained(
@@ -246,35 +325,55 @@ def load_model(
     )
 
 
+def _load_llama_cpp(model: str | None, device: Any, key_source: Any, dtype: Any) -> Any:
+    from nest_integrations.lm.llama_cpp import LlamaCppLanguageModel, resolve_gguf
+
+    check_backend("llama.cpp", dtype, device)
+    backend_config(NestConfig(key_source=key_source), "llama.cpp")  # refuses other sources
+    path, name = resolve_gguf(model)
+    return LlamaCppLanguageModel.from_gguf(path, name=name)
+
+
 def shared_model(
     model: str | None = None, device: str | None = None, key_source: Any = None,
-    dtype: Any = None,
+    dtype: Any = None, backend: str | None = None,
 ) -> Any:
-    """The process-wide model for ``(model, device, key_source, dtype)``, loaded once
-    (thread-safe). The key holds the resolved dtype (``backend.dtype_label``), so a bf16 and an
-    fp32 model are never shared by mistake.
+    """The process-wide model for ``(backend, model, device, key_source, dtype)``, loaded once
+    (thread-safe). The key holds the resolved backend and dtype (``backend.dtype_label``), so a
+    bf16 and an fp32 model, or a torch and a llama.cpp one, are never shared by mistake.
 
-    ``model=None`` or the default's name is the embedded SmolLM2-135M-Instruct.
+    ``model=None`` or the default's name is the embedded SmolLM2-135M-Instruct (on llama.cpp:
+    its shipped GGUF); ``backend=None`` is the process default (``--backend``; torch unless
+    set).
     """
-    from nest_integrations.lm.backend import dtype_label
+    from nest_integrations.lm.backend import dtype_label, resolve_backend
     from nest_integrations.lm.default import DEFAULT_MODEL_NAME
     from nest_integrations.lm.hf import resolve_device
 
+    backend = resolve_backend(backend)
     name = None if model in (None, DEFAULT_MODEL_NAME) else model
     key_source = NestConfig().key_source if key_source is None else key_source
-    key = (name, device, str(key_source), dtype_label(dtype, resolve_device(device)))
+    if backend == "llama.cpp":  # one model per GGUF: its keys are final_norm, its dtype its own
+        check_backend(backend, dtype, device)
+        key_source = backend_config(NestConfig(key_source=key_source), backend).key_source
+        key = (backend, name, None, str(key_source), "gguf")
+    else:
+        key = (backend, name, device, str(key_source),
+               dtype_label(dtype, resolve_device(device)))
     with _MODELS_LOCK:  # one load at a time: a second caller waits for the first's model
         if key not in _MODELS:
             extra = () if dtype is None else (dtype,)  # None: the process default, at load
-            _MODELS[key] = load_model(name, device, key_source, *extra)
+            extra_kw = {"backend": backend} if backend != "torch" else {}
+            _MODELS[key] = load_model(name, device, key_source, *extra, **extra_kw)
         return _MODELS[key]
 
 
 def spec_model(spec: EngineSpec) -> Any:
-    """The shared model of ``spec`` (its model, device, dtype and config's key source): what
-    ``build_engine`` decodes with and what the DReSD and KNN-SSD CLIs build their datastores
-    and profiles with."""
-    return shared_model(spec.model, spec.device, spec.config.key_source, spec.dtype)
+    """The shared model of ``spec`` (its backend, model, device, dtype and config's key
+    source): what ``build_engine`` decodes with and what the DReSD and KNN-SSD CLIs build their
+    datastores and profiles with."""
+    return shared_model(spec.model, spec.device, spec.config.key_source, spec.dtype,
+                        backend=spec.backend)
 
 
 def model_name(model: str | None = None) -> str:
@@ -462,6 +561,7 @@ def from_defaults(
     drafter_options: dict[str, Any] | None = None,
     hybrid: bool | None = None,
     dtype: str | None = None,
+    backend: str | None = None,
     policy: AnswerPolicy | str | None = None,
 ) -> NestEngine:
     """The embedded default engine: SmolLM2-135M-Instruct + the Chroma store + its key store.
@@ -470,13 +570,13 @@ def from_defaults(
     ``$NEST_HOME/store``, filled by ``nest ingest``); with ``chroma_url`` passages come from a
     Chroma server and keys stay in ``persist_dir``. ``config`` is a ``NestConfig`` or a preset
     name (default ``DEFAULT_PRESET``), ``policy`` an ``AnswerPolicy`` or preset name (default:
-    the preset's); ``dtype`` as in ``EngineSpec``. Also reachable as ``nest_integrations.from_defaults``
-    and ``NestEngine.from_defaults``.
+    the preset's); ``dtype`` and ``backend`` as in ``EngineSpec``. Also reachable as
+    ``nest_integrations.from_defaults`` and ``NestEngine.from_defaults``.
     """
     spec = EngineSpec.for_store(
         collection, persist_dir=persist_dir, chroma_url=chroma_url, config=config,
         model=model, device=device, decoding=decoding, drafter_options=drafter_options,
-        hybrid=hybrid, dtype=dtype, policy=policy,
+        hybrid=hybrid, dtype=dtype, backend=backend, policy=policy,
     )
     return build_engine(spec)
 
@@ -572,13 +672,18 @@ __all__ = [
     "NestEngine",
     "attributor_from_defaults",
     "SerializedLM",
+    "backend_config",
+    "backend_name",
     "build_engine",
     "calibrated_config",
+    "check_backend",
     "check_dtype",
     "check_sources",
     "clear_model_cache",
+    "engine_config",
     "from_defaults",
     "hybrid_retriever",
+    "lm_backend",
     "load_model",
     "memory_key_store",
     "model_name",

@@ -68,7 +68,10 @@ def add_ask_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--gamma", type=float, default=None, help="relaxation gamma (overrides the preset)")
     p.add_argument("--passages", type=int, default=None, help="passages retrieved (b; default 40)")
-    p.add_argument("--model", default=None, help="a Hugging Face model id or folder (default: embedded SmolLM2)")
+    p.add_argument("--model", default=None,
+                   help="a Hugging Face model id or folder; with --backend llama.cpp a .gguf file "
+                   "or a quantisation of the embedded model (Q4_0, Q8_0, ...); default: "
+                   "embedded SmolLM2")
     p.add_argument("--json", action="store_true", help="print the whole NestResult as JSON")
     add_backend_args(p)
 
@@ -95,6 +98,7 @@ def ask_spec(args: argparse.Namespace) -> assembly.EngineSpec:
         decoding=args.decoding,
         hybrid=True if args.hybrid else None,
         dtype=getattr(args, "dtype", None),
+        backend=getattr(args, "backend", None),
     )
 
 

@@ -33,7 +33,9 @@ def _load_lm(model: str | None) -> Any:
     cache (``assembly.spec_model``; tests replace this)."""
     from nest_integrations import assembly
 
-    return assembly.spec_model(assembly.EngineSpec(model=model, device="auto" if model else None))
+    spec = assembly.EngineSpec(model=model, device="auto" if model else None)
+    assembly.check_backend(spec.backend, decoding="knn-ssd")  # llama.cpp cannot skip layers
+    return assembly.spec_model(spec)
 
 
 def _common(p: argparse.ArgumentParser) -> None:

@@ -36,7 +36,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--persist-dir", default=None, help="store folder (default: $NEST_HOME/store)")
     p.add_argument("--chroma-url", default=None, help="a Chroma server, e.g. http://localhost:8000")
     p.add_argument("--model", default=None,
-                   help="a Hugging Face model id or folder (default: embedded SmolLM2)")
+                   help="a Hugging Face model id or folder; with --backend llama.cpp a .gguf "
+                   "file or a quantisation of the embedded model (Q4_0, Q8_0, ...); default: "
+                   "embedded SmolLM2")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
@@ -69,6 +71,7 @@ def serve_spec(args: argparse.Namespace) -> assembly.EngineSpec:
         config=args.preset,
         decoding=args.decoding,
         dtype=getattr(args, "dtype", None),
+        backend=getattr(args, "backend", None),
     )
 
 

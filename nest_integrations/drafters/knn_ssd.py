@@ -141,6 +141,17 @@ def draft_chain(
     return ChainDraft(tokens, q_all, forwards, time.perf_counter() - start)
 
 
+def check_layer_skip(lm: Any) -> None:
+    """A ``ValueError`` when ``lm`` cannot run a layer-skipping draft forward (no
+    ``forward_skip``), with the model's own reason when it gives one
+    (``layer_skip_unsupported``: the llama.cpp backend's)."""
+    if not hasattr(lm, "forward_skip"):
+        why = getattr(lm, "layer_skip_unsupported", None)
+        name = type(getattr(lm, "wrapped", lm)).__name__
+        raise ValueError(why or f"decoding='knn-ssd' needs a language model with forward_skip() "
+                         f"(HFLanguageModel); got {name}")
+
+
 class KnnSsdDrafter:
     """Layer-skip self-speculative drafter for one generation; its routing decision is
     ``drafter.route`` (also written to the generation's ``NestStats``).
@@ -155,11 +166,7 @@ class KnnSsdDrafter:
                  threshold: float = DEFAULT_THRESHOLD,
                  max_draft: int = DEFAULT_MAX_DRAFT, cost_model: Any = None,
                  profile_cost: dict[str, Any] | None = None) -> None:  # fmt: skip
-        if not hasattr(lm, "forward_skip"):
-            raise ValueError(
-                f"decoding='knn-ssd' needs a language model with forward_skip() "
-                f"(HFLanguageModel); got {type(lm).__name__}"
-            )
+        check_layer_skip(lm)
         if route is None and router is None:
             raise ValueError("KnnSsdDrafter needs a route or a router")
         KnnSsdOptions(threshold=threshold, max_draft=max_draft)  # the same checks
@@ -197,6 +204,7 @@ class KnnSsdDrafter:
 
         opts = parse_options(KnnSsdOptions, ctx.options, "knn-ssd")
         lm = ctx.lm
+        check_layer_skip(lm)
         decoder_layers(getattr(lm, "model", None))  # a clear error for unskippable models
         kw = {"threshold": opts.threshold, "max_draft": opts.max_draft,
               "cost_model": opts.cost_model}

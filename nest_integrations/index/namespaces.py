@@ -173,11 +173,22 @@ def describe_codec(params: dict[str, Any]) -> str:
     return f"{params['codec']}" + (f" ({extra})" if extra else "")
 
 
+def fingerprint_backend(fingerprint: str) -> str:
+    """The backend a model fingerprint names: ``"llama.cpp"`` for ``"<name>@llama.cpp-..."``
+    (``lm.llama_cpp``), else ``"torch"``."""
+    return "llama.cpp" if "@llama.cpp-" in str(fingerprint) else "torch"
+
+
 def mismatch_message(path: str | os.PathLike[str], built: dict[str, Any], lm: Any) -> str:
+    was, now = fingerprint_backend(built["fingerprint"]), fingerprint_backend(lm.fingerprint)
+    why = (f" Its keys were encoded by the {was} backend and this engine runs on {now}: the two "
+           "compute different vectors (another runtime and quantisation), so keys are not shared "
+           f"between backends; use --backend {was} (backend={was!r}), or re-run `nest ingest "
+           f"--backend {now}` into another persist dir." if was != now else "")
     return (
         f"key store at {path} was built by model {built['fingerprint']} (key source "
         f"{built['key_source']!r}); this engine uses model {lm.fingerprint} (key source "
-        f"{lm.key_source!r}). Re-run `nest ingest` with the engine's model and key source, "
+        f"{lm.key_source!r}).{why} Re-run `nest ingest` with the engine's model and key source, "
         "or pass a different persist dir."
     )
 

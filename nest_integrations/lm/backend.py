@@ -1,7 +1,12 @@
-"""The CPU/GPU backend settings of a process: model dtype and torch's thread count.
+"""The backend settings of a process: which runtime runs the LM, its dtype and thread count.
 
 One place decides them for every entry point (``HFLanguageModel.from_pretrained``,
 ``assembly.shared_model``, the ``nest`` subcommands and the server):
+
+- **backend** (``parse_backend`` / ``resolve_backend``): ``"torch"`` (transformers, the
+  default) or ``"llama.cpp"`` (``lm.llama_cpp``: a GGUF file on llama-cpp-python, the
+  ``llamacpp`` extra). ``None`` is the process default (``set_default_backend``; ``nest ...
+  --backend`` sets it, so every model a job loads runs on it).
 
 - **dtype** (``parse_dtype`` / ``resolve_dtype``): ``"fp32"``/``"float32"``, ``"bf16"``/
   ``"bfloat16"``, ``"fp16"``/``"float16"``, a ``torch.dtype``, ``"checkpoint"`` (the
@@ -12,7 +17,9 @@ One place decides them for every entry point (``HFLanguageModel.from_pretrained`
   distances and verification always run in fp32: ``HFLanguageModel`` upcasts logits and keys
   where they leave the model.
 - **threads** (``configure_threads``): ``--threads``, else ``$NEST_THREADS``, else
-  ``$OMP_NUM_THREADS``, else the number of physical cores (``physical_cores``); applied with ``torch.set_num_threads``.
+  ``$OMP_NUM_THREADS``, else the number of physical cores (``physical_cores``); applied with
+  ``torch.set_num_threads``. A llama.cpp context takes torch's thread count when it is created
+  (``lm.llama_cpp``), so one setting covers both.
 
 Usage::
 
@@ -46,8 +53,42 @@ DTYPE_CHOICES: tuple[str, ...] = ("auto", *DTYPE_NAMES, "checkpoint")
 SHORT_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 #: Environment variable with torch's thread count for CLI jobs and the server.
 THREADS_ENV = "NEST_THREADS"
+#: The runtimes an LM can run on (``EngineSpec(backend=...)``, ``--backend``).
+BACKENDS: tuple[str, ...] = ("torch", "llama.cpp")
+#: Other accepted spellings of a backend.
+_BACKEND_ALIASES = {"hf": "torch", "transformers": "torch", "llamacpp": "llama.cpp",
+                    "llama-cpp": "llama.cpp", "llama_cpp": "llama.cpp", "gguf": "llama.cpp"}
 
 _default_dtype: str | None = None
+_default_backend: str | None = None
+
+
+def parse_backend(backend: str | None) -> str | None:
+    """``backend``'s canonical name (``BACKENDS``), None for None; a ``ValueError`` names the
+    accepted values."""
+    if backend is None:
+        return None
+    name = str(backend).strip().lower()
+    name = _BACKEND_ALIASES.get(name, name)
+    if name not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not supported: use one of {', '.join(BACKENDS)}")
+    return name
+
+
+def resolve_backend(backend: str | None) -> str:
+    """The backend to run on: ``backend``, else the process default, else ``"torch"``."""
+    return parse_backend(backend) or _default_backend or "torch"
+
+
+def set_default_backend(backend: str | None) -> None:
+    """The backend that ``backend=None`` means in this process (None: back to torch)."""
+    global _default_backend
+    _default_backend = parse_backend(backend)
+
+
+def default_backend() -> str | None:
+    """The process default set by ``set_default_backend`` (None when unset)."""
+    return _default_backend
 
 
 def parse_dtype(dtype: "str | torch.dtype | None") -> "str | torch.dtype | None":
@@ -206,7 +247,14 @@ def configure_threads(threads: int | None = None) -> int:
 
 
 def add_backend_args(p: argparse.ArgumentParser) -> None:
-    """``--dtype`` and ``--threads`` of the CLI jobs."""
+    """``--backend``, ``--dtype`` and ``--threads`` of the CLI jobs."""
+    p.add_argument(
+        "--backend", default=None, type=str.lower, choices=BACKENDS + tuple(_BACKEND_ALIASES),
+        metavar="BACKEND",
+        help="what runs the LM: torch (transformers; default) or llama.cpp (the GGUF file on "
+        "llama-cpp-python: pip install 'nest-integrations[llamacpp]'); a store's keys are "
+        "encoded by one backend and read by the same one",
+    )
     p.add_argument(
         "--dtype", default=None, type=str.lower, choices=DTYPE_CHOICES, metavar="DTYPE",
         help="model weights: auto (bf16 where the CPU multiplies bf16 natively, e.g. "
@@ -215,20 +263,25 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--threads", type=int, default=None, metavar="N",
-        help=f"torch threads (default: ${THREADS_ENV}, else $OMP_NUM_THREADS, else the number "
-        "of physical cores)",
+        help=f"torch and llama.cpp threads (default: ${THREADS_ENV}, else $OMP_NUM_THREADS, "
+        "else the number of physical cores)",
     )
 
 
 def apply_backend_args(args: argparse.Namespace) -> None:
-    """Apply ``--threads`` and ``--dtype`` (the process's default dtype) of a CLI job."""
+    """Apply ``--backend`` (the process's default backend), ``--threads`` (torch's, which
+    llama.cpp contexts also take) and ``--dtype`` (the process's default dtype) of a CLI job."""
     configure_threads(getattr(args, "threads", None))
+    backend = getattr(args, "backend", None)
+    if backend is not None:
+        set_default_backend(backend)
     dtype = getattr(args, "dtype", None)
     if dtype is not None:
         set_default_dtype(dtype)
 
 
 __all__ = [
+    "BACKENDS",
     "DTYPE_CHOICES",
     "DTYPE_NAMES",
     "THREADS_ENV",
@@ -236,13 +289,17 @@ __all__ = [
     "apply_backend_args",
     "configure_threads",
     "cpu_has_native_bf16",
+    "default_backend",
     "default_dtype",
     "dtype_label",
     "machine_name",
+    "parse_backend",
     "parse_dtype",
     "physical_cores",
     "requests_auto",
+    "resolve_backend",
     "resolve_dtype",
+    "set_default_backend",
     "set_default_dtype",
     "thread_count",
 ]

@@ -129,7 +129,11 @@ class CostCurve:
 
 def _lm_dtype(lm: Any) -> str:
     """The weights' dtype, ``+packed`` when ``lm.packing`` prepacked them and ``+rowwise`` with
-    ``lm.rowwise_attention`` (other kernels, another curve)."""
+    ``lm.rowwise_attention`` (other kernels, another curve); ``gguf-<quantisation>`` on the
+    llama.cpp backend."""
+    quantization = getattr(lm, "quantization", None)
+    if quantization:
+        return f"gguf-{quantization}"
     model = getattr(lm, "model", None)
     dtype = getattr(model, "dtype", None)
     name = str(dtype).replace("torch.", "") if dtype is not None else "unknown"
@@ -141,10 +145,15 @@ def _device(lm: Any) -> str:
     return str(getattr(lm, "device", "cpu"))
 
 
+def _threads(lm: Any) -> int:
+    """The LM's own thread count (llama.cpp's context), else torch's."""
+    return int(getattr(lm, "threads", None) or torch.get_num_threads())
+
+
 def curve_key(lm: Any) -> dict[str, Any]:
     """What a cached curve is valid for: model fingerprint, dtype, device, threads, machine."""
     return {"model": str(lm.fingerprint), "dtype": _lm_dtype(lm), "device": _device(lm),
-            "threads": int(torch.get_num_threads()), "machine": machine_name()}
+            "threads": _threads(lm), "machine": machine_name()}
 
 
 def curve_path(lm: Any) -> Path:
@@ -289,22 +298,36 @@ def planner_for(option: Any, lm: Any, max_len: int, draft_cost: float = 0.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m nest_integrations.lm.cost [--dtype D] [--threads N] [--refresh]``: print
-    (measuring if needed) the cached cost curve of the embedded model."""
+    """``python -m nest_integrations.lm.cost [--backend B] [--model M] [--dtype D]
+    [--threads N] [--refresh] [--repeats R] [--context C]``: print (measuring if needed) the
+    cached cost curve of the embedded model (on llama.cpp ``--model`` may name a GGUF file or a
+    quantisation of the embedded model, e.g. ``Q8_0``, requantised once)."""
     import argparse
     import sys
 
-    from nest_integrations.lm.backend import add_backend_args, apply_backend_args
-    from nest_integrations.lm.hf import HFLanguageModel
+    from nest_integrations.lm.backend import add_backend_args, apply_backend_args, resolve_backend
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--refresh", action="store_true", help="measure again and overwrite")
+    ap.add_argument("--model", default=None, help="llama.cpp: a GGUF file or Q4_0, Q8_0, ...")
+    ap.add_argument("--repeats", type=int, default=3, help="timings per T (the minimum is kept)")
+    ap.add_argument("--context", type=int, default=120, help="cached tokens before the pass")
     add_backend_args(ap)
     args = ap.parse_args(argv)
     apply_backend_args(args)
-    lm = HFLanguageModel.from_default(dtype=args.dtype) if args.dtype else \
-        HFLanguageModel.from_default()
-    curve = load_or_measure(lm, refresh=args.refresh)
+    if resolve_backend(args.backend) == "llama.cpp":
+        from nest_integrations.lm.llama_cpp import LlamaCppLanguageModel, resolve_gguf
+
+        path, name = resolve_gguf(args.model)
+        lm: Any = LlamaCppLanguageModel.from_gguf(path, name=name)
+    else:
+        from nest_integrations.lm.hf import HFLanguageModel
+
+        if args.model is not None:
+            raise SystemExit("--model applies to --backend llama.cpp")
+        lm = HFLanguageModel.from_default(dtype=args.dtype) if args.dtype else \
+            HFLanguageModel.from_default()
+    curve = load_or_measure(lm, refresh=args.refresh, repeats=args.repeats, context=args.context)
     sys.stdout.write(f"{curve_path(lm)}\n")
     for t in curve.tokens:
         sys.stdout.write(f"c({t}) = {1000 * curve.cost(t):.1f} ms ({curve.ratio(t):.2f}x)\n")

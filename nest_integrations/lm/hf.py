@@ -109,6 +109,9 @@ class HFLanguageModel:
         the first ``n`` positions.
     """
 
+    #: the runtime (``lm.backend.BACKENDS``); ``lm.llama_cpp`` is the other one
+    backend = "torch"
+
     def __init__(
         self,
         model: Any,

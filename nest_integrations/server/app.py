@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
 
+from nest_integrations import assembly
 from nest_integrations.config import PRESETS, NestConfig
 from nest_integrations.policy import AnswerPolicy
 from nest_integrations.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PRESET
@@ -104,7 +105,8 @@ class Server:
     @classmethod
     def start(cls, engine: Any, settings: ServerSettings) -> "Server":
         """Validate ``settings`` against ``engine`` (``ValueError`` before anything is served)."""
-        base = NestConfig.from_preset(settings.preset)  # an unknown preset names the choices
+        # an unknown preset names the choices; on llama.cpp its key source becomes final_norm
+        base = assembly.engine_config(engine, settings.preset)
         engine.check_config(base)  # its key source must be the model's
         if settings.decoding is not None:
             get_method(settings.decoding)
@@ -245,7 +247,8 @@ def engine_call(server: Server, req: P.GenerationRequest) -> tuple[dict[str, Any
     the engine and the method registry reject is a 400 naming the parameter."""
     preset = req.preset or server.settings.preset
     try:
-        cfg = server.base_config if req.preset is None else NestConfig.from_preset(preset)
+        cfg = (server.base_config if req.preset is None
+               else assembly.engine_config(server.engine, preset))
         server.engine.check_config(cfg)
         policy = AnswerPolicy.from_preset(preset)
     except ValueError as exc:

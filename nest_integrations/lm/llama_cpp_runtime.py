@@ -1,0 +1,351 @@
+"""The llama.cpp side of ``lm.llama_cpp``: one model, one context and its sequences, through
+llama-cpp-python's low-level API (``llama_cpp.llama_decode`` and friends; no C of our own).
+
+``LlamaCppRuntime.load(path, threads=...)`` opens a GGUF file with:
+
+- a unified KV cache (``kv_unified``) shared by up to ``MAX_SEQUENCES`` sequences, so a cache,
+  a tree branch or a passage is a sequence id, and copying a prefix to another sequence only
+  tags cells (``llama_memory_seq_cp``);
+- ``embeddings=True`` with ``pooling_type=NONE``: when on (``llama_set_embeddings``), a decode
+  returns every row's final-norm state beside its logits, and llama.cpp then outputs every row;
+- flash attention on and llama.cpp's extra weight buffers (AMX, repacked layouts) off: with
+  them, row i of a T-token decode (T < 64) equals a one-token step bit for bit
+  (``docs/llama_cpp.md``);
+- one thread for one-token decodes while ``exact_steps`` is set (and ``threads`` for
+  batches): ggml's flash attention splits a one-token decode's KV cells across threads once
+  the cache spans 512 cells, which rounds differently from a verify row.
+
+Not thread-safe: ``LlamaCppLanguageModel`` locks around every call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import threading
+import weakref
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from nest_integrations import _optional
+
+LOG = logging.getLogger(__name__)
+
+#: Sequences of the context's unified KV cache: caches, tree branches, passage batches.
+MAX_SEQUENCES = 64
+#: Tokens per ``llama_decode`` (and per micro-batch): llama-cpp-python's ``Llama`` default, so
+#: a prompt is processed in the same batches as ``Llama.create_completion`` processes it.
+BATCH_TOKENS = 512
+#: llama.cpp's log levels (``enum ggml_log_level``) as ``logging`` levels, one lower (its
+#: errors are warnings here: the calls that fail raise their own errors); 5 continues a line.
+_LOG_LEVELS = {0: logging.CRITICAL, 1: logging.DEBUG, 2: logging.DEBUG, 3: logging.INFO,
+               4: logging.WARNING}
+_log_callback: Any = None  # kept alive while llama.cpp holds it
+_INIT_LOCK = threading.Lock()
+_initialised = False
+
+
+def llama_cpp_module() -> Any:
+    """``llama_cpp`` (llama-cpp-python), or an ImportError naming the ``llamacpp`` extra."""
+    return _optional.require("llama_cpp", extra="llamacpp")
+
+
+def _init(lib: Any) -> None:
+    """Once per process: llama.cpp's messages to this module's logger, ``llama_backend_init``."""
+    global _initialised, _log_callback
+    with _INIT_LOCK:
+        if _initialised:
+            return
+        last = [logging.DEBUG]
+
+        def forward(level: int, text: bytes, _user: Any) -> None:
+            lvl = last[0] if level == 5 else _LOG_LEVELS.get(level, logging.DEBUG)
+            last[0] = lvl
+            if LOG.isEnabledFor(lvl):
+                LOG.log(lvl, "llama.cpp: %s", text.decode("utf-8", "replace").rstrip())
+
+        _log_callback = lib.llama_log_callback(forward)
+        lib.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        lib.llama_backend_init()
+        _initialised = True
+
+
+class LlamaCppRuntime:
+    """A loaded GGUF model and its context (``load`` does the I/O; see the module docstring)."""
+
+    def __init__(self, lib: Any, model: Any, ctx: Any, *, path: Path, threads: int) -> None:
+        self.lib, self.model, self.ctx, self.path, self.threads = lib, model, ctx, path, threads
+        self.vocab = lib.llama_model_get_vocab(model)
+        self.mem = lib.llama_get_memory(ctx)
+        self.n_embd = int(lib.llama_model_n_embd(model))
+        self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
+        self.n_ctx_train = int(lib.llama_model_n_ctx_train(model))
+        self.n_batch = int(lib.llama_n_batch(ctx))
+        self.batch = lib.llama_batch_init(self.n_batch, 0, MAX_SEQUENCES)
+        self.quantization = quantization_name(lib, model)
+        buf = ctypes.create_string_buffer(256)
+        lib.llama_model_desc(model, buf, len(buf))
+        self.description = buf.value.decode("utf-8", "replace")
+        self._free = list(range(MAX_SEQUENCES - 1, -1, -1))
+        self._released: list[int] = []  # sequences of collected caches, cleared on next use
+        self._embeddings: bool | None = None
+        self._step_threads = 0
+        #: one-token decodes on one thread (bit-exact with verify rows; see the module doc)
+        self.exact_steps = True
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _free, lib, model, ctx, self.batch)
+
+    @classmethod
+    def load(cls, path: Path, *, threads: int, n_ctx: int | None = None,
+             flash_attn: bool = True) -> "LlamaCppRuntime":  # fmt: skip
+        lib = llama_cpp_module()
+        _init(lib)
+        mparams = lib.llama_model_default_params()
+        # No extra buffer types: AMX kernels die of SIGILL where the kernel does not grant AMX
+        # tiles (these VMs), and repacked layouts take other code paths for 1 and T rows.
+        mparams.use_extra_bufts = False
+        model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+        if not model:
+            raise ValueError(f"llama.cpp could not load {path} (not a GGUF model it supports)")
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = int(n_ctx or lib.llama_model_n_ctx_train(model))
+        cparams.n_batch = cparams.n_ubatch = BATCH_TOKENS
+        cparams.n_seq_max = MAX_SEQUENCES
+        cparams.kv_unified = True
+        cparams.embeddings = True
+        cparams.pooling_type = lib.LLAMA_POOLING_TYPE_NONE
+        cparams.n_threads = cparams.n_threads_batch = int(threads)
+        cparams.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+                                   else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        cparams.no_perf = True
+        ctx = lib.llama_init_from_model(model, cparams)
+        if not ctx:
+            lib.llama_model_free(model)
+            raise RuntimeError(f"llama.cpp could not create a context for {path}")
+        runtime = cls(lib, model, ctx, path=path, threads=int(threads))
+        LOG.info("llama.cpp: loaded %s (%s, %d threads, flash attention %s)", path.name,
+                 runtime.quantization, threads, "on" if flash_attn else "off")
+        return runtime
+
+    def close(self) -> None:
+        self._closed = True
+        self._finalizer()
+
+    # ----------------------------------------------------------------------------- sequences
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"the llama.cpp model {self.path.name} was closed")
+
+    def take_sequence(self) -> int:
+        """A free, empty sequence id."""
+        self._check_open()
+        self._collect()
+        if not self._free:
+            raise RuntimeError(f"all {MAX_SEQUENCES} llama.cpp sequences are in use (live "
+                               "caches, tree branches): drop unused caches")
+        seq = self._free.pop()
+        self.remove(seq, 0)
+        return seq
+
+    def live_sequences(self) -> int:
+        """Sequences in use (taken and not yet released)."""
+        return MAX_SEQUENCES - len(self._free) - len(self._released)
+
+    def give_back(self, seq: int) -> None:
+        """Return an emptied sequence to the pool."""
+        self._free.append(seq)
+
+    def release_sequence(self, seq: int) -> None:
+        """A collected cache's sequence: emptied and reused at the next ``take_sequence`` (a
+        finalizer may run on any thread, so it only records it)."""
+        self._released.append(seq)
+
+    def _collect(self) -> None:
+        while self._released:
+            seq = self._released.pop()
+            if not self._closed:
+                self.remove(seq, 0)
+            self._free.append(seq)
+
+    def remove(self, seq: int, start: int) -> None:
+        """Drop positions ``>= start`` of ``seq``."""
+        self._check_open()
+        if not self.lib.llama_memory_seq_rm(self.mem, seq, int(start), -1):
+            raise RuntimeError(f"llama.cpp could not remove positions {start}.. of sequence {seq}")
+
+    def copy(self, src: int, dst: int, start: int, end: int) -> None:
+        """Add ``dst`` to the cells of ``src`` at positions ``[start, end)`` (no data copied:
+        the cache is unified)."""
+        if end > start:
+            self.lib.llama_memory_seq_cp(self.mem, src, dst, int(start), int(end))
+
+    # ----------------------------------------------------------------------------- decoding
+
+    def _set_embeddings(self, on: bool) -> None:
+        if self._embeddings is not on:
+            self.lib.llama_set_embeddings(self.ctx, on)
+            self._embeddings = on
+
+    def _set_step_threads(self) -> None:
+        step = 1 if self.exact_steps else self.threads
+        if step != self._step_threads:
+            self.lib.llama_set_n_threads(self.ctx, step, self.threads)
+            self._step_threads = step
+
+    def decode(
+        self, tokens: Sequence[int], seqs: Sequence[Sequence[int]], pos: Sequence[int], *,
+        keys: bool, logits_last: int = 0, want_logits: bool = True,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Decode ``tokens`` (token i at position ``pos[i]`` in sequences ``seqs[i]``), one
+        ``llama_decode`` per ``n_batch`` tokens.
+
+        With ``keys``: embeddings on, every row is an output; returns ``(T, V)`` logits (empty
+        unless ``want_logits``) and ``(T, d)`` final-norm states. Without: embeddings off, only
+        the last ``logits_last`` rows are outputs; returns their logits and no states (as
+        llama-cpp-python's ``Llama`` processes a prompt).
+        """
+        self._check_open()
+        lib, batch, n = self.lib, self.batch, len(tokens)
+        self._set_embeddings(keys)
+        self._set_step_threads()
+        first_out = 0 if keys else n - logits_last
+        logits, states = [], []
+        for a in range(0, n, self.n_batch):
+            b = min(n, a + self.n_batch)
+            n_out = 0
+            for i in range(a, b):
+                j = i - a
+                batch.token[j] = int(tokens[i])
+                batch.pos[j] = int(pos[i])
+                batch.n_seq_id[j] = len(seqs[i])
+                for m, s in enumerate(seqs[i]):
+                    batch.seq_id[j][m] = s
+                batch.logits[j] = i >= first_out
+                n_out += i >= first_out
+            batch.n_tokens = b - a
+            rc = lib.llama_decode(self.ctx, batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode failed ({rc}"
+                                   f"{': no free KV cells' if rc == 1 else ''}) for {b - a} "
+                                   f"tokens (n_ctx {lib.llama_n_ctx(self.ctx)})")
+            if n_out and want_logits:
+                ptr = lib.llama_get_logits(self.ctx)
+                logits.append(np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)).copy())
+            if n_out and keys:
+                ptr = lib.llama_get_embeddings(self.ctx)
+                states.append(np.ctypeslib.as_array(ptr, shape=(n_out, self.n_embd)).copy())
+        return _stack(logits, self.n_vocab), _stack(states, self.n_embd)
+
+    # ----------------------------------------------------------------------------- vocabulary
+
+    def tokenize(self, text: str, *, special: bool) -> list[int]:
+        """Ids of ``text`` without BOS; ``special``: special tokens' text becomes their ids."""
+        self._check_open()
+        data = text.encode("utf-8")
+        size = len(data) + 16
+        while True:
+            buf = (self.lib.llama_token * size)()
+            n = self.lib.llama_tokenize(self.vocab, data, len(data), buf, size, False, special)
+            if n >= 0:
+                return list(buf[:n])
+            size = -n
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes of one token (a special token's text only with ``special``)."""
+        self._check_open()
+        size = 64
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = self.lib.llama_token_to_piece(self.vocab, int(token), buf, size, 0, special)
+            if n >= 0:
+                return buf.raw[:n]
+            size = -n
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return b"".join(self.piece(t) for t in ids).decode("utf-8", "replace")
+
+    def special_id(self, text: str) -> int | None:
+        """The id of the special token spelled ``text`` (None when the vocabulary has none)."""
+        ids = self.tokenize(text, special=True)
+        return ids[0] if len(ids) == 1 and self.tokenize(text, special=False) != ids else None
+
+    def bos_id(self) -> int | None:
+        bos = int(self.lib.llama_vocab_bos(self.vocab))
+        return bos if bos >= 0 else None
+
+    def eos_id(self) -> int | None:
+        eos = int(self.lib.llama_vocab_eos(self.vocab))
+        return eos if eos >= 0 else None
+
+    def eot_id(self) -> int | None:
+        eot = int(self.lib.llama_vocab_eot(self.vocab))
+        return eot if eot >= 0 else None
+
+    def chat_template(self) -> str | None:
+        ptr = self.lib.llama_model_chat_template(self.model, None)
+        return ptr.decode("utf-8") if ptr else None
+
+    def render_chat(self, template: str, messages: list[dict[str, str]]) -> str:
+        """``messages`` through the GGUF's Jinja2 chat template with the generation prompt."""
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        def text(token: int | None) -> str:
+            return "" if token is None else self.piece(token, True).decode("utf-8", "replace")
+
+        fmt = Jinja2ChatFormatter(template, eos_token=text(self.eos_id()),
+                                  bos_token=text(self.bos_id()), add_generation_prompt=True)
+        return fmt(messages=messages).prompt
+
+    def file_digest(self) -> str:
+        """sha256 of the file's size and 256 strided 4 KiB samples (fast on large files)."""
+        size = self.path.stat().st_size
+        h = hashlib.sha256(str(size).encode())
+        with open(self.path, "rb") as f:
+            for i in range(256):
+                f.seek(size * i // 256)
+                h.update(f.read(4096))
+        return h.hexdigest()
+
+
+def _stack(parts: list[np.ndarray], width: int) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros((0, width), np.float32)
+
+
+def _free(lib: Any, model: Any, ctx: Any, batch: Any) -> None:
+    lib.llama_batch_free(batch)
+    lib.llama_free(ctx)
+    lib.llama_model_free(model)
+
+
+def quantization_name(lib: Any, model: Any) -> str:
+    """The GGUF's file type as llama.cpp names it, shortened: ``"Q4_1"``, ``"Q8_0"``, ``"F16"``."""
+    ftype = int(lib.llama_model_ftype(model))
+    name = lib.llama_ftype_name(ftype)
+    text = name.decode() if isinstance(name, bytes) else str(name or "")
+    return text.removeprefix("MOSTLY_").split(" ")[0].replace("-", "_") or f"ftype{ftype}"
+
+
+def quantize(src: Path, dst: Path, qtype: str, threads: int) -> None:
+    """``llama_model_quantize`` of ``src`` to ``qtype`` (``"Q4_0"``, ``"Q8_0"``, ...) into
+    ``dst``; requantising a quantised file is allowed."""
+    lib = llama_cpp_module()
+    _init(lib)
+    ftype = getattr(lib, f"LLAMA_FTYPE_MOSTLY_{qtype}", None)
+    if ftype is None:
+        raise ValueError(f"unknown llama.cpp quantisation {qtype!r}: use e.g. Q4_0, Q4_1, Q8_0, "
+                         "F16")
+    params = lib.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.allow_requantize = True
+    params.nthread = int(threads)
+    rc = lib.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize {src} -> {qtype} failed ({rc})")
+
+
+__all__ = ["BATCH_TOKENS", "MAX_SEQUENCES", "LlamaCppRuntime", "llama_cpp_module", "quantize",
+           "quantization_name"]

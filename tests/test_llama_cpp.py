@@ -1,0 +1,600 @@
+"""The llama.cpp backend (``lm.llama_cpp``) on the GGUF file the package ships.
+
+Oracles, all against llama-cpp-python's own ``Llama`` on the same file (never the code under
+test):
+
+- every lossless method (greedy, prompt-lookup, rag-copy, DReSD and REST, chains and trees)
+  equals ``Llama.generate`` greedy decoding token for token (quick: 2 prompts; slow: 6), with
+  drafts partly accepted and partly rejected; a loop that accepts one wrong token fails it;
+- a prefill's logits equal ``Llama``'s prompt processing bit for bit, and the rows of a T-token
+  verify equal T one-token steps (also at 2 threads past 256 cached positions, where ggml splits
+  a one-token step's attention over threads unless ``exact_steps`` keeps it on one);
+- prompts, tokens, offsets and end tokens equal the Hugging Face tokenizer's;
+- token trees equal their paths run as chains; NEST citations are exact slices.
+
+Also: the one switch (``EngineSpec``/CLI/LangChain/LlamaIndex ``backend=``), KNN-SSD and foreign
+key stores refused with the reason, the cost curve and cost-planned drafts on llama.cpp.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("llama_cpp", reason="the llamacpp extra (scripts/install.sh installs it)")
+
+from nest_integrations import assembly  # noqa: E402
+from nest_integrations.config import NestConfig  # noqa: E402
+from nest_integrations.decoding.engine import NestEngine  # noqa: E402
+from nest_integrations.decoding.prompts import RA_CHAT_TEMPLATE  # noqa: E402
+from nest_integrations.dresd import build_datastore  # noqa: E402
+from nest_integrations.index.in_memory_store import InMemoryKeyStore  # noqa: E402
+from nest_integrations.lm.default import gguf_path  # noqa: E402
+from nest_integrations.lm.llama_cpp import (  # noqa: E402
+    KNN_SSD_UNSUPPORTED,
+    LlamaCppLanguageModel,
+)
+from nest_integrations.types import Passage  # noqa: E402
+from tests.invariants import citations_cover_copied_tokens, cited_text_matches_source  # noqa: E402
+from tests.test_lossless_oracles import (  # noqa: E402
+    AlteredAnswers,
+    Case,
+    alter,
+    assert_partial,
+    break_verification,
+    run_oracle,
+)
+
+N = 32
+
+
+# ------------------------------------------------------------------ fixtures: model and oracle
+
+
+@pytest.fixture(scope="module")
+def lm():
+    """The shipped Q4_1 GGUF on llama.cpp, one thread."""
+    model = LlamaCppLanguageModel.from_default(threads=1)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def llama():
+    """llama-cpp-python's own ``Llama`` on the same file, as a user runs it with flash attention
+    on and one thread: the reference."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(gguf_path()), n_ctx=4096, n_threads=1,
+                          n_threads_batch=1, flash_attn=True, verbose=False, seed=0)
+    yield llm
+    llm.close()
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer():
+    """The Hugging Face tokenizer of the embedded model (what the torch backend reads)."""
+    from transformers import AutoTokenizer
+
+    from nest_integrations.lm.default import default_model_path
+
+    return AutoTokenizer.from_pretrained(str(default_model_path()))
+
+
+def llama_end_tokens(llm: Any) -> set[int]:
+    ends = {llm.token_eos()}
+    for text in ("<|im_end|>", "<|endoftext|>"):
+        ids = llm.tokenize(text.encode(), add_bos=False, special=True)
+        if len(ids) == 1:
+            ends.add(ids[0])
+    return ends
+
+
+def llama_greedy(llm: Any, ids: list[int], n: int) -> list[int]:
+    """``Llama.generate`` at temperature 0 (greedy), a fresh context, cut before an end token."""
+    out: list[int] = []
+    ends = llama_end_tokens(llm)
+    llm.reset()
+    for tok in llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
+                            reset=True):
+        if tok in ends or len(out) >= n:
+            break
+        out.append(tok)
+    return out
+
+
+def chat_ids(llm: Any, tok: Any, question: str, ra: list[Passage] = ()) -> list[int]:
+    """Prompt ids of one user message, not from the code under test: the chat template as the
+    Hugging Face tokenizer renders it, tokenised by ``Llama`` (llama.cpp's tokenizer, which
+    differs from Hugging Face's on whitespace before a digit: see the text-side test)."""
+    content = question
+    if ra:
+        content = RA_CHAT_TEMPLATE.format(context="\n\n".join(p.text for p in ra),
+                                          question=question)
+    text = tok.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                   add_generation_prompt=True)
+    return list(llm.tokenize(text.encode(), add_bos=False, special=True))
+
+
+# ------------------------------------------------------------------ the port
+
+
+def test_text_side_equals_the_hugging_face_tokenizer(lm, hf_tokenizer, llama):
+    """Tokens, chat prompts, end tokens and the passage prefix are the torch backend's, except
+    where llama.cpp's pre-tokenizer groups whitespace before a digit differently (there they
+    are llama-cpp-python's own)."""
+    from nest_integrations.lm.hf import _eos_token_ids, _passage_prefix
+
+    tok = hf_tokenizer
+    for text in ("a\n\n1", "Total:  12 apples", "x\n 2"):  # the known difference
+        assert lm.tokenize(text) == llama.tokenize(text.encode(), add_bos=False)
+        assert lm.tokenize(text) != tok(text, add_special_tokens=False)["input_ids"]
+    texts = ["Héllo wörld, ça va? 日本語 <|im_end|> x", "  two  spaces\n\nnew\tline",
+             "def f(x):\n    return x**2  # 🙂", "Paris, France (1889): 330 m tall."]
+    for text in texts:
+        ids = tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        assert lm.tokenize(text) == ids
+        got, off = lm.tokenize_with_offsets(text)
+        assert got == ids and off[0, 0] == 0 and off[-1, 1] == len(text)
+        assert (off[1:, 0] == off[:-1, 1]).all()  # a tiling
+        assert lm.detokenize(ids) == text
+        for i in range(len(ids)):  # a token ends where its prefix's complete characters end
+            assert text[: off[i, 1]] == lm.detokenize(ids[: i + 1]).rstrip("\ufffd"), (text, i)
+        if text.isascii():  # no split characters: exactly the torch backend's offsets
+            assert (off == _hf_offsets(tok, text)).all()
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "What is NEST?"}]
+    text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    assert lm.chat_prompt(msgs) == tok(text, add_special_tokens=False)["input_ids"]
+    from transformers import AutoConfig
+
+    from nest_integrations.lm.default import default_model_path
+
+    config = AutoConfig.from_pretrained(str(default_model_path()))
+    assert lm.passage_prefix == _passage_prefix(tok, config)
+    assert lm.eos_token_ids >= {tok.eos_token_id} and lm.eos_token_ids <= set(
+        _eos_token_ids(type("M", (), {"config": config})(), tok)) | {tok.eos_token_id}
+    assert lm.key_source == "final_norm" and lm.key_dim == config.hidden_size
+    assert lm.vocab_size == 49152 and lm.quantization == "Q4_1"
+
+
+def _hf_offsets(tok: Any, text: str) -> Any:
+    """``HFLanguageModel.tokenize_with_offsets`` with this tokenizer (no model needed)."""
+    from types import SimpleNamespace
+
+    from nest_integrations.lm.hf import HFLanguageModel
+
+    owner = SimpleNamespace(tokenizer=tok, _offsets_warned=False)
+    owner._encode = lambda t, **kw: HFLanguageModel._encode(owner, t, **kw)
+    return HFLanguageModel.tokenize_with_offsets(owner, text)[1]
+
+
+def test_prefill_logits_equal_llama_prompt_processing(lm, llama):
+    """``forward(prompt, last=1)`` returns the logits ``Llama.eval`` computes for the prompt's
+    last token, bit for bit (long and short prompts: one batch, as Llama processes it)."""
+    import llama_cpp
+    import numpy as np
+
+    for text in ("The capital of France is", "Paris is the capital of France. " * 40):
+        ids = [1] + lm.tokenize(text)
+        llama.reset()
+        llama.eval(ids)  # the prompt in batches of n_batch, logits of its last token
+        ptr = llama_cpp.llama_get_logits_ith(llama.ctx, -1)
+        ref = np.ctypeslib.as_array(ptr, shape=(llama.n_vocab(),)).copy()
+        cache = lm.new_cache()
+        logits, keys = lm.forward(ids, cache, last=1)
+        assert logits.shape == (1, lm.vocab_size) and keys.shape == (1, lm.key_dim)
+        assert np.array_equal(logits[0].numpy(), ref)
+        assert lm.cache_length(cache) == len(ids)
+        del cache  # the next prompt is laid out in the KV cache from cell 0, as Llama's
+
+
+def _rows_vs_steps(lm: LlamaCppLanguageModel, context: list[int], new: list[int]) -> float:
+    """Max |difference| between the rows of one decode of ``new`` and one-token steps."""
+    cache = lm.new_cache()
+    lm.forward(context, cache, last=1)
+    rows, keys = lm.forward(new, cache)
+    lm.crop_cache(cache, len(context))
+    steps = [lm.forward([t], cache) for t in new]
+    step_rows = torch.cat([s[0] for s in steps])
+    step_keys = torch.cat([s[1] for s in steps])
+    return max(float((rows - step_rows).abs().max()), float((keys - step_keys).abs().max()))
+
+
+def test_verify_rows_equal_one_token_steps(lm):
+    """The rows of a T-token decode (T up to 33) equal T one-token steps bit for bit, before
+    and after 256 cached positions."""
+    ids = lm.tokenize("The Eiffel Tower is a wrought-iron lattice tower in Paris. " * 30)
+    for n_ctx in (40, 300):
+        for t in (2, 9, 33):
+            assert _rows_vs_steps(lm, ids[:n_ctx], ids[n_ctx:n_ctx + t]) == 0.0, (n_ctx, t)
+
+
+@pytest.mark.slow
+def test_two_threads_need_exact_steps_past_256_positions():
+    """At 2 threads a one-token step past 256 cached positions splits its attention over the
+    threads (ggml's split-KV flash attention) and rounds differently from a verify row; with
+    ``exact_steps`` (the default) one-token steps run on one thread and the rows are exact."""
+    lm2 = LlamaCppLanguageModel.from_default(threads=2)
+    try:
+        ids = lm2.tokenize("The Eiffel Tower is a wrought-iron lattice tower in Paris. " * 30)
+        context, new = ids[:300], ids[300:309]
+        assert lm2.runtime.exact_steps
+        assert _rows_vs_steps(lm2, context, new) == 0.0
+        with lm2.inexact_rows():  # what relaxed decoding gets: every thread, inexact rows
+            assert _rows_vs_steps(lm2, context, new) > 0.0
+        assert _rows_vs_steps(lm2, ids[:40], ids[40:49]) == 0.0
+    finally:
+        lm2.close()
+
+
+def test_token_tree_rows_and_selected_path_equal_chains(lm):
+    """Each root-to-leaf path of a tree decodes as that path alone; after ``select_cache`` the
+    cache holds exactly the kept path (the next step equals the chain's)."""
+    ctx = lm.tokenize("A wrought-iron lattice tower on the Champ de Mars in Paris, France")
+    a, b, c, x, y = lm.tokenize(" It is named after the")[:5]
+
+    def chain(tokens: list[int]) -> tuple[Any, Any, Any]:
+        cache = lm.new_cache()
+        lm.forward(ctx, cache, last=1)
+        logits, keys = lm.forward(tokens, cache)
+        return logits, keys, cache
+
+    ids, parents = [a, b, c, x, y], [-1, 0, 1, 0, 3]
+    cache = lm.new_cache()
+    lm.forward(ctx, cache, last=1)
+    logits, keys = lm.forward_tree(ids, parents, cache)
+    for path in ([0, 1, 2], [0, 3, 4]):
+        ref, ref_keys, ref_cache = chain([ids[i] for i in path])
+        assert torch.equal(logits[path], ref) and torch.equal(keys[path], ref_keys)
+    with pytest.raises(ValueError, match="token tree"):
+        lm.forward([a], cache)
+    with pytest.raises(ValueError, match="not a root-to-node path"):
+        lm.select_cache(cache, len(ctx), [0, 2])
+    lm.select_cache(cache, len(ctx), [0, 3])
+    assert lm.cache_length(cache) == len(ctx) + 2
+    _, _, ref_cache = chain([a, x])
+    assert torch.equal(lm.forward([y], cache)[0], lm.forward([y], ref_cache)[0])
+
+
+def test_caches_are_sequences_reused_after_collection(lm):
+    """Interleaved caches keep their own positions; caches given up return their sequence to
+    the pool (more caches over time than the context has sequences)."""
+    from nest_integrations.lm.llama_cpp_runtime import MAX_SEQUENCES
+
+    p, q = lm.tokenize("One two three four"), lm.tokenize("Alpha beta gamma")
+    c1, c2 = lm.new_cache(), lm.new_cache()
+    l1, _ = lm.forward(p, c1)
+    l2, _ = lm.forward(q, c2)
+    assert torch.equal(lm.forward(p, lm.new_cache())[0], l1)
+    lm.crop_cache(c1, 2)
+    assert torch.equal(lm.forward(p[2:], c1)[0], l1[2:])
+    for _ in range(MAX_SEQUENCES + 10):  # each cache is freed when the call returns
+        lm.forward(p, lm.new_cache())
+    with pytest.raises(ValueError, match="cannot crop"):
+        lm.crop_cache(c2, 99)
+
+
+def test_a_closed_model_raises_instead_of_crashing():
+    """After ``close()`` the llama.cpp context is gone: calls raise, they never reach freed
+    memory."""
+    closed = LlamaCppLanguageModel.from_default(threads=1)
+    cache = closed.new_cache()
+    closed.close()
+    for call in (lambda: closed.forward([1, 2], cache), lambda: closed.tokenize("x"),
+                 closed.new_cache, lambda: closed.detokenize([5])):
+        with pytest.raises(RuntimeError, match="was closed"):
+            call()
+
+
+def test_encode_passages_equals_forward_after_the_prefix(lm):
+    """Passage keys (several passages packed in one decode) equal the keys of a forward over
+    the passage prefix and the passage, within float noise."""
+    texts = ["Paris is the capital of France.", "Belly dance comes from Egypt.", "x"]
+    tokens = [lm.tokenize(t) for t in texts] + [[]]
+    keys = lm.encode_passages(tokens)
+    assert [k.shape for k in keys] == [(len(t), lm.key_dim) for t in tokens]
+    for t, k in zip(tokens[:3], keys):
+        _, ref = lm.forward(lm.passage_prefix + t[:-1], lm.new_cache())
+        start = len(lm.passage_prefix) - 1
+        assert torch.allclose(torch.from_numpy(k), ref[start:], atol=1e-3)
+
+
+# ------------------------------------------------------------------ lossless oracles
+
+
+QUESTIONS = ["What does the assert statement do in Python?", "What is the capital of France?",
+             "Write a Python function that reverses a string.", "List the days of the week.",
+             "Explain photosynthesis in one paragraph.", "Count from 1 to 20, separated by commas."]
+PASSAGES = [
+    Passage("assert", "The assert statement is a convenient way to insert debugging assertions "
+            "into a program. The simple form, assert expression, is equivalent to: if "
+            "__debug__: if not expression: raise AssertionError.", doc_id="python-docs"),
+    Passage("paris", "Paris is the capital and most populous city of France. With an estimated "
+            "population of 2,102,650 residents in January 2023, Paris is the fourth-most "
+            "populous city in the European Union.", doc_id="wiki-paris"),
+    Passage("reverse", "To reverse a string in Python, use slicing: s[::-1] returns the string "
+            "reversed. For example, 'hello'[::-1] is 'olleh'.", doc_id="howto"),
+    Passage("days", "The days of the week are Monday, Tuesday, Wednesday, Thursday, Friday, "
+            "Saturday and Sunday.", doc_id="calendar"),
+    Passage("photo", "Photosynthesis is the process by which green plants use sunlight, water "
+            "and carbon dioxide to make glucose and release oxygen.", doc_id="bio"),
+    Passage("count", "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20",
+            doc_id="numbers"),
+]
+LABELS = ("greedy", "prompt-lookup", "rag-copy", "rest", "rest-tree", "dresd", "dresd-tree")
+
+
+def oracle_cases(lm: Any, llm: Any, tok: Any, questions: list[str], n: int, root: Any,
+                 labels: tuple[str, ...] = LABELS) -> tuple[list[Case], dict]:
+    """Cases of every lossless label, and ``Llama.generate``'s answer per prompt. The DReSD/REST
+    datastore holds those answers with every 5th token altered (drafts run until an altered
+    token; two copies at different phases make trees); prompt lookup sees an altered answer in
+    its prompt."""
+    refs: dict = {}
+    cases: list[Case] = []
+    ids = [chat_ids(llm, tok, q) for q in questions]
+    answers = [llama_greedy(llm, i, n) for i in ids]
+    refs.update({tuple(i): a for i, a in zip(ids, answers)})
+    corpus = {"rest", "rest-tree", "dresd", "dresd-tree"} & set(labels)
+    store = {}
+    if corpus:
+        store = {"datastore": str(build_datastore(lm, AlteredAnswers(lm, ids, answers),
+                                                  root).root)}
+    for q, i, answer in zip(questions, ids, answers):
+        msgs = [{"role": "user", "content": q}]
+        seen = lm.detokenize(alter(answer, lm.vocab_size, 2))
+        q2 = f"{seen}\n{q}"
+        passages = [PASSAGES[QUESTIONS.index(q)]]
+        extra = {
+            "greedy": [Case("greedy", msgs, i)],
+            "prompt-lookup": [Case("prompt-lookup", [{"role": "user", "content": q2}],
+                                   chat_ids(llm, tok, q2))],
+            "rag-copy": [Case("rag-copy", msgs, chat_ids(llm, tok, q, passages),
+                              passages=passages)],
+            "rest": [Case("rest", msgs, i, options={**store, "shape": "chain"})],
+            "rest-tree": [Case("rest-tree", msgs, i, options={**store, "shape": "tree"})],
+            "dresd": [Case("dresd", msgs, i, options={**store, "min_score": -1.0,
+                                                       "shape": "chain"})],
+            "dresd-tree": [Case("dresd-tree", msgs, i, options={**store, "min_score": -1.0,
+                                                                 "shape": "tree"})],
+        }
+        cases += [c for label in labels for c in extra[label]]
+    for c in cases:
+        if tuple(c.ids) not in refs:
+            refs[tuple(c.ids)] = llama_greedy(llm, c.ids, n)
+    return cases, refs
+
+
+def test_copy_methods_equal_llama_greedy(lm, llama, hf_tokenizer):
+    """greedy, prompt-lookup and rag-copy on llama.cpp equal ``Llama.generate`` token for token
+    (2 prompts, 32 tokens), with drafts accepted and rejected."""
+    labels = ("greedy", "prompt-lookup", "rag-copy")
+    cases, refs = oracle_cases(lm, llama, hf_tokenizer, QUESTIONS[:2], N, None, labels)
+    out = run_oracle(NestEngine(lm, None, InMemoryKeyStore(), NestConfig(key_source="final_norm")),
+                     cases, N, refs)
+    assert {k: v for k, v in out.mismatches.items() if v} == {}
+    assert set(out.mismatches) == set(labels)
+    assert out.drafted["greedy"] == 0
+    assert out.accepted["prompt-lookup"] > 0 and out.accepted["rag-copy"] > 0
+
+
+@pytest.mark.slow
+def test_every_lossless_method_equals_llama_greedy(lm, llama, hf_tokenizer, tmp_path):
+    """6 prompts x 32 tokens: greedy, prompt-lookup, rag-copy, REST and DReSD (chains and token
+    trees) on llama.cpp equal ``Llama.generate`` token for token; corpus drafts are partly
+    accepted and partly rejected, and trees were verified as trees."""
+    from collections import Counter
+
+    trees: Counter = Counter()
+    real = LlamaCppLanguageModel.forward_tree
+
+    def counting(self, *a, **kw):
+        trees[current[0]] += 1
+        return real(self, *a, **kw)
+
+    cases, refs = oracle_cases(lm, llama, hf_tokenizer, QUESTIONS, N, tmp_path / "ds")
+    engine = NestEngine(lm, None, InMemoryKeyStore(), NestConfig(key_source="final_norm"))
+    current = [""]
+    mp = pytest.MonkeyPatch()
+    mp.setattr(LlamaCppLanguageModel, "forward_tree", counting)
+    try:
+        mismatches: dict = {}
+        for label in LABELS:
+            current[0] = label
+            out = run_oracle(engine, [c for c in cases if c.label == label], N, refs)
+            mismatches.update({k: v for k, v in out.mismatches.items() if v})
+            if label in ("rest", "dresd"):
+                assert_partial(out, (label,))
+    finally:
+        mp.undo()
+    assert mismatches == {}
+    assert trees["rest-tree"] > 0 and trees["dresd-tree"] > 0
+    assert trees["rest"] == trees["dresd"] == 0
+
+
+@pytest.mark.parametrize("label", ("prompt-lookup", "rag-copy", "dresd-tree"))
+def test_the_llama_oracle_fails_when_verification_accepts_a_wrong_token(
+        lm, llama, hf_tokenizer, tmp_path, monkeypatch, label):
+    """Mutation proof: a loop that accepts one wrong draft token per rejected draft leaves
+    ``Llama.generate``'s output on llama.cpp too."""
+    cases, refs = oracle_cases(lm, llama, hf_tokenizer, QUESTIONS[:2], N, tmp_path / "ds",
+                               (label,))
+    break_verification(monkeypatch)
+    engine = NestEngine(lm, None, InMemoryKeyStore(), NestConfig(key_source="final_norm"))
+    out = run_oracle(engine, cases, N, refs)
+    assert out.steps[label] > 0
+    assert out.mismatches[label], f"{label}: a broken verification still matched Llama"
+
+
+# ------------------------------------------------------------------ NEST and the cost model
+
+
+def test_nest_citations_are_exact_slices_on_llama_cpp(lm):
+    """NEST on llama.cpp copies from the passages, and every citation is the exact slice of the
+    answer, the passage and the source, covering every attributed token (the paper's config,
+    and the default preset as a per-call config)."""
+    from nest_integrations.retrieval.in_memory import InMemoryRetriever
+
+    passages = PASSAGES[:2]
+    engine = NestEngine(lm, InMemoryRetriever(passages), InMemoryKeyStore(),
+                        NestConfig(key_source="final_norm", min_citation_tokens=1))
+    question = [{"role": "user", "content": "What does the assert statement do?"}]
+    res = engine.generate(PASSAGES[0].text[:40], max_new_tokens=24, passages=passages)
+    assert res.citations and res.stats.attribution_ratio > 0.5, res.text
+    cited_text_matches_source(res, {p.doc_id: p.text for p in passages})
+    citations_cover_copied_tokens(res)
+    grounded = assembly.engine_config(engine, "grounded")
+    assert grounded.key_source == "final_norm"
+    res = engine.generate(question, max_new_tokens=48, config=grounded)
+    assert res.citations, res.text
+    cited_text_matches_source(res, {p.doc_id: p.text for p in passages})
+
+
+def test_cost_curve_and_planned_drafts_on_llama_cpp(lm, llama, hf_tokenizer, tmp_path,
+                                                    monkeypatch):
+    """The cost curve of a llama.cpp verify pass is measured and cached per quantisation and
+    thread count; with a steep curve (verifying is expensive) the cost planner skips drafts
+    that do not pay, with a flat one it drafts, and either way prompt lookup equals greedy."""
+    from nest_integrations.lm import cost
+
+    monkeypatch.setenv("NEST_HOME", str(tmp_path))
+    curve = cost.load_or_measure(lm, tokens=(1, 2, 5), repeats=1, context=40)
+    assert curve.meta["dtype"] == "gguf-Q4_1" and curve.meta["threads"] == 1
+    assert cost.curve_path(lm).is_file() and "llama.cpp-Q4_1" in str(cost.curve_path(lm))
+    assert cost.load_or_measure(lm).to_json() == curve.to_json()  # cached: not measured again
+    labels = ("prompt-lookup",)
+    cases, refs = oracle_cases(lm, llama, hf_tokenizer, QUESTIONS[1:2], N, None, labels)
+    engine = NestEngine(lm, None, InMemoryKeyStore(), NestConfig(key_source="final_norm"))
+    drafted = {}
+    for name, ratios in (("steep", [1.0, 3.0, 5.0, 7.0]), ("flat", [1.0, 1.05, 1.1, 1.15])):
+        planned = [Case(c.label, c.prompt, c.ids, c.passages, {"cost_model": ratios})
+                   for c in cases]
+        out = run_oracle(engine, planned, N, refs)
+        assert not out.mismatches["prompt-lookup"], name
+        drafted[name] = out.drafted["prompt-lookup"]
+    assert drafted["steep"] == 0 < drafted["flat"]
+
+
+# ------------------------------------------------------------------ one switch everywhere
+
+
+def test_engine_spec_backend_switch_and_refusals():
+    """``EngineSpec(backend="llama.cpp")`` takes the preset's key source to final_norm and
+    refuses what llama.cpp cannot run, naming why."""
+    spec = assembly.EngineSpec(backend="llama.cpp")
+    assert spec.backend == "llama.cpp" and spec.config.key_source == "final_norm"
+    assert assembly.EngineSpec(backend="llamacpp").backend == "llama.cpp"
+    assert assembly.EngineSpec().backend == "torch"
+    assert assembly.EngineSpec().config.key_source == "ffn_input"
+    with pytest.raises(ValueError, match="no API to skip layers"):
+        assembly.EngineSpec(backend="llama.cpp", decoding="knn-ssd")
+    with pytest.raises(ValueError, match="final norm"):
+        assembly.EngineSpec(backend="llama.cpp", config=NestConfig(key_source="block_input"))
+    with pytest.raises(ValueError, match="quantisation"):
+        assembly.EngineSpec(backend="llama.cpp", dtype="bf16")
+    with pytest.raises(ValueError, match="backend='vllm' is not supported"):
+        assembly.EngineSpec(backend="vllm")
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        assembly.load_model("HuggingFaceTB/SmolLM2-135M-Instruct", backend="llama.cpp")
+
+
+def test_shared_model_and_engine_on_llama_cpp(lm):
+    """The assembly loads the shipped GGUF once per process for llama.cpp, and an engine on it
+    refuses KNN-SSD per call with the reason."""
+    model = assembly.shared_model(backend="llama.cpp")
+    assert isinstance(model, LlamaCppLanguageModel) and model.quantization == "Q4_1"
+    assert assembly.shared_model(backend="llama.cpp", key_source="final_norm") is model
+    assert model.fingerprint == lm.fingerprint
+    assert "@llama.cpp-Q4_1-" in model.fingerprint
+    engine = assembly.build_engine(assembly.EngineSpec(backend="llama.cpp"))
+    assert assembly.unwrap(engine.lm) is model
+    with pytest.raises(ValueError, match="no API to skip layers"):
+        engine.generate("Hello", max_new_tokens=4, decoding="knn-ssd")
+    res = engine.generate("The capital of France is", max_new_tokens=6, decoding="greedy")
+    assert res.stats.new_tokens == len(res.token_ids) > 0
+
+
+def test_server_serves_presets_on_llama_cpp(lm):
+    """``nest serve --backend llama.cpp``'s server takes the default and a requested preset
+    (their key source becomes final_norm) and answers a chat completion."""
+    from nest_integrations.server import protocol as P
+    from nest_integrations.server.app import Server, ServerSettings, engine_call
+
+    engine = assembly.build_engine(assembly.EngineSpec(backend="llama.cpp"))
+    server = Server.start(engine, ServerSettings(decoding="greedy"))
+    try:
+        assert server.base_config.key_source == "final_norm"
+        req = P.GenerationRequest(prompt=[{"role": "user", "content": "Hi"}], preset="paper",
+                                  max_tokens=4)
+        kwargs, preset, decoding = engine_call(server, req)
+        assert preset == "paper" and kwargs["config"].key_source == "final_norm"
+        assert engine.generate("Hi", max_new_tokens=4, config=kwargs["config"],
+                               decoding=decoding).token_ids
+    finally:
+        server.gate.close()
+
+
+def test_a_key_store_of_one_backend_is_refused_by_the_other(tmp_path, lm):
+    """A key store encoded by the torch backend is refused on llama.cpp, and the message names
+    both backends and the fix."""
+    from nest_integrations.index.base import KeyStoreMismatchError
+    from nest_integrations.index.store import DiskKeyStore
+    from tests.fakes import FakeLM
+
+    torch_like = FakeLM(key_dim=lm.key_dim, key_source="final_norm",
+                        name="SmolLM2-135M-Instruct")
+    torch_like.fingerprint = "SmolLM2-135M-Instruct@0123456789abcdef"
+    DiskKeyStore.open(tmp_path / "keys", torch_like).close()
+    with pytest.raises(KeyStoreMismatchError, match=r"torch backend.*--backend torch"):
+        DiskKeyStore.open(tmp_path / "keys", lm)
+
+
+def test_framework_adapters_take_the_backend(lm):
+    """LangChain ``ChatNest(backend=...)`` and LlamaIndex ``NestLLM(backend=...)`` decode on
+    llama.cpp (a preset given per call works there too); bad values fail at construction."""
+    from nest_integrations.integrations.langchain import ChatNest
+    from nest_integrations.integrations.llama_index import NestLLM
+
+    chat = ChatNest(backend="llama.cpp", decoding="greedy", max_tokens=5)
+    msg = chat.invoke("The capital of France is")
+    assert msg.content and chat.nest_config.key_source == "final_norm"
+    assert isinstance(assembly.unwrap(chat.get_engine().lm), LlamaCppLanguageModel)
+    llm = NestLLM(backend="llama.cpp", decoding="greedy", max_new_tokens=5)
+    assert llm.complete("The capital of France is", config="grounded").text
+    assert isinstance(assembly.unwrap(llm.engine.lm), LlamaCppLanguageModel)
+    with pytest.raises(ValueError, match="backend="):
+        ChatNest(backend="onnx")
+    with pytest.raises(ValueError, match="no API to skip layers"):
+        NestLLM(backend="llama.cpp", decoding="knn-ssd")
+
+
+def test_cli_ingest_and_ask_on_llama_cpp(tmp_path, capsys):
+    """``nest ingest --backend llama.cpp`` encodes keys with the GGUF model and ``nest ask
+    --backend llama.cpp`` answers from them; the torch backend refuses that store, saying
+    why."""
+    from nest_integrations.cli import main
+    from nest_integrations.lm import backend
+
+    doc = tmp_path / "docs" / "assert.txt"
+    doc.parent.mkdir()
+    doc.write_text(PASSAGES[0].text + "\n\n" + PASSAGES[1].text, encoding="utf-8")
+    store = str(tmp_path / "store")
+    try:
+        assert main(["ingest", str(doc.parent), "--persist-dir", store,
+                     "--backend", "llama.cpp"]) == 0
+        capsys.readouterr()
+        assert main(["ask", "What does the assert statement do?", "--persist-dir", store,
+                     "--backend", "llama.cpp", "--json"]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert result["text"] and result["stats"]["new_tokens"] > 0
+        backend.set_default_backend(None)
+        assert main(["ask", "What does the assert statement do?", "--persist-dir", store,
+                     "--dtype", "fp32"]) == 1
+        err = capsys.readouterr().err
+        assert "llama.cpp backend" in err and "--backend llama.cpp" in err
+    finally:
+        backend.set_default_backend(None)
