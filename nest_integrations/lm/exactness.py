@@ -81,12 +81,21 @@ def verdict(lm: Any) -> bool:
     return bool(VERDICTS.get(key, lambda: check_rows(lm)))
 
 
+def checked(lm: Any) -> bool:
+    """``row_exact.check_rows`` on any LM port implementation (the llama.cpp backend's rows
+    come from its own kernels), cached per fingerprint, LM class and thread count."""
+    threads = torch.get_num_threads()
+    key = f"{lm.fingerprint}|{type(lm).__name__}|t{threads}"
+    return bool(VERDICTS.get(key, lambda: check_rows(lm)))
+
+
 def describe(lm: Any) -> dict[str, Any]:
     """What ``nest info`` and benchmark reports print: device, dtype (and how ``auto`` chose
     it), threads, whether lossless methods are exact here, and the row plans."""
     info: dict[str, Any] = {
         "device": str(getattr(lm, "device", "cpu")),
-        "dtype": str(getattr(lm, "dtype", "float32")).removeprefix("torch."),
+        "dtype": (str(lm.dtype).removeprefix("torch.") if hasattr(lm, "dtype")
+                  else str(getattr(lm, "quantization", "unknown"))),
         "threads": torch.get_num_threads(),
         "exact_rows": bool(getattr(lm, "exact_rows", False)),
         "dtype_choice": getattr(lm, "dtype_choice", None),
@@ -97,4 +106,4 @@ def describe(lm: Any) -> dict[str, Any]:
     return info
 
 
-__all__ = ["KEY_RTOL", "VERDICTS", "describe", "prepare", "verdict", "wanted"]
+__all__ = ["KEY_RTOL", "VERDICTS", "checked", "describe", "prepare", "verdict", "wanted"]

@@ -247,6 +247,15 @@ class LlamaCppLanguageModel:
             self.runtime.remove(cache.seq, length)
             cache.length = length
 
+    @property
+    def exact_rows(self) -> bool:
+        """Whether a verify pass gives every row the bits of a one-token step here, as checked
+        on this model, CPU and thread count (``lm.exactness.checked``, cached): then the
+        lossless methods equal llama.cpp's greedy decoding exactly."""
+        from nest_integrations.lm.exactness import checked
+
+        return checked(self)
+
     @contextmanager
     def inexact_rows(self) -> Iterator[None]:
         """Within the block one-token steps use every thread (faster; they may then round
