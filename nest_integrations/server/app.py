@@ -96,6 +96,7 @@ class Server:
     engine: Any
     settings: ServerSettings
     base_config: NestConfig
+    base_policy: AnswerPolicy
     limits: P.Limits
     gate: ModelGate
     cache: _PassageCache = field(default_factory=_PassageCache)
@@ -113,14 +114,14 @@ class Server:
         limits = P.Limits(max_tokens_cap=settings.max_tokens_cap,
                           default_max_tokens=settings.default_max_tokens,
                           max_attribution_chars=settings.max_attribution_chars)
-        return cls(engine, settings, base, limits, ModelGate(engine, max_queue=settings.max_queue))
+        return cls(engine, settings, base, AnswerPolicy.from_preset(settings.preset), limits,
+                   ModelGate(engine, max_queue=settings.max_queue))
 
     @property
     def decoding(self) -> str:
         """The decoding method of a request that names none (the preset's policy decides when
         neither the settings nor the engine name one)."""
-        policy = AnswerPolicy.from_preset(self.settings.preset)
-        return policy.method(self.settings.decoding, self.engine.decoding).name
+        return self.base_policy.method(self.settings.decoding, self.engine.decoding).name
 
     def attribute(self, req: P.AttributionRequest) -> Any:
         """Attribute ``req.text`` with the engine's model (its tokens), key store and retriever
@@ -250,7 +251,7 @@ def engine_call(server: Server, req: P.GenerationRequest) -> tuple[dict[str, Any
         cfg = (server.base_config if req.preset is None
                else assembly.engine_config(server.engine, preset))
         server.engine.check_config(cfg)
-        policy = AnswerPolicy.from_preset(preset)
+        policy = server.base_policy if req.preset is None else AnswerPolicy.from_preset(preset)
     except ValueError as exc:
         raise P.invalid("preset", str(exc)) from None
     changes = {

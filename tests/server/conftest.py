@@ -75,6 +75,7 @@ def live_server(tmp_path_factory: pytest.TempPathFactory, default_lm: Any) -> An
     uvicorn = pytest.importorskip("uvicorn")
     from nest_integrations import assembly
     from nest_integrations.ingest.pipeline import IngestPipeline
+    from nest_integrations.config import Guards
     from nest_integrations.server import ServerSettings, create_app
 
     root = tmp_path_factory.mktemp("serve")
@@ -96,11 +97,10 @@ def live_server(tmp_path_factory: pytest.TempPathFactory, default_lm: Any) -> An
         default_max_tokens=24, max_body_bytes=MAX_BODY,
     )
     app = create_app(engine, settings)
-    # these tests check that copies reach the wire as exact citations, on short answers: the
-    # on-topic guards (tests/test_topic.py) are off, so every copy is kept and shown (by default
-    # copies under 3 words are hidden, and copies from a second document dropped)
-    app.state.nest.base_config = app.state.nest.base_config.replace(
-        min_citation_words=1, lock_document=False, stop_on_repeat=False)
+    # these tests check that citations reach the wire exactly, on short answers: the policy's
+    # guards (tests/test_topic.py) are off, so every citation is kept and shown (by default
+    # citations under 3 words are hidden, and copies from a second document dropped)
+    app.state.nest.base_policy = app.state.nest.base_policy.replace(guards=Guards())
     sock = _free_socket()
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
