@@ -573,7 +573,9 @@ def test_sampling_accepts_on_the_warped_distribution(tiny_lm, monkeypatch):
     from nest_integrations.core.sampling import warp
 
     calls: list[tuple[torch.Tensor, list[int], int]] = []
-    accept = loop_module.RelaxedVerifier.accept
+    from nest_integrations.decoding.verifiers import RelaxedVerifier
+
+    accept = RelaxedVerifier.accept_count
 
     def spy(self, dist, draft):
         n = accept(self, dist, draft)
@@ -581,7 +583,7 @@ def test_sampling_accepts_on_the_warped_distribution(tiny_lm, monkeypatch):
         calls.append((p.detach().clone(), draft.tolist(), n))
         return n
 
-    monkeypatch.setattr(loop_module.RelaxedVerifier, "accept", spy)
+    monkeypatch.setattr(RelaxedVerifier, "accept_count", spy)
     cfg = _copying_cfg(temperature=1.0, top_p=0.3, seed=0)
     make_engine(tiny_lm, config=cfg).generate("The history of the Roman Empire",
                                              max_new_tokens=40, passages=_rome())
