@@ -184,20 +184,20 @@ class LlamaCppLanguageModel:
         """Token ids and ``(m, 2)`` int32 char ranges that tile ``text`` (see the port).
 
         Each token's bytes come from ``llama_token_to_piece``; a character split over several
-        tokens belongs to the last of them (the others get an empty range), as in ``lm.hf``.
+        tokens belongs to the last of them (the others get an empty range), as in ``lm.hf_text``.
         """
-        from nest_integrations.lm.hf import _tile
+        from nest_integrations.lm.hf_text import tile
 
         ids = self.tokenize(text)
         pieces = [self.runtime.piece(t) for t in ids]
         if b"".join(pieces) != text.encode("utf-8"):  # no round trip: decode prefixes
             ends = np.array([len(os.path.commonprefix([self.detokenize(ids[: k + 1]), text]))
                              for k in range(len(ids))], dtype=np.int64)
-            return ids, _tile(ends, len(text))
+            return ids, tile(ends, len(text))
         byte_ends = np.cumsum([len(p) for p in pieces], dtype=np.int64)
         char_ends = np.cumsum([len(c.encode("utf-8")) for c in text], dtype=np.int64)
         ends = np.searchsorted(char_ends, byte_ends, side="right")  # chars complete by then
-        return ids, _tile(ends.astype(np.int64), len(text))
+        return ids, tile(ends.astype(np.int64), len(text))
 
     def detokenize(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, special tokens skipped."""
