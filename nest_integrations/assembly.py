@@ -144,8 +144,7 @@ class EngineSpec:
             for this model and collection. None (default) = when one is stored and the config
             leaves those three at their defaults and puts no passages in the prompt (the
             completion use that calibration fits: p_M perplexity); True = whenever one is
-            stored; False = never. Not for RA configs by default: on the entity QA dev set the
-            calibrated RA default answered 32/40 against 36/40 uncalibrated.
+            stored; False = never (not for RA configs by default: ``docs/decisions.md``).
     """
 
     collection: str | None = None

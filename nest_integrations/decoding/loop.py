@@ -87,8 +87,7 @@ class DecodeLoop:
         self.verifier = make_verifier(method, config, generator, self.eos, self.guards)
         self.cache = lm.new_cache()
         self.done = False
-        self.lam_sum = 0.0
-        self.lam_n = 0
+        self.lam_sum, self.lam_n = 0.0, 0  # lambda's sum and count, for NestStats.mean_lambda
         self._on_delta = on_delta
         self.state = DecodeState(
             prompt_ids=list(prompt_ids), out_ids=self.out.ids, budget=max_new_tokens,
@@ -354,10 +353,11 @@ class DecodeLoop:
         child equal to the target's argmax from the root; keep only that path in the cache."""
         if self.verifier.sampling:
             raise ValueError("token-tree drafts are verified greedily: use temperature 0")
-        parents = [-1] + [pp + 1 if pp >= 0 else 0 for pp in draft.parents]  # type: ignore[union-attr]
+        tree = draft.parents or []
+        parents = [-1] + [pp + 1 if pp >= 0 else 0 for pp in tree]  # pending is the root
         logits, keys = self.forward([pending] + draft.tokens, parents=parents)
         p = self.distribution(logits, keys).p  # row 0 follows pending, row i + 1 node i
-        path = greedy_tree_path(p, draft.tokens, draft.parents)  # type: ignore[arg-type]
+        path = greedy_tree_path(p, draft.tokens, tree)
         node = path[-1] + 1 if path else 0
         self.lm.select_cache(  # type: ignore[attr-defined]
             self.cache, before, [0] + [i + 1 for i in path])

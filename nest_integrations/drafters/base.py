@@ -1,21 +1,11 @@
-"""The drafter port: what ONE verify-and-commit loop (``nest_integrations.decoding.loop``) needs from a
+"""The drafter port: what the one verify-and-commit loop (``decoding.loop``) needs from a
 drafting method, shaped like Hugging Face's candidate generators.
 
-A drafter proposes tokens; the loop verifies them in one forward pass of the target LM and
-commits the accepted prefix plus one corrected token. Every method (NEST spans, prompt lookup,
-DReSD, KNN-SSD) is a drafter; the loop owns the KV cache and its cropping, EOS, stop strings,
-streaming, citations and stats.
-
-Conventions (as in the speculative-decoding papers and HF): the *target* distribution is ``p``
-(p_M for NEST, p_LM for the lossless methods), the *draft* distribution is ``q``.
-
-The per-generation life cycle:
-
-- ``Method.make_drafter(ctx)`` builds a drafter for one generation (drafters may keep state);
-- before each verify step the loop calls ``drafter.propose(state)``: a ``Draft`` or ``None``
-  (None = no draft: the loop takes one ordinary decoding step);
-- after verification it calls ``drafter.update(state, draft, n_accepted)`` with the number of
-  draft tokens that were committed (``0 .. len(draft)``).
+Per generation ``Method.make_drafter(ctx)`` builds a drafter (it may keep state). Before each
+verify step the loop calls ``propose(state)``: a ``Draft``, or None for an ordinary decoding
+step; after it, ``update(state, draft, n_accepted)``. The loop owns the KV cache, EOS, stop
+strings, streaming, citations and stats. The target distribution is ``p`` (p_M for NEST, p_LM
+otherwise), the draft's ``q``, as in the speculative-decoding papers and HF.
 """
 
 from __future__ import annotations
@@ -32,8 +22,8 @@ from nest_integrations.lm.base import LanguageModel
 from nest_integrations.retrieval.base import PassageRetriever
 from nest_integrations.types import NestStats, Passage
 
-#: NEST's relaxed rule (Eq. 7) on p_M, with its LM guards (``Guards.confidence_guard``, ``eos_guard``);
-#: exact on p_M with ``NestConfig.strict_acceptance``. Needs the target-first schedule.
+#: NEST's relaxed rule (Eq. 7) on p_M with its LM guards; exact on p_M with
+#: ``NestConfig.strict_acceptance``. Needs the target-first schedule.
 RELAXED = "relaxed"
 #: Lossless: exact greedy acceptance at ``temperature == 0``, speculative sampling above it.
 LOSSLESS = "lossless"

@@ -13,7 +13,7 @@ One place decides them for every entry point (``HFLanguageModel.from_pretrained`
   checkpoint's own dtype, what ``transformers`` calls ``dtype="auto"``) or ``"auto"``: bf16 on
   CUDA, and on CPU bf16 only where the CPU multiplies bf16 natively (AVX512-BF16 or AMX-BF16,
   ``cpu_has_native_bf16``), else fp32. ``None`` is the process default (``set_default_dtype``;
-  initially ``"auto"``, the default since issue 21's bf16 quality runs). The mixture, RRC,
+  initially ``"auto"``: ``docs/decisions.md``). The mixture, RRC,
   distances and verification always run in fp32: ``HFLanguageModel`` upcasts logits and keys
   where they leave the model.
 - **threads** (``configure_threads``): ``--threads``, else ``$NEST_THREADS``, else
@@ -155,7 +155,7 @@ def resolve_dtype(dtype: "str | torch.dtype | None", device: "torch.device | str
 
     device = torch.device(device)
     value = parse_dtype(dtype if dtype is not None else _default_dtype)
-    if value is None:  # the default (issue 21): auto
+    if value is None:  # the process default: auto
         value = "auto"
     if value == "checkpoint":
         return "auto"

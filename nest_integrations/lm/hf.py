@@ -370,12 +370,9 @@ class HFLanguageModel:
         """``"<model name>@<16 hex>"``: a hash of the config (volatile keys removed), the
         tokenizer vocabulary and strided samples of every parameter.
 
-        Samples are rounded to bf16 before hashing, so the same checkpoint loaded in fp32,
-        fp16 or bf16, on any device, has the same fingerprint: key stores, DReSD datastores,
-        KNN-SSD profiles and calibrations are shared across dtypes. That was measured for the
-        keys (``benchmarks/results/bf16_keys.md``: cosine 0.9999, the same neighbours and RRC
-        lambda within bf16 numerics); the key store records the encoding dtype and logs a note
-        when it differs (``index.store``).
+        Samples are rounded to bf16 before hashing, so the same checkpoint loaded in any dtype,
+        on any device, has one fingerprint: key stores, DReSD datastores, KNN-SSD profiles and
+        calibrations are shared across dtypes (keys are interchangeable: ``docs/decisions.md``).
         """
         h = hashlib.sha256()
         config = {
