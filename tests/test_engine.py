@@ -89,12 +89,11 @@ def test_empty_datastore_equals_hf_greedy(default_lm):
 
 @pytest.mark.slow
 def test_no_span_copying_equals_greedy_pm_and_strict_equals_it(default_lm):
-    """Copying off gives greedy decoding of p_M; strict acceptance gives the same tokens.
-    (The on-topic repeat stop, on by default in relaxed modes, would end this greedy p_M answer
-    at its first repeated line; the oracle is the paper's decoding, so it is off here.)"""
+    """Copying off gives greedy decoding of p_M; strict acceptance gives the same tokens (the
+    engine's default policy has no guards: the oracle is the paper's decoding)."""
     passages = [_passage(PASSAGE_TEXT), _passage(UNRELATED_TEXT, "bio")]
     engine = make_engine(default_lm)
-    cfg = NestConfig(span_copying=False, stop_on_repeat=False)
+    cfg = NestConfig(span_copying=False)
     res = engine.generate(QUESTION, max_new_tokens=32, config=cfg, passages=passages)
     memory = engine.build_memory(passages)
     ref = _greedy_pm(default_lm, default_lm.chat_prompt(QUESTION), memory, cfg, 32)
