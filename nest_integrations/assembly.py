@@ -1,45 +1,21 @@
 """Engine assembly: every default, the shared model cache, and (store, model, config, decoding)
 -> a ready ``NestEngine``.
 
-Every entry point builds its engine here: ``nest ask`` and ``nest ingest/info`` (``open_store``),
-``from_defaults`` (also ``NestEngine.from_defaults`` and ``nest_integrations.from_defaults``),
-LangChain's ``ChatNest``/``NestLLM``, LlamaIndex's
-``NestLLM``/``NestQueryEngine`` and the evaluation harness. So each default is decided once:
+Every entry point builds its engine here (``nest ask``/``ingest``/``info``, ``from_defaults``,
+LangChain's ``ChatNest``/``NestLLM``, LlamaIndex's ``NestLLM``/``NestQueryEngine``, the server
+and the evaluation), so each default is decided once:
 
-- ``DEFAULT_COLLECTION`` (``"nest"``), ``DEFAULT_MAX_NEW_TOKENS`` (256), ``DEFAULT_DECODING``
-  (None: the preset's policy decides) and ``DEFAULT_PRESET`` (``"grounded"``: every question
-  decoded losslessly against its RA prompt, the passages the question names by title first;
-  NEST's relaxed copying is ``"copy"``, the paper's algorithm ``"paper"``). They are written
-  once, in ``nest_integrations.defaults`` (imported by every layer), and re-exported here.
-- ``NestEngine`` itself defaults nothing: its config and key store are required, and this
-  module supplies them with the preset's policy (the ``DEFAULT_PRESET``; an
-  ``InMemoryKeyStore`` when no persist dir is used).
-- **Where passages come from.** A corpus is opened only when asked for: a ready ``retriever``,
-  or any of ``collection`` / ``persist_dir`` / ``chroma_url`` (the Chroma store filled by
-  ``nest ingest``; the collection then defaults to ``DEFAULT_COLLECTION``). A bare
-  ``ChatNest()`` or ``NestLLM()`` (LangChain and LlamaIndex alike) has no corpus and decodes
-  with the plain LM; ``ChatNest(collection="nest")`` opens the default store. The entry points
-  that are *about* the store (``nest ask``, ``NestEngine.from_defaults``) always open it
-  (``EngineSpec.for_store``). A missing collection fails when the engine is built, naming the
-  existing ones.
-- **Token keys** live in the key store of the persist dir (``$NEST_HOME/store/keys`` by
-  default) whenever a persist dir or the Chroma store is used, else in memory.
-- **Hybrid retrieval** (``NestConfig.hybrid_retrieval``, ``nest ask --hybrid``) fuses the
-  Chroma store's dense scores with BM25 over the same collection (``retrieval.hybrid``).
-- **Models** are loaded once per process per ``(backend, model, device, key_source, dtype)``
-  (``shared_model``; thread-safe). The dtype is the resolved one (``lm.backend``): an fp32 and a
-  bf16 load of the same checkpoint are two models; ``None`` and ``"fp32"`` on CPU are one.
-- **Backends** (``EngineSpec.backend``, ``--backend``): ``"torch"`` (transformers) or
-  ``"llama.cpp"`` (``lm.llama_cpp``: a GGUF file; ``model`` None is the shipped Q4_1 GGUF read as
-  it is). On llama.cpp the keys are the final norm's output, so the config's key source becomes
-  ``"final_norm"`` when it is the default ``"ffn_input"`` (``backend_config``); KNN-SSD, dtypes
-  and devices other than the CPU are refused there with the reason.
-- **Serialising model calls.** One policy for every engine built here and every engine handed
-  to an adapter: its model's method calls run one at a time per model, process-wide
-  (``serialized``). LangChain ``batch``/``astream`` and LlamaIndex ``achat``/``astream_*`` run
-  generations in threads; those interleave step by step, and an abandoned stream blocks
-  nobody. ``HFLanguageModel`` also locks its key hooks itself; the wrapper covers any other
-  ``LanguageModel`` and the tokenizer.
+- the defaults (``DEFAULT_COLLECTION``, ``DEFAULT_MAX_NEW_TOKENS``, ``DEFAULT_DECODING``,
+  ``DEFAULT_PRESET``) are written in ``nest_integrations.defaults`` and re-exported here;
+  ``NestEngine`` defaults nothing, and this module supplies its config, the preset's policy and
+  a key store (in memory when no persist dir is used);
+- a corpus is opened only when asked for: a ready ``retriever``, or any of ``collection`` /
+  ``persist_dir`` / ``chroma_url`` (``EngineSpec.opens_store``); a bare ``ChatNest()`` decodes
+  with the plain LM. Token keys live in the persist dir's key store; hybrid retrieval fuses the
+  store's dense scores with BM25 (``retrieval.hybrid``);
+- models are loaded once per process per ``(backend, model, device, key_source, dtype)``
+  (``shared_model``), and every engine's model calls are serialised (``lm.serialized``). On
+  llama.cpp the default key source becomes ``"final_norm"`` (``lm.backend.backend_config``).
 
 Usage::
 
@@ -54,11 +30,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import logging
 import os
 import threading
-import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -70,6 +44,8 @@ from nest_integrations.defaults import (
     DEFAULT_PRESET,
 )
 from nest_integrations.decoding import engine as decoding_engine
+from nest_integrations.lm.backend import backend_config, check_backend
+from nest_integrations.lm.serialized import SerializedLM, serialized, unwrap
 from nest_integrations.paths import persist_root
 from nest_integrations.policy import AnswerPolicy
 
@@ -168,8 +144,7 @@ class EngineSpec:
             for this model and collection. None (default) = when one is stored and the config
             leaves those three at their defaults and puts no passages in the prompt (the
             completion use that calibration fits: p_M perplexity); True = whenever one is
-            stored; False = never. Not for RA configs by default: on the entity QA dev set the
-            calibrated RA default answered 32/40 against 36/40 uncalibrated.
+            stored; False = never (not for RA configs by default: ``docs/decisions.md``).
     """
 
     collection: str | None = None
@@ -245,42 +220,6 @@ def backend_name(backend: str | None) -> str | None:
     from nest_integrations.lm.backend import parse_backend
 
     return parse_backend(backend)
-
-
-def check_backend(backend: str, dtype: Any = None, device: Any = None,
-                  decoding: str | None = None) -> None:  # fmt: skip
-    """A ``ValueError`` when ``dtype``, ``device`` or ``decoding`` cannot run on ``backend``
-    (llama.cpp: the GGUF's own weights, on the CPU, no KNN-SSD)."""
-    if backend != "llama.cpp":
-        return
-    from nest_integrations.lm.backend import parse_dtype
-
-    if parse_dtype(dtype) not in (None, "auto"):
-        raise ValueError(
-            f"dtype={dtype!r} applies to the torch backend: llama.cpp runs the GGUF file's own "
-            "quantisation (pick another with model='Q8_0' etc., see docs/backends.md)"
-        )
-    if device not in (None, "cpu", "auto"):
-        raise ValueError(f"device={device!r}: the llama.cpp backend of this package runs on the "
-                         "CPU only; use backend='torch' for CUDA")
-    if decoding == "knn-ssd":
-        from nest_integrations.lm.llama_cpp import KNN_SSD_UNSUPPORTED
-
-        raise ValueError(KNN_SSD_UNSUPPORTED)
-
-
-def backend_config(cfg: NestConfig, backend: str) -> NestConfig:
-    """``cfg`` for ``backend``: on llama.cpp the key source is ``"final_norm"`` (its embeddings
-    output); the default ``"ffn_input"`` is replaced, any other key source is a ``ValueError``."""
-    if backend != "llama.cpp" or cfg.key_source == "final_norm":
-        return cfg
-    if cfg.key_source == NestConfig().key_source:
-        LOG.debug("llama.cpp backend: key_source %r -> 'final_norm'", cfg.key_source)
-        return cfg.replace(key_source="final_norm")
-    raise ValueError(
-        f"key_source={cfg.key_source!r} is not available on the llama.cpp backend: its keys are "
-        "the final norm's output (key_source='final_norm'); use backend='torch' for other layers"
-    )
 
 
 def lm_backend(lm: Any) -> str:
@@ -389,53 +328,6 @@ def clear_model_cache() -> None:
     """Forget the shared models (tests; freeing memory)."""
     with _MODELS_LOCK:
         _MODELS.clear()
-
-
-_CALL_LOCKS: "weakref.WeakKeyDictionary[Any, threading.RLock]" = weakref.WeakKeyDictionary()
-_CALL_LOCKS_LOCK = threading.Lock()
-
-
-class SerializedLM:
-    """A language model whose method calls run one at a time, process-wide per model.
-
-    Every wrapper of the same model shares one lock, so engines built at different times still
-    take turns. Attributes pass through unchanged; ``wrapped`` is the model itself.
-    """
-
-    def __init__(self, lm: Any) -> None:
-        self.wrapped = lm
-        with _CALL_LOCKS_LOCK:
-            try:
-                self._lock = _CALL_LOCKS.setdefault(lm, threading.RLock())
-            except TypeError:  # not weak-referenceable: one lock per class
-                self._lock = _CALL_LOCKS.setdefault(type(lm), threading.RLock())
-
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self.wrapped, name)
-        if not inspect.ismethod(value):
-            return value
-        lock = self._lock
-
-        @functools.wraps(value)
-        def locked(*args: Any, **kwargs: Any) -> Any:
-            with lock:
-                return value(*args, **kwargs)
-
-        self.__dict__[name] = locked  # bound once: later lookups skip __getattr__
-        return locked
-
-    def __repr__(self) -> str:
-        return f"SerializedLM({self.wrapped!r})"
-
-
-def serialized(lm: Any) -> Any:
-    """``lm`` with its calls serialised (see ``SerializedLM``); idempotent."""
-    return lm if isinstance(lm, SerializedLM) else SerializedLM(lm)
-
-
-def unwrap(lm: Any) -> Any:
-    """The model inside a ``SerializedLM`` (or ``lm`` itself)."""
-    return lm.wrapped if isinstance(lm, SerializedLM) else lm
 
 
 # --------------------------------------------------------------------------------- stores

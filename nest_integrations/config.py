@@ -1,7 +1,8 @@
 """NEST's configuration: one frozen, validated object with named presets.
 
 Names are descriptive; each docstring gives the paper's symbol (arXiv 2405.19325, Eqs. 2-7).
-Every default lives here once. ``NestConfig.from_preset("paper")`` gives the paper's 7B setting.
+Every algorithm default lives here once (the entry points' defaults in ``defaults``, the answer
+policy's in ``policy``). ``NestConfig.from_preset("paper")`` gives the paper's 7B setting.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ KEY_SOURCES = ("ffn_input", "block_input", "final_norm")
 #: ``attribution.SCORERS`` (config is an inner layer: the names are repeated, a test pins them).
 ATTRIBUTE_SCORERS = ("embedding", "keys", "combined", "fuzzy")
 
-#: Fewest words of a shown citation under the grounded policies (measured: ``core.topic``).
+#: Fewest words of a shown citation under the grounded policies (``core.topic``).
 GROUNDED_MIN_CITATION_WORDS = 3
 
 
@@ -63,10 +64,10 @@ class Guards:
 
 @dataclass(frozen=True, kw_only=True)
 class NestConfig:
-    """NEST's hyperparameters (the algorithm; what to retrieve, prompt and guard is the answer
-    policy's, ``policy.AnswerPolicy``). Pass fields by name or start from a preset
-    (``NestConfig.from_preset("grounded", n_passages=4)``). Symbols are the paper's
-    (arXiv 2405.19325, Eqs. 2-7); the measurements behind the non-paper values are in
+    """NEST's hyperparameters (the algorithm; the title match, the prompt's passages, the method
+    and the guards are the answer policy's, ``policy.AnswerPolicy``). Pass fields by name or start
+    from a preset (``NestConfig.from_preset("grounded", n_passages=4)``). Symbols are the
+    paper's (arXiv 2405.19325, Eqs. 2-7); the measurements behind the non-paper values are in
     ``docs/decisions.md``.
 
     Retrieval:

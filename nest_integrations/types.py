@@ -114,58 +114,117 @@ class UnsupportedSentence:
 
 
 @dataclass
+class Timings:
+    """Seconds per stage of one generation."""
+
+    retrieval: float = 0.0  # stage 1 and the answer policy's plan
+    keys: float = 0.0  # stage 2: the token memory from the key store
+    lm: float = 0.0  # the target's forward passes
+    knn: float = 0.0  # the target distribution (p_M's kNN search and mixture)
+    draft: float = 0.0  # the drafter's ``propose`` (corpus search, layer-skip passes)
+    total: float = 0.0
+
+
+@dataclass
+class DraftStats:
+    """What the drafts of one generation did (zeros for plain decoding)."""
+
+    verify_steps: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    forwards: int = 0  # passes of a draft model (KNN-SSD's layer skipping), not the target's
+    candidates: int = 0  # corpus continuations merged into the drafts (DReSD, REST)
+    tree_steps: int = 0  # verify steps whose draft was a token tree
+    tree_nodes: int = 0  # the tree nodes they verified
+
+
+@dataclass
+class RouteStats:
+    """KNN-SSD's routing: the skip set used (a domain, ``"mixed"`` or ``"explicit"``), the
+    nearest anchor's domain and cosine similarity, whether the router fell back, its seconds."""
+
+    skip_set: str | None = None
+    domain: str | None = None
+    similarity: float | None = None
+    fallback: bool = False
+    seconds: float = 0.0
+
+
+@dataclass
+class LookaheadStats:
+    """``NestConfig.lookahead``: guessed tokens fed after a committed token, and how many of
+    them a later pass took instead of computing them again."""
+
+    fed: int = 0
+    taken: int = 0
+
+
+class _Flat:
+    """A flat name of a grouped stat (``stats.time_lm`` is ``stats.timing.lm``), read and
+    written through: the names the public JSON keeps."""
+
+    def __init__(self, group: str, name: str) -> None:
+        self.group, self.name = group, name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(getattr(obj, self.group), self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(getattr(obj, self.group), self.name, value)
+
+
+@dataclass
 class NestStats:
-    """Counters and timings of one generation. Times are seconds."""
+    """Counters and timings of one generation, grouped: ``timing``, ``drafting`` and the
+    method-specific ``route`` (KNN-SSD) and ``lookahead``. The flat names of the JSON
+    (``to_dict``: ``time_lm``, ``verify_steps``, ``route_domain``, ...) read and write the
+    grouped fields."""
 
     prompt_tokens: int = 0
     new_tokens: int = 0
     forward_passes: int = 0
-    verify_steps: int = 0
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0
     copied_tokens: int = 0
     attributed_tokens: int = 0
     n_passages: int = 0
     n_keys: int = 0
     mean_lambda: float = 0.0
-    time_retrieval: float = 0.0
-    time_keys: float = 0.0
-    time_lm: float = 0.0
-    time_knn: float = 0.0
-    time_total: float = 0.0
     finish_reason: str = ""
-    #: the decoding method that produced the answer (the answer policy's when the call names
-    #: none)
+    #: the method that produced the answer (the answer policy's when the call names none)
     decoding: str = ""
-    # drafting (the loop and the method's drafter fill these; 0 / None for plain decoding)
-    #: seconds in the drafter's ``propose`` (corpus search, KNN-SSD's layer-skip passes)
-    time_draft: float = 0.0
-    #: forward passes of a draft model (KNN-SSD's layer-skip passes), outside ``forward_passes``
-    draft_forwards: int = 0
-    #: corpus continuations merged into the drafts (DReSD, REST)
-    draft_candidates: int = 0
-    #: verify steps whose draft was a token tree, and the tree nodes they verified
-    tree_steps: int = 0
-    tree_nodes: int = 0
-    #: KNN-SSD routing: the skip set used (a domain, ``"mixed"`` or ``"explicit"``), the
-    #: nearest anchor's domain and cosine similarity, whether the router fell back, its seconds
-    route_skip_set: str | None = None
-    route_domain: str | None = None
-    route_similarity: float | None = None
-    route_fallback: bool = False
-    time_route: float = 0.0
-    #: look-ahead (``NestConfig.lookahead``): guessed tokens fed after a committed token, and
-    #: how many of them a later pass took instead of computing them again
-    ahead_fed: int = 0
-    ahead_tokens: int = 0
     #: a lossless method with drafts: whether its verify passes gave each row the bits of a
     #: one-token step (``lm.exact_rows``), so the answer is greedy's exactly; None otherwise
     exact_rows: bool | None = None
+    timing: Timings = field(default_factory=Timings)
+    drafting: DraftStats = field(default_factory=DraftStats)
+    route: RouteStats = field(default_factory=RouteStats)
+    lookahead: LookaheadStats = field(default_factory=LookaheadStats)
+
+    verify_steps = _Flat("drafting", "verify_steps")
+    drafted_tokens = _Flat("drafting", "drafted_tokens")
+    accepted_tokens = _Flat("drafting", "accepted_tokens")
+    draft_forwards = _Flat("drafting", "forwards")
+    draft_candidates = _Flat("drafting", "candidates")
+    tree_steps = _Flat("drafting", "tree_steps")
+    tree_nodes = _Flat("drafting", "tree_nodes")
+    time_retrieval = _Flat("timing", "retrieval")
+    time_keys = _Flat("timing", "keys")
+    time_lm = _Flat("timing", "lm")
+    time_knn = _Flat("timing", "knn")
+    time_draft = _Flat("timing", "draft")
+    time_total = _Flat("timing", "total")
+    route_skip_set = _Flat("route", "skip_set")
+    route_domain = _Flat("route", "domain")
+    route_similarity = _Flat("route", "similarity")
+    route_fallback = _Flat("route", "fallback")
+    time_route = _Flat("route", "seconds")
+    ahead_fed = _Flat("lookahead", "fed")
+    ahead_tokens = _Flat("lookahead", "taken")
 
     @property
     def accepted_per_verify(self) -> float:
         """Mean draft tokens accepted per verification step."""
-        return self.accepted_tokens / self.verify_steps if self.verify_steps else 0.0
+        d = self.drafting
+        return d.accepted_tokens / d.verify_steps if d.verify_steps else 0.0
 
     @property
     def tokens_per_forward(self) -> float:
@@ -178,10 +237,12 @@ class NestStats:
 
     @property
     def tokens_per_second(self) -> float:
-        return self.new_tokens / self.time_total if self.time_total > 0 else 0.0
+        total = self.timing.total
+        return self.new_tokens / total if total > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        """The flat JSON of every output format (``STATS_KEYS``, then the derived rates)."""
+        d = {name: getattr(self, name) for name in STATS_KEYS}
         d.update(
             accepted_per_verify=self.accepted_per_verify,
             tokens_per_forward=self.tokens_per_forward,
@@ -189,6 +250,17 @@ class NestStats:
             tokens_per_second=self.tokens_per_second,
         )
         return d
+
+
+#: The keys of ``NestStats.to_dict()`` before the derived rates, in their published order.
+STATS_KEYS: tuple[str, ...] = (
+    "prompt_tokens", "new_tokens", "forward_passes", "verify_steps", "drafted_tokens",
+    "accepted_tokens", "copied_tokens", "attributed_tokens", "n_passages", "n_keys",
+    "mean_lambda", "time_retrieval", "time_keys", "time_lm", "time_knn", "time_total",
+    "finish_reason", "decoding", "time_draft", "draft_forwards", "draft_candidates",
+    "tree_steps", "tree_nodes", "route_skip_set", "route_domain", "route_similarity",
+    "route_fallback", "time_route", "ahead_fed", "ahead_tokens", "exact_rows",
+)
 
 
 @dataclass

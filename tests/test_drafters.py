@@ -15,6 +15,7 @@ from collections import Counter
 import pytest
 import torch
 
+from nest_integrations.core import verification
 from nest_integrations.decoding import loop as loop_module
 from nest_integrations.config import NestConfig
 from nest_integrations.core.sampling import warp
@@ -207,7 +208,7 @@ def test_a_wrong_residual_rule_fails_the_same_test(repeat_method, monkeypatch):
         m = int((~ok).nonzero()[0, 0]) if (~ok).any() else n
         return m, int(torch.multinomial(p[m].float(), 1, generator=generator))  # not residual
 
-    monkeypatch.setattr(loop_module, "speculative_sampling", wrong)
+    monkeypatch.setattr(verification, "speculative_sampling", wrong)
     cfg = NestConfig(temperature=1.3)
     n = 3000
     counts, _ = _sample_pairs(repeat_method, n, cfg)

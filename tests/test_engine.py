@@ -90,7 +90,7 @@ def test_empty_datastore_equals_hf_greedy(default_lm):
 @pytest.mark.slow
 def test_no_span_copying_equals_greedy_pm_and_strict_equals_it(default_lm):
     """Copying off gives greedy decoding of p_M; strict acceptance gives the same tokens (the
-    engine has no policy: the paper's decoding, no guards)."""
+    engine's default policy has no guards: the oracle is the paper's decoding)."""
     passages = [_passage(PASSAGE_TEXT), _passage(UNRELATED_TEXT, "bio")]
     engine = make_engine(default_lm)
     cfg = NestConfig(span_copying=False)
@@ -572,7 +572,9 @@ def test_sampling_accepts_on_the_warped_distribution(tiny_lm, monkeypatch):
     from nest_integrations.core.sampling import warp
 
     calls: list[tuple[torch.Tensor, list[int], int]] = []
-    accept = loop_module.RelaxedVerifier.accept
+    from nest_integrations.decoding.verifiers import RelaxedVerifier
+
+    accept = RelaxedVerifier.accept_count
 
     def spy(self, dist, draft):
         n = accept(self, dist, draft)
@@ -580,7 +582,7 @@ def test_sampling_accepts_on_the_warped_distribution(tiny_lm, monkeypatch):
         calls.append((p.detach().clone(), draft.tolist(), n))
         return n
 
-    monkeypatch.setattr(loop_module.RelaxedVerifier, "accept", spy)
+    monkeypatch.setattr(RelaxedVerifier, "accept_count", spy)
     cfg = _copying_cfg(temperature=1.0, top_p=0.3, seed=0)
     make_engine(tiny_lm, config=cfg).generate("The history of the Roman Empire",
                                              max_new_tokens=40, passages=_rome())

@@ -126,7 +126,7 @@ def test_text_side_equals_the_hugging_face_tokenizer(lm, hf_tokenizer, llama):
     """Tokens, chat prompts, end tokens and the passage prefix are the torch backend's, except
     where llama.cpp's pre-tokenizer groups whitespace before a digit differently (there they
     are llama-cpp-python's own)."""
-    from nest_integrations.lm.hf import _eos_token_ids, _passage_prefix
+    from nest_integrations.lm.hf_text import eos_token_ids, passage_prefix
 
     tok = hf_tokenizer
     for text in ("a\n\n1", "Total:  12 apples", "x\n 2"):  # the known difference
@@ -154,22 +154,18 @@ def test_text_side_equals_the_hugging_face_tokenizer(lm, hf_tokenizer, llama):
     from nest_integrations.lm.default import default_model_path
 
     config = AutoConfig.from_pretrained(str(default_model_path()))
-    assert lm.passage_prefix == _passage_prefix(tok, config)
+    assert lm.passage_prefix == passage_prefix(tok, config)
     assert lm.eos_token_ids >= {tok.eos_token_id} and lm.eos_token_ids <= set(
-        _eos_token_ids(type("M", (), {"config": config})(), tok)) | {tok.eos_token_id}
+        eos_token_ids(type("M", (), {"config": config})(), tok)) | {tok.eos_token_id}
     assert lm.key_source == "final_norm" and lm.key_dim == config.hidden_size
     assert lm.vocab_size == 49152 and lm.quantization == "Q4_1"
 
 
 def _hf_offsets(tok: Any, text: str) -> Any:
     """``HFLanguageModel.tokenize_with_offsets`` with this tokenizer (no model needed)."""
-    from types import SimpleNamespace
+    from nest_integrations.lm.hf_text import offsets_from_tokenizer
 
-    from nest_integrations.lm.hf import HFLanguageModel
-
-    owner = SimpleNamespace(tokenizer=tok, _offsets_warned=False)
-    owner._encode = lambda t, **kw: HFLanguageModel._encode(owner, t, **kw)
-    return HFLanguageModel.tokenize_with_offsets(owner, text)[1]
+    return offsets_from_tokenizer(tok, text)[1]
 
 
 def test_prefill_logits_equal_llama_prompt_processing(lm, llama):

@@ -1,4 +1,4 @@
-"""The target-first schedule's look-ahead (``NestConfig.lookahead``, ``DecodeLoop.feed``).
+"""The target-first schedule's look-ahead (``NestConfig.lookahead``, ``decoding.lookahead``).
 
 A one-token pass that feeds the last committed token also feeds an n-gram guess of what
 follows; a later pass over the same tokens takes the guessed rows instead of computing them.
@@ -16,7 +16,7 @@ import dataclasses
 
 import pytest
 
-import nest_integrations.decoding.loop as loop_module
+from nest_integrations.decoding.lookahead import LookAhead
 from nest_integrations.config import NestConfig
 from tests.engines import make_engine
 from tests.test_engine import PASSAGE_TEXT, UNRELATED_TEXT, _passage
@@ -72,20 +72,19 @@ def test_right_guesses_save_passes(tiny_lm):
 def test_reusing_rows_of_a_wrong_guess_is_caught(tiny_lm, monkeypatch):
     """A test of the tests above: a look-ahead that hands out its rows whatever token is fed
     (no comparison with the guess) changes the output."""
-    take = loop_module.DecodeLoop._take_ahead
+    take = LookAhead.take
 
     def blind(self, ids):
         if ids:
-            ids = self._ahead[:len(ids)] + list(ids[len(self._ahead):])
+            ids = self.tokens[:len(ids)] + list(ids[len(self.tokens):])
         return take(self, ids)
 
-    monkeypatch.setattr(loop_module.DecodeLoop, "_take_ahead", blind)
     cfg = CONFIGS["token-mode"]
     changed = False
     for prompt in PROMPTS:
-        monkeypatch.setattr(loop_module.DecodeLoop, "_take_ahead", take)
+        monkeypatch.setattr(LookAhead, "take", take)
         off = _run(tiny_lm, cfg, prompt, 0, n=64)
-        monkeypatch.setattr(loop_module.DecodeLoop, "_take_ahead", blind)
+        monkeypatch.setattr(LookAhead, "take", blind)
         on = _run(tiny_lm, cfg, prompt, 8, n=64)
         changed |= on.token_ids != off.token_ids
     assert changed

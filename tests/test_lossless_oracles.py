@@ -14,7 +14,7 @@ templates (never by the code under test). For ``greedy``, ``prompt-lookup``, ``r
 
 Also here: a chi-square test of KNN-SSD sampling (its draft distribution q is not one-hot)
 against exact enumeration, which a broken residual rule fails, and an engine-level test that
-``confidence_guard`` overrules the mixture in ``Verifier.pick``.
+``confidence_guard`` overrules the mixture in ``Verifier.next_token``.
 
 How each method's drafts are made partly wrong on the tiny models:
 
@@ -70,9 +70,10 @@ def break_verification(monkeypatch: pytest.MonkeyPatch) -> None:
     the strict acceptance count of a chain returns ``m + 1`` when ``m < len(draft)``, and a
     token-tree verification takes the first child of the last accepted node although it is not
     the target's argmax (feeding it so the KV cache stays consistent)."""
+    from nest_integrations.core import verification
     from nest_integrations.decoding import loop as loop_module
 
-    real_count = loop_module.strict_accept_count
+    real_count = verification.strict_accept_count
 
     def one_more(p: torch.Tensor, draft: torch.Tensor) -> int:
         m = real_count(p, draft)
@@ -89,7 +90,7 @@ def break_verification(monkeypatch: pytest.MonkeyPatch) -> None:
         logits, keys = self.lm.forward([draft.tokens[wrong]], self.cache)
         return path + [wrong], int(logits[-1].argmax()), keys[-1]
 
-    monkeypatch.setattr(loop_module, "strict_accept_count", one_more)
+    monkeypatch.setattr(verification, "strict_accept_count", one_more)
     monkeypatch.setattr(loop_module.DecodeLoop, "_verify_tree", tree_one_more)
 
 
@@ -97,7 +98,7 @@ def break_residual(monkeypatch: pytest.MonkeyPatch) -> None:
     """Speculative sampling with the right acceptance test (``min(1, p/q)``) but a wrong
     residual: after a rejection the next token is drawn from ``p`` instead of
     ``norm(max(0, p - q))``."""
-    from nest_integrations.decoding import loop as loop_module
+    from nest_integrations.core import verification
 
     def wrong_residual(p, draft, q, generator):
         n = int(draft.numel())
@@ -109,7 +110,7 @@ def break_residual(monkeypatch: pytest.MonkeyPatch) -> None:
         m = int((~ok).nonzero()[0, 0]) if bool((~ok).any()) else n
         return m, int(torch.multinomial(p[m].float(), 1, generator=generator))  # not residual
 
-    monkeypatch.setattr(loop_module, "speculative_sampling", wrong_residual)
+    monkeypatch.setattr(verification, "speculative_sampling", wrong_residual)
 
 
 # ------------------------------------------------------------------ prompts, built independently
@@ -545,16 +546,16 @@ def test_knn_ssd_sampling_matches_exact_enumeration(small_vocab_lm, monkeypatch)
     """KNN-SSD sampling: the first three tokens (two drafted with a non-one-hot q) follow the
     exact temperature-sampling distribution of the full model (chi-square), and the drafts
     are partly accepted."""
-    from nest_integrations.decoding import loop as loop_module
+    from nest_integrations.core import verification
 
-    real = loop_module.speculative_sampling
+    real = verification.speculative_sampling
     with_q = []
 
     def spy(p, draft, q, generator):
         with_q.append(q is not None and int(draft.numel()) > 0 and float(q.max()) < 1.0)
         return real(p, draft, q, generator)
 
-    monkeypatch.setattr(loop_module, "speculative_sampling", spy)
+    monkeypatch.setattr(verification, "speculative_sampling", spy)
     counts, accepted, drafted = _knn_ssd_samples(small_vocab_lm, N_DRAWS)
     probs = _exact_three_tokens(small_vocab_lm, [3, 1, 4])
     assert sum(with_q) >= N_DRAWS  # every draft came with its non-one-hot q
@@ -587,7 +588,7 @@ class _ConfidentLM(FakeLM):
 
 def test_confidence_guard_lets_a_confident_lm_overrule_the_mixture():
     """NEST with p_M ~ p_kNN (lambda ~ 0) copies the passage; with ``confidence_guard`` the
-    LM's confident token wins every pick (``Verifier.pick``) and nothing is copied."""
+    LM's confident token wins every pick (``Verifier.next_token``) and nothing is copied."""
     lm = _ConfidentLM(key_dim=8, vocab_size=64, seed=1)
     sure = lm.tokenize(" omega")[0]
     lm.token = sure

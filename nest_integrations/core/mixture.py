@@ -96,6 +96,21 @@ class StepDistribution:
     p_lm: torch.Tensor  # (T, V) p_LM, for the relaxed rule's LM guards
 
 
+@dataclass
+class LMDistribution:
+    """The target of methods without NEST's memory: p_LM itself at T positions."""
+
+    p: torch.Tensor  # (T, V) p_LM
+
+    @property
+    def p_lm(self) -> torch.Tensor:
+        return self.p
+
+
+#: A target distribution at T positions: ``.p`` (the target rows) and ``.p_lm`` (the LM's).
+Distribution = LMDistribution | StepDistribution
+
+
 def nest_distribution(
     logits: torch.Tensor,
     queries: torch.Tensor,

@@ -1,4 +1,4 @@
-"""On-topic guards for answers (issue 22): pure functions on the output text and its sources.
+"""On-topic guards for answers: pure functions on the output text and its sources.
 
 Relaxed acceptance lets a copy run on and a small model loop; three guards keep an open-ended
 answer on its topic and make it end:
@@ -17,24 +17,19 @@ answer on its topic and make it end:
   before its second copy: a loop inside one sentence, which the repeat guard cannot see.
 - **Junk guard** (``junk_start``, ``open_junk_start``): a run of ``JUNK_RUN`` or more
   separators (``,`` ``;`` ``:``, whitespace between them allowed) or of ``BLANK_LINES`` or more
-  empty lines ends the answer before the run. A small model at small lambda emits these when the
-  kNN mass lands on punctuation (the playground's "What is belly dance?" ended in
-  ``,,,,,,,,,,,,,,,,``; test-split answers ran into dozens of empty lines). So does a line that
-  opens with ``SYMBOL_RUN`` or more copies of one symbol: the reStructuredText rules of the
-  Python docs (``************``, ``============``) that relaxed copies ran into after the
-  content (9 answers in the quality records: 6 wrong closed answers and 3 open-ended ones,
-  each after its content; and the bf16 quickstart answer).
-  A trailing run that may still grow into one is held back from a stream.
+  empty lines ends the answer before the run (a small model at small lambda emits these when
+  the kNN mass lands on punctuation). So does a line that opens with ``SYMBOL_RUN`` or more
+  copies of one symbol: the reStructuredText rules of the Python docs that relaxed copies run
+  into after the content. A trailing run that may still grow into one is held back from a
+  stream.
 - **Answer document** (``answer_document``): the document of the first copied run of at least
   ``LOCK_MIN_TOKENS`` tokens. Once it is set, span proposals and token-mode citations from
   other documents are dropped (``drafters.nest``): a copy never continues into another
   document than the one the answer is about.
 - **Citation minimum** (``citation_words``): a citation shows only when its text holds at least
-  ``MIN_CITATION_WORDS`` words. Measured on the default answers of the sample corpus (issue 22):
-  1- and 2-word citations were "The", ``"assert``, ``" expression``, "used to", "the Roman", i.e.
-  frames and function words, not content; every 3-word one was a phrase of the source
-  ("is equivalent to", "a context manager"). Shorter copies stay plain text with their
-  per-token provenance (``NestResult.token_sources``).
+  ``MIN_CITATION_WORDS`` words (shorter ones were frames and function words, not content:
+  ``docs/decisions.md``). Shorter copies stay plain text with their per-token provenance
+  (``NestResult.token_sources``).
 
 The answer policy turns them on (``config.Guards``; the ``grounded`` and ``copy`` presets, none
 under ``paper``). The repeat, loop and junk stops only end an answer early, so in a lossless

@@ -125,6 +125,32 @@ def strict_accept_count(p: torch.Tensor, draft: torch.Tensor) -> int:
     return _leading_true(p.argmax(dim=-1) == draft)
 
 
+def greedy_tree_path(p: torch.Tensor, tokens: Sequence[int], parents: Sequence[int]) -> list[int]:
+    """Greedy acceptance of a token tree (REST, SpecInfer): from the current position, follow
+    the child equal to the argmax of its parent's row, as long as there is one.
+
+    Args:
+        p: ``(N + 1, V)`` target rows: row 0 follows the current position, row i + 1 node i.
+        tokens: the tree's N node tokens; ``parents[i]`` is node i's parent (-1: the root).
+
+    Returns:
+        The accepted nodes, root first. The next token is the argmax of row
+        ``path[-1] + 1`` (row 0 when nothing is accepted).
+    """
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(parents):
+        children.setdefault(parent, []).append(i)
+    path: list[int] = []
+    node = -1
+    while True:
+        best = int(p[node + 1].argmax())
+        nxt = next((c for c in children.get(node, []) if tokens[c] == best), None)
+        if nxt is None:
+            return path
+        path.append(nxt)
+        node = nxt
+
+
 def speculative_sampling(
     p: torch.Tensor,
     draft: torch.Tensor,

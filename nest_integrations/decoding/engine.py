@@ -1,10 +1,9 @@
-"""NestEngine: retrieve passages, load their token keys, then decode with a drafting method.
+"""NestEngine: one generation is retrieve -> plan -> loop -> result.
 
-One generation is: stage 1 (passages) -> stage 2 (token memory from stored keys, for NEST-family
-methods) -> the one verify-and-commit loop (``loop.py``) driving the method's drafter
-(``drafters/``): NEST span copying by default, or a lossless method (``greedy``,
-``prompt-lookup``, ...) chosen with ``decoding=``. Prompt templates live in ``prompts.py``, output
-text and streaming in ``text_stream.py``; this module wires them together and builds results.
+Stage 1 retrieves passages, the answer policy (``policy/``) plans the method, prompt passages
+and guards, stage 2 builds the token memory (NEST-family methods), and the verify-and-commit loop
+(``loop.py``) drives the method's drafter. Prompts live in ``prompts.py``, output text in
+``text_stream.py``; this module wires them together and builds the result.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import bisect
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 
@@ -31,10 +30,17 @@ from nest_integrations.decoding.prompts import (
 )
 from nest_integrations.defaults import DEFAULT_MAX_NEW_TOKENS
 from nest_integrations.drafters import DrafterContext, get_method
+from nest_integrations.index.base import KeyStore
+from nest_integrations.lm.base import LanguageModel
 from nest_integrations.policy import AnswerPlan, AnswerPolicy, plan_answer
-from nest_integrations.types import NestResult, NestStats, Passage, StreamChunk
+from nest_integrations.retrieval.base import PassageRetriever
+from nest_integrations.types import Citation, NestResult, NestStats, Passage, StreamChunk
+
+if TYPE_CHECKING:
+    from nest_integrations.attribution import Attributor, SentenceStream
 
 LOG = logging.getLogger(__name__)
+
 
 class NestEngine:
     """Nearest Neighbor Speculative Decoding over a passage retriever and a key store.
@@ -54,9 +60,8 @@ class NestEngine:
             from nest_integrations.index.in_memory_store import InMemoryKeyStore
             engine = NestEngine(lm, retriever, InMemoryKeyStore(), NestConfig.from_preset("paper"))
 
-        ``NestEngine.from_defaults(...)`` is the same as ``nest_integrations.from_defaults``
-        (``assembly.from_defaults``); the assembly attaches it when it is imported, which
-        ``nest_integrations.NestEngine`` and every entry point do.
+        ``nest_integrations.NestEngine`` is ``assembly.NestEngine``, this class with
+        ``NestEngine.from_defaults(...)`` (the same as ``nest_integrations.from_defaults``).
 
     Generate:
         .. code-block:: python
@@ -92,9 +97,9 @@ class NestEngine:
 
     def __init__(
         self,
-        lm: Any,
-        retriever: Any,
-        key_store: Any,
+        lm: LanguageModel,
+        retriever: PassageRetriever | None,
+        key_store: KeyStore,
         config: NestConfig,
         *,
         policy: AnswerPolicy | None = None,
@@ -127,7 +132,7 @@ class NestEngine:
         self.decoding = decoding
         self.drafter_options = dict(drafter_options or {})
         #: ``NestConfig.attribute``: one ``attribution.Attributor`` per scorer, built on use
-        self._attributors: dict[str, Any] = {}
+        self._attributors: dict[str, Attributor] = {}
 
     def check_config(self, config: NestConfig) -> NestConfig:
         """``config`` if this engine can decode with it, else a ``ValueError`` (its key source
@@ -232,7 +237,7 @@ class NestEngine:
             passages = self.retrieve(query or question, cfg.n_passages, cfg)
         plan = self.plan(query or question, passages, config=cfg, policy=policy,
                          decoding=decoding)
-        stats.time_retrieval = time.perf_counter() - t_start
+        stats.timing.retrieval = time.perf_counter() - t_start
         request = _Request(self, prompt, plan, cfg, stats, [s for s in (stop or []) if s],
                            {**self.drafter_options, **(drafter_options or {})})
         as_chat = string_as_chat(self.lm, prompt, self.string_prompts)
@@ -247,13 +252,14 @@ class NestEngine:
         copied = bool(loop.out.sources) and loop.out.sources[-1] is not None
         yield from self._deltas(loop, copied, (), request.live)
         result = self._result(loop, loop.method.uses_memory, request.live)
-        stats.time_total = time.perf_counter() - t_start
+        stats.timing.total = time.perf_counter() - t_start
         stats.mean_lambda = loop.lam_sum / loop.lam_n if loop.lam_n else 1.0
         yield StreamChunk(text="", result=result)
 
     # ----------------------------------------------------------------- results
     def _deltas(
-        self, loop: DecodeLoop, copied: bool, ids: Sequence[int] = (), live: Any = None
+        self, loop: DecodeLoop, copied: bool, ids: Sequence[int] = (),
+        live: SentenceStream | None = None,
     ) -> Iterator[StreamChunk]:
         """Stream the text that is safe to show, with the citation of the last cited run that
         the delta touches (also when the delta ends in uncited text: a run that grew while its
@@ -270,7 +276,7 @@ class NestEngine:
         yield StreamChunk(text=delta, citation=self._delta_citation(loop, start),
                           token_ids=tuple(ids), support=support, unsupported=unsupported)
 
-    def _delta_citation(self, loop: DecodeLoop, start: int) -> Any:
+    def _delta_citation(self, loop: DecodeLoop, start: int) -> Citation | None:
         out = loop.out
         j = bisect.bisect_left(out.ends, out.emitted)  # last token the delta touches
         j = min(j, len(out.ids) - 1)
@@ -287,7 +293,9 @@ class NestEngine:
     def _kind(uses_memory: bool) -> str:
         return "copy" if uses_memory else "verbatim"
 
-    def _result(self, loop: DecodeLoop, uses_memory: bool, live: Any = None) -> NestResult:
+    def _result(
+        self, loop: DecodeLoop, uses_memory: bool, live: SentenceStream | None = None
+    ) -> NestResult:
         stats, out = loop.stats, loop.out
         stats.new_tokens = len(out.ids)
         stats.copied_tokens = sum(out.copied)
@@ -313,7 +321,9 @@ class NestEngine:
             self._attribute(result, live)
         return result
 
-    def _sentence_stream(self, config: NestConfig, passages: Sequence[Passage]) -> Any:
+    def _sentence_stream(
+        self, config: NestConfig, passages: Sequence[Passage]
+    ) -> SentenceStream:
         """``NestConfig.attribute``: a ``SentenceStream`` over this generation's passages, with
         the engine's ``Attributor`` for the scorer (one per engine and scorer, built on first
         use: its passage-sentence embeddings stay cached across generations)."""
@@ -330,7 +340,7 @@ class NestEngine:
         return SentenceStream(attributors[scorer], passages)
 
     @staticmethod
-    def _attribute(result: NestResult, live: Any) -> None:
+    def _attribute(result: NestResult, live: SentenceStream) -> None:
         """Add the support citations of the sentences the answer did not copy, and the
         unsupported sentences: those streamed (``live``, a ``SentenceStream``) and the last
         sentence's (copied citations keep their kind)."""
@@ -383,7 +393,7 @@ class _Request:
     stats: NestStats
     stop: list[str]
     options: dict[str, Any]
-    live: Any = None  # NestConfig.attribute: the sentences judged so far (one per loop)
+    live: SentenceStream | None = None  # NestConfig.attribute: sentences judged (one per loop)
     generator: torch.Generator | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
@@ -402,7 +412,7 @@ class _Request:
         stats.decoding = method.name
         t0 = time.perf_counter()
         memory = engine.build_memory(passages) if passages and method.uses_memory else None
-        stats.time_keys += time.perf_counter() - t0
+        stats.timing.keys += time.perf_counter() - t0
         stats.n_passages, stats.n_keys = len(passages), len(memory) if memory is not None else 0
         ids = prompt_ids(engine.lm, self.prompt, plan.prompt_passages, as_chat=as_chat)
         max_new = engine._check_length(len(ids), max_new_tokens)

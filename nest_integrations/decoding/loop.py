@@ -1,212 +1,52 @@
 """The one verify-and-commit loop: any drafter, one target LM, one KV cache.
 
-Each step: the drafter proposes (``Drafter.propose``), the target scores the whole draft in ONE
-forward pass, a verification rule accepts a prefix, the loop commits it plus one token of its own,
-crops the KV cache to exactly the committed tokens, and tells the drafter (``Drafter.update``).
+Each step the drafter proposes, the target scores the whole draft in ONE forward pass, the
+method's verifier (``verifiers.py``) accepts a prefix, and the loop commits it plus one token of
+its own, crops the cache to exactly the committed tokens and tells the drafter. Two schedules,
+chosen by ``Method.needs_target``:
 
-Two schedules, chosen by ``Method.needs_target``:
+- **target first** (NEST): the drafter needs p_M at the next position before it proposes, so
+  the loop keeps ``cur``, the output at the last cached position. Either the cache holds every
+  committed token and ``cur`` is set, or it holds all but the last one (``pending``), which the
+  next step feeds alone (with ``NestConfig.lookahead``, together with a guess: ``lookahead.py``).
+- **draft first** (lossless methods, as HF's assisted decoding): the cache holds the context
+  but its last token (``pending``); each step feeds ``[pending] + draft`` in one pass, and row i
+  scores draft token i. A step with no draft is an ordinary decoding step.
 
-- **target first** (NEST): the drafter needs p_M at the next position before it can propose (it
-  picks the span start from it), so the loop keeps ``cur`` = the model output at the last cached
-  position. Invariant: either the cache holds every committed token and ``cur`` is set, or it
-  holds all but the last committed token (``pending``), which the next step feeds alone. With
-  ``NestConfig.lookahead`` that pass also feeds a prompt-lookup guess of what follows; the
-  cache then holds the guess after the fed tokens (``_ahead``), and the next pass takes the
-  rows of the part it matches and crops the rest (``feed``, ``_take_ahead``).
-- **draft first** (lossless methods, as in HF's assisted decoding): the cache always holds the
-  context except its last token (``pending``); each step feeds ``[pending] + draft`` in one pass,
-  and row i of the output scores draft token i. A step with no draft is an ordinary decoding
-  step. The first output token comes from the prefill.
-
-Verification is a plug-in chosen by the method (``Method.verifier``, a name in ``VERIFIERS``):
-``RelaxedVerifier`` (NEST, Eq. 7 with its LM guards from ``core.verification``) or
-``LosslessVerifier`` (exact greedy, or speculative sampling, lossless in distribution for a
-chain, when ``temperature > 0``).
-
-``decode_ids`` runs the loop without an engine (no retrieval, no streaming): the KNN-SSD
-skip-set search and the DReSD response-cache builder decode with it.
+``decode_ids`` runs the loop without an engine (the offline builders decode with it).
 """
 
 from __future__ import annotations
 
 import time
-import warnings
 from contextlib import nullcontext
-from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from nest_integrations.config import Guards, NestConfig
-from nest_integrations.core.mixture import StepDistribution, nest_distribution
-from nest_integrations.core.sampling import choose_token, warp
+from nest_integrations.core.mixture import Distribution, LMDistribution, nest_distribution
+from nest_integrations.core.token_memory import TokenMemory
+from nest_integrations.core.verification import greedy_tree_path
 from nest_integrations.core.topic import citation_words
-from nest_integrations.core.verification import (
-    guard_veto,
-    guarded_token,
-    relaxed_accept_count,
-    sampled_accept_count,
-    speculative_sampling,
-    strict_accept_count,
-)
+from nest_integrations.decoding.lookahead import LookAhead, Rows
+from nest_integrations.decoding.text_stream import OutputText
+from nest_integrations.decoding.verifiers import make_verifier, rows_are_exact
 from nest_integrations.drafters.base import (
-    LOSSLESS,
     RELAXED,
     DecodeState,
     Draft,
     Drafter,
     Method,
+    Source,
     as_sources,
     validate_draft,
 )
-from nest_integrations.drafters.prompt_lookup import PromptLookupDrafter
-from nest_integrations.decoding.text_stream import OutputText
-from nest_integrations.types import NestStats, StreamChunk
+from nest_integrations.lm.base import LanguageModel
+from nest_integrations.types import Citation, NestStats, Passage, StreamChunk
 
-
-@dataclass
-class LMDistribution:
-    """The target of methods without NEST's memory: p_LM rows (``p``: ``(T, V)``)."""
-
-    p: torch.Tensor
-
-    @property
-    def p_lm(self) -> torch.Tensor:
-        """p_LM itself (the target is p_LM)."""
-        return self.p
-
-
-#: A target distribution: ``.p`` (the target rows) and ``.p_lm`` (the LM's own rows).
-Distribution = LMDistribution | StepDistribution
-
-
-class Verifier:
-    """How many draft tokens to accept, and the token to commit after them (the base: token
-    choice with the generation's temperature, top-p and RNG; no guards)."""
-
-    #: the ``Method.verifier`` name
-    name = ""
-
-    def __init__(
-        self,
-        config: NestConfig,
-        generator: torch.Generator | None,
-        eos_ids: frozenset[int] = frozenset(),
-        guards: Guards | None = None,
-    ):
-        self.config = config
-        self.guards = guards if guards is not None else Guards()
-        self.eos_ids = sorted(eos_ids)
-        self.generator = generator
-        self.sampling = config.temperature > 0
-
-    def target(self, p: torch.Tensor) -> torch.Tensor:
-        """Rows of the distribution tokens are drawn from (warped when sampling)."""
-        cfg = self.config
-        return warp(p, cfg.temperature, cfg.top_p) if self.sampling else p
-
-    def choose(self, p_row: torch.Tensor) -> int:
-        cfg = self.config
-        return choose_token(p_row, cfg.temperature, cfg.top_p, self.generator)
-
-    def pick(self, dist: Distribution, row: int = 0) -> int:
-        """The token to commit at ``row`` of a target distribution."""
-        return self.choose(dist.p[row])
-
-    def accept(self, dist: Distribution, draft: torch.Tensor) -> int:
-        """Accepted prefix length of ``draft`` scored by the rows of ``dist`` (row i scores
-        draft[i]); the rule of the target-first schedule."""
-        raise NotImplementedError
-
-    def verify_and_correct(
-        self, p: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | None
-    ) -> tuple[int, int]:
-        """On ``(L + 1, V)`` target rows (row i scores draft[i], row L follows the draft):
-        ``(n_accepted, next_token)``; the rule of the draft-first schedule."""
-        raise NotImplementedError(f"the {self.name} verifier has no draft-first rule")
-
-
-class LosslessVerifier(Verifier):
-    """Exact greedy acceptance, or speculative sampling when ``temperature > 0``: the output
-    follows p_LM exactly (token for token when greedy)."""
-
-    name = LOSSLESS
-
-    def accept(self, dist: Distribution, draft: torch.Tensor) -> int:
-        if self.sampling:
-            raise ValueError("lossless sampling verifies drafts with the pending token: "
-                             "the method must not set needs_target")
-        return strict_accept_count(dist.p, draft)
-
-    def verify_and_correct(
-        self, p: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | None
-    ) -> tuple[int, int]:
-        n = int(draft.numel())
-        if self.sampling:
-            return speculative_sampling(self.target(p), draft, q, self.generator)
-        m = strict_accept_count(p[:n], draft) if n else 0
-        return m, int(p[m].argmax())
-
-
-class RelaxedVerifier(Verifier):
-    """NEST's relaxed acceptance (Eq. 7) of p_M, with the policy's LM guards
-    (``Guards.confidence_guard`` / ``eos_guard``: ``core.verification.guard_veto`` /
-    ``guarded_token``); exact acceptance with ``strict_acceptance``, a random Eq. 7 test when
-    sampling."""
-
-    name = RELAXED
-
-    def pick(self, dist: Distribution, row: int = 0) -> int:
-        g = self.guards
-        return guarded_token(self.choose(dist.p[row]), dist.p_lm[row], self.eos_ids,
-                             g.confidence_guard, g.eos_guard)
-
-    def accept(self, dist: Distribution, draft: torch.Tensor) -> int:
-        cfg = self.config
-        if cfg.strict_acceptance:
-            return strict_accept_count(dist.p, draft)
-        if self.sampling:  # Eq. 7 as a random test, on the distribution tokens are drawn from
-            return sampled_accept_count(self.target(dist.p), draft, cfg.relaxation,
-                                        self.generator)  # fmt: skip
-        g = self.guards
-        veto = guard_veto(dist.p_lm, draft, self.eos_ids, g.confidence_guard, g.eos_guard)
-        return relaxed_accept_count(dist.p, draft, cfg.relaxation, veto)
-
-
-#: Verifiers by ``Method.verifier`` name (register a new rule here).
-VERIFIERS: dict[str, type[Verifier]] = {RELAXED: RelaxedVerifier, LOSSLESS: LosslessVerifier}
-
-
-def make_verifier(
-    method: Method, config: NestConfig, generator: torch.Generator | None,
-    eos_ids: frozenset[int] = frozenset(), guards: Guards | None = None,
-) -> Verifier:
-    """The verifier ``method`` names; a ValueError lists the known ones."""
-    try:
-        cls = VERIFIERS[method.verifier]
-    except KeyError:
-        raise ValueError(f"method {method.name!r} names an unknown verifier "
-                         f"{method.verifier!r}: choose one of {sorted(VERIFIERS)}") from None
-    return cls(config, generator, eos_ids, guards)
-
-
-_warned_inexact: set[tuple[int, str]] = set()
-
-
-def rows_are_exact(lm: Any, method: str) -> bool:
-    """``lm.exact_rows`` (False for an LM that does not say). Warns once per LM and method
-    when a lossless method drafts where verify rows are not bit-exact: then its output can
-    leave greedy's at a near-tie."""
-    exact = bool(getattr(lm, "exact_rows", False))
-    if not exact and (id(lm), method) not in _warned_inexact:
-        _warned_inexact.add((id(lm), method))
-        warnings.warn(
-            f"decoding={method!r} equals greedy decoding only where a verify pass gives each "
-            f"row the bits of a one-token step, and {getattr(lm, 'name', type(lm).__name__)!r} "
-            f"on {getattr(lm, 'device', 'its device')} does not guarantee that: the output may "
-            "leave greedy's at a near-tie (result.stats.exact_rows is False; `nest info` "
-            "shows the check)", RuntimeWarning, stacklevel=2)
-    return exact
+#: ``on_delta(loop, copied, ids)``: the stream chunks of the text a commit made safe to show.
+OnDelta = Callable[["DecodeLoop", bool, Sequence[int]], Iterator[StreamChunk]]
 
 
 class DecodeLoop:
@@ -214,20 +54,20 @@ class DecodeLoop:
 
     def __init__(
         self,
-        lm: Any,
+        lm: LanguageModel,
         method: Method,
         drafter: Drafter | None,
         *,
         config: NestConfig,
         prompt_ids: list[int],
-        memory: Any,
-        passages: list,
-        offsets: list,
+        memory: TokenMemory | None,
+        passages: list[Passage],
+        offsets: list[Any],
         max_new_tokens: int,
         stop: list[str],
         stats: NestStats,
         generator: torch.Generator | None,
-        on_delta: Any,
+        on_delta: OnDelta,
         eos: frozenset[int] | None = None,
         guards: Guards | None = None,
     ) -> None:
@@ -246,39 +86,22 @@ class DecodeLoop:
         self.out = OutputText(lm.detokenize, stop, repeat_guard=self.guards.stop_on_repeat)
         self.verifier = make_verifier(method, config, generator, self.eos, self.guards)
         self.cache = lm.new_cache()
-        #: Look-ahead of the target-first schedule (``NestConfig.lookahead``, see ``feed``):
-        #: guessed tokens the cache holds after the fed ones, with their output rows
-        #: (row i follows ahead[i]), and the n-gram drafter that guesses them.
-        self._ahead: list[int] = []
-        self._ahead_rows: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._guesser = (PromptLookupDrafter(num_tokens=config.lookahead)
-                         if config.lookahead and method.needs_target else None)
-        self._guess: Draft | None = None
-        self._guess_used = 0
         self.done = False
-        self.lam_sum = 0.0
-        self.lam_n = 0
-        self._on_delta = on_delta  # (loop, copied, ids) -> Iterator[StreamChunk]
+        self.lam_sum, self.lam_n = 0.0, 0  # lambda's sum and count, for NestStats.mean_lambda
+        self._on_delta = on_delta
         self.state = DecodeState(
-            prompt_ids=list(prompt_ids),
-            out_ids=self.out.ids,
-            budget=max_new_tokens,
-            config=config,
-            eos=self.eos,
-            passages=passages,
-            offsets=offsets,
-            lm=lm,
-            cache=self.cache,
-            choose=self.verifier.choose,
-            pick=self.verifier.pick,
-            memory=self.memory,
-            generator=generator,
+            prompt_ids=list(prompt_ids), out_ids=self.out.ids, budget=max_new_tokens,
+            config=config, eos=self.eos, passages=passages, offsets=offsets, lm=lm,
+            cache=self.cache, choose_token=self.verifier.choose_token,
+            next_token=self.verifier.next_token, memory=self.memory, generator=generator,
             stats=stats,
-        )
+        )  # fmt: skip
+        self.ahead = (LookAhead(self._pass, lm, self.cache, self.state, config.lookahead)
+                      if config.lookahead and method.needs_target else None)
 
-    def shows(self, citation: Any) -> bool:
+    def shows(self, citation: Citation) -> bool:
         """Whether a citation is reported: at least ``min_citation_tokens`` tokens and the
-        guards' ``min_citation_words`` words (``core.topic``); shorter copies stay plain text."""
+        guards' ``min_citation_words`` words; shorter copies stay plain text."""
         return (citation.n_tokens >= self.config.min_citation_tokens
                 and citation_words(citation.text) >= self.guards.min_citation_words)
 
@@ -289,82 +112,40 @@ class DecodeLoop:
 
     def forward(
         self, ids: list[int], last: int | None = None, parents: list[int] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One target pass after the cache: a chain (only the ``last`` rows' logits when set:
-        saves the LM head), or a token tree (``parents``, see ``lm.tree``). Timed and counted.
+    ) -> Rows:
+        """One target pass after the cache (look-ahead rows first, when there are any)."""
+        if self.ahead is not None and self.ahead.tokens:
+            return self.ahead.forward(ids)
+        return self._pass(ids, last, parents)
 
-        A relaxed method does not need a verify pass's rows to equal one-token steps bit for
-        bit, so where the LM offers it (``inexact_rows``, see ``lm.rowwise_attention``) the
-        pass takes the faster attention."""
-        reused = self._take_ahead(ids) if self._ahead else None
-        if reused is not None:
-            if reused[0].shape[0] == len(ids):
-                return reused
-            ids = ids[reused[0].shape[0]:]
+    def _pass(self, ids: list[int], last: int | None = None,
+              parents: list[int] | None = None) -> Rows:  # fmt: skip
+        """A chain (only the ``last`` rows' logits when set: saves the LM head), or a token tree
+        (``parents``, see ``lm.tree``); timed and counted. Relaxed decoding takes the LM's
+        faster, not bit-exact, attention where it has one (``inexact_rows``)."""
         t0 = time.perf_counter()
         with self._inexact_rows() if self._inexact_rows is not None else nullcontext():
             if parents is not None:
-                out = self.lm.forward_tree(ids, parents, self.cache)
+                out = self.lm.forward_tree(ids, parents, self.cache)  # type: ignore[attr-defined]
             else:
                 out = self.lm.forward(ids, self.cache, last=last)
-        self.stats.time_lm += time.perf_counter() - t0
+        self.stats.timing.lm += time.perf_counter() - t0
         self.stats.forward_passes += 1
-        if reused is not None:
-            out = (torch.cat([reused[0], out[0]]), torch.cat([reused[1], out[1]]))
         return out
 
-    # ----------------------------------------------------------------- look-ahead
+    def feed(self, token: int) -> Rows:
+        """Feed the last committed token alone (target-first), or with a look-ahead guess."""
+        if self.ahead is not None:
+            return self.ahead.feed(token, self.budget - 1)  # the guess follows the token
+        return self.forward([token])
+
     def committed_length(self) -> int:
-        """Cached positions before the look-ahead: the tokens fed so far."""
-        return self.lm.cache_length(self.cache) - len(self._ahead)
+        """Cached positions that hold committed tokens (a look-ahead guess follows them)."""
+        if self.ahead is not None:
+            return self.ahead.committed_length()
+        return self.lm.cache_length(self.cache)
 
-    def feed(self, token: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed the last committed token (target-first schedule): its output row.
-
-        With ``NestConfig.lookahead`` the same pass also feeds a guess of what follows: the
-        n-gram continuation of the context (prompt lookup over the prompt, its passages and the
-        output). Its rows are kept, and a later pass over the same tokens (the next ordinary
-        tokens, or the start of a span) takes them instead of computing them again. A guess
-        never decides a token, so the output is the same as without it, up to the numerics of
-        a wider pass; only the number of passes changes."""
-        if self._ahead and self._ahead[0] == token:
-            return self.forward([token])  # the guess was right: no pass
-        if self._ahead:
-            self._take_ahead([])  # a wrong guess: drop it
-        guess = self._guesser.propose(self._guess_state()) if self._guesser is not None else None
-        if guess is None:
-            return self.forward([token])
-        logits, keys = self.forward([token] + guess.tokens)
-        self._ahead, self._ahead_rows = list(guess.tokens), (logits[1:], keys[1:])
-        self._guess, self._guess_used = guess, 0
-        self.stats.ahead_fed += len(guess)
-        return logits[:1], keys[:1]
-
-    def _guess_state(self) -> DecodeState:
-        self.state.budget = self.budget - 1  # the guess follows the token being fed
-        return self.state
-
-    def _take_ahead(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The look-ahead rows of ``ids``' common prefix with it (None when empty). A look-ahead
-        that ``ids`` only partly matches is dropped from the cache after that prefix."""
-        ahead, rows = self._ahead, self._ahead_rows
-        assert rows is not None
-        j = 0
-        while j < min(len(ahead), len(ids)) and ahead[j] == ids[j]:
-            j += 1
-        self._guess_used += j
-        self.stats.ahead_tokens += j
-        if j == len(ids) and j < len(ahead):  # all of ids was guessed: keep the rest
-            self._ahead, self._ahead_rows = ahead[j:], (rows[0][j:], rows[1][j:])
-        else:
-            self.lm.crop_cache(self.cache, self.committed_length() + j)
-            self._ahead, self._ahead_rows = [], None
-            if self._guesser is not None and self._guess is not None:
-                self._guesser.update(self.state, self._guess, self._guess_used)
-            self._guess = None
-        return (rows[0][:j], rows[1][:j]) if j else None
-
-    def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def prefill(self) -> Rows:
         """The prompt's forward pass (last row only). When the drafter wants the prompt's
         vector (``wants_prompt_vector``) and the LM can capture it, the same pass also fills
         ``state.prompt_vector``: no extra forward."""
@@ -385,22 +166,17 @@ class DecodeLoop:
         else:
             cfg = self.config
             dist = nest_distribution(
-                logits,
-                keys,
-                self.memory,
-                n_neighbors=cfg.n_neighbors,
-                alpha=cfg.rrc_offset,
-                tau=cfg.rrc_scale,
-                lm_temperature=cfg.lm_temperature,
-                mu=cfg.knn_temperature,
+                logits, keys, self.memory, n_neighbors=cfg.n_neighbors, alpha=cfg.rrc_offset,
+                tau=cfg.rrc_scale, lm_temperature=cfg.lm_temperature, mu=cfg.knn_temperature,
                 fixed_lm_weight=cfg.fixed_lm_weight,
-            )
+            )  # fmt: skip
             self.lam_sum += float(dist.lam.sum())
             self.lam_n += int(dist.lam.numel())
-        self.stats.time_knn += time.perf_counter() - t0
+        self.stats.timing.knn += time.perf_counter() - t0
         return dist
 
-    def commit(self, ids: list[int], sources: list, copied: bool = False) -> Iterator[StreamChunk]:
+    def commit(self, ids: list[int], sources: list[Source],
+               copied: bool = False) -> Iterator[StreamChunk]:  # fmt: skip
         """Append tokens, cut at EOS, the budget and stop strings; stream the new text."""
         keep_ids, keep_src = [], []
         for tok, src in zip(ids, sources):
@@ -424,12 +200,13 @@ class DecodeLoop:
         yield from self._on_delta(self, bool(keep_src) and keep_src[0] is not None, keep_ids)
 
     def propose(self, budget: int) -> Draft | None:
+        """The drafter's draft, validated and cut to ``budget`` (None: an ordinary step)."""
         if self.drafter is None or budget < 1:
             return None
         self.state.budget = budget
         t0 = time.perf_counter()
         draft = self.drafter.propose(self.state)
-        self.stats.time_draft += time.perf_counter() - t0
+        self.stats.timing.draft += time.perf_counter() - t0
         if draft is None or not draft.tokens:
             return None
         validate_draft(draft, self.lm.vocab_size)
@@ -440,14 +217,16 @@ class DecodeLoop:
 
     def count_draft(self, draft: Draft) -> None:
         """Count a draft the target is about to verify."""
-        self.stats.verify_steps += 1
-        self.stats.drafted_tokens += len(draft)
+        d = self.stats.drafting
+        d.verify_steps += 1
+        d.drafted_tokens += len(draft)
         if draft.parents is not None:
-            self.stats.tree_steps += 1
-            self.stats.tree_nodes += len(draft)
+            d.tree_steps += 1
+            d.tree_nodes += len(draft)
 
     # ----------------------------------------------------------------- schedules
     def run(self) -> Iterator[StreamChunk]:
+        """Decode to the end, yielding the stream chunks of each commit."""
         if self.method.needs_target:
             yield from self._target_first()
         else:
@@ -458,27 +237,27 @@ class DecodeLoop:
 
     def _ordinary_token(
         self, dist: Distribution, draft: Draft | None
-    ) -> tuple[int, Any, int] | None:
+    ) -> tuple[int, Source, int] | None:
         """Target-first: ``(token, source, n_accepted)`` when this step commits one token
         without a verify pass (no draft; a drafter's own ordinary step, i.e. a one-token
         ``chosen_first`` draft; or a draft whose first token the target rejects), else None."""
         if draft is None:
-            return self.verifier.pick(dist), None, 0
+            return self.verifier.next_token(dist), None, 0
         if draft.chosen_first and len(draft) == 1:
             return draft.tokens[0], as_sources(draft.sources, 1)[0], 1
         if draft.parents is not None:
             raise ValueError(f"{self.method.name}: token trees need a draft-first method")
         self.count_draft(draft)
         first = torch.as_tensor(draft.tokens[:1], device=dist.p.device)
-        if not draft.chosen_first and self.verifier.accept(dist, first) == 0:
-            return self.verifier.pick(dist), None, 0
+        if not draft.chosen_first and self.verifier.accept_count(dist, first) == 0:
+            return self.verifier.next_token(dist), None, 0
         return None
 
     def _target_first(self) -> Iterator[StreamChunk]:
         """NEST's schedule (see the module docstring)."""
         lm, v, stats = self.lm, self.verifier, self.stats
         logits, keys = self.prefill()
-        cur: tuple[torch.Tensor, torch.Tensor] | None = (logits[-1:], keys[-1:])
+        cur: Rows | None = (logits[-1:], keys[-1:])
         pending: int | None = None
         while not self.done and self.budget > 0:
             if cur is None:  # feed the pending token: the cache then holds every commit
@@ -501,8 +280,8 @@ class DecodeLoop:
             logits, keys = self.forward(tokens)  # ONE pass: (L, V), (L, d)
             vdist = self.distribution(logits[:-1], keys[:-1]) if len(tokens) > 1 else None
             # row i of vdist scores draft token i + 1 (token 0 was accepted above)
-            m = 1 + (v.accept(vdist, d[1:]) if vdist is not None else 0)
-            stats.accepted_tokens += m
+            m = 1 + (v.accept_count(vdist, d[1:]) if vdist is not None else 0)
+            stats.drafting.accepted_tokens += m
             self.drafter.update(self.state, draft, m)  # type: ignore[union-attr]
             yield from self.commit(tokens[:m], sources[:m], copied=True)
             if m == len(tokens):
@@ -512,7 +291,7 @@ class DecodeLoop:
             cur = None
             if self.done or self.budget <= 0:
                 break
-            c = v.pick(vdist, m - 1)  # type: ignore[arg-type]
+            c = v.next_token(vdist, m - 1)  # type: ignore[arg-type]
             yield from self.commit([c], [None])
             pending = c
 
@@ -543,7 +322,7 @@ class DecodeLoop:
                 path, c, hidden = self._verify_tree(pending, draft, before)
             else:
                 path, c, hidden = self._verify_chain(pending, draft, before)
-            stats.accepted_tokens += len(path)
+            stats.drafting.accepted_tokens += len(path)
             self.state.hidden = hidden
             self.drafter.update(self.state, draft, len(path))  # type: ignore[union-attr]
             sources = as_sources(draft.sources, len(draft))
@@ -554,7 +333,11 @@ class DecodeLoop:
             yield from self.commit([c], [None])
             pending = c
 
-    def _verify_chain(self, pending: int, draft: Draft, before: int) -> tuple[list[int], int, Any]:
+    def _verify_chain(
+        self, pending: int, draft: Draft, before: int
+    ) -> tuple[list[int], int, torch.Tensor]:
+        """Verify a chain in one pass: the accepted draft indices, the next token, the key
+        vector at the last accepted position; the cache keeps pending and the accepted."""
         tokens = draft.tokens
         logits, keys = self.forward([pending] + tokens)  # (L + 1, V): row i scores draft[i]
         p = self.distribution(logits, keys).p
@@ -563,35 +346,26 @@ class DecodeLoop:
         self.lm.crop_cache(self.cache, before + 1 + m)  # pending + the accepted draft tokens
         return list(range(m)), c, keys[m]
 
-    def _verify_tree(self, pending: int, draft: Draft, before: int) -> tuple[list[int], int, Any]:
+    def _verify_tree(
+        self, pending: int, draft: Draft, before: int
+    ) -> tuple[list[int], int, torch.Tensor]:
         """Greedy verification of a token tree in one pass (REST/SpecInfer style): follow the
         child equal to the target's argmax from the root; keep only that path in the cache."""
         if self.verifier.sampling:
             raise ValueError("token-tree drafts are verified greedily: use temperature 0")
-        parents = [-1] + [pp + 1 if pp >= 0 else 0 for pp in draft.parents]  # type: ignore[union-attr]
+        tree = draft.parents or []
+        parents = [-1] + [pp + 1 if pp >= 0 else 0 for pp in tree]  # pending is the root
         logits, keys = self.forward([pending] + draft.tokens, parents=parents)
-        p = self.distribution(logits, keys).p
-        children: dict[int, list[int]] = {}
-        for i, pp in enumerate(parents[1:], start=1):
-            children.setdefault(pp, []).append(i)
-        node, path = 0, []
-        while True:
-            best = int(p[node].argmax())
-            nxt = next((ch for ch in children.get(node, []) if draft.tokens[ch - 1] == best), None)
-            if nxt is None:
-                break
-            path.append(nxt - 1)
-            node = nxt
-        self.lm.select_cache(self.cache, before, [0] + [i + 1 for i in path])
+        p = self.distribution(logits, keys).p  # row 0 follows pending, row i + 1 node i
+        path = greedy_tree_path(p, draft.tokens, tree)
+        node = path[-1] + 1 if path else 0
+        self.lm.select_cache(  # type: ignore[attr-defined]
+            self.cache, before, [0] + [i + 1 for i in path])
         return path, int(p[node].argmax()), keys[node]
 
 
-def _no_stream(loop: DecodeLoop, copied: bool, ids: Any) -> Iterator[StreamChunk]:
-    return iter(())
-
-
 def decode_ids(
-    lm: Any,
+    lm: LanguageModel,
     method: Method,
     prompt_ids: list[int],
     max_new_tokens: int,
@@ -615,7 +389,7 @@ def decode_ids(
         lm, method, drafter, config=config if config is not None else NestConfig(temperature=0.0),
         prompt_ids=list(prompt_ids), memory=None, passages=[], offsets=[],
         max_new_tokens=max_new_tokens, stop=[], stats=stats, generator=generator,
-        on_delta=_no_stream, eos=eos,
+        on_delta=lambda *_: iter(()), eos=eos,
     )  # fmt: skip
     for _ in loop.run():
         pass

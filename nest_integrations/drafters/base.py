@@ -1,21 +1,11 @@
-"""The drafter port: what ONE verify-and-commit loop (``nest_integrations.decoding.loop``) needs from a
+"""The drafter port: what the one verify-and-commit loop (``decoding.loop``) needs from a
 drafting method, shaped like Hugging Face's candidate generators.
 
-A drafter proposes tokens; the loop verifies them in one forward pass of the target LM and
-commits the accepted prefix plus one corrected token. Every method (NEST spans, prompt lookup,
-DReSD, KNN-SSD) is a drafter; the loop owns the KV cache and its cropping, EOS, stop strings,
-streaming, citations and stats.
-
-Conventions (as in the speculative-decoding papers and HF): the *target* distribution is ``p``
-(p_M for NEST, p_LM for the lossless methods), the *draft* distribution is ``q``.
-
-The per-generation life cycle:
-
-- ``Method.make_drafter(ctx)`` builds a drafter for one generation (drafters may keep state);
-- before each verify step the loop calls ``drafter.propose(state)``: a ``Draft`` or ``None``
-  (None = no draft: the loop takes one ordinary decoding step);
-- after verification it calls ``drafter.update(state, draft, n_accepted)`` with the number of
-  draft tokens that were committed (``0 .. len(draft)``).
+Per generation ``Method.make_drafter(ctx)`` builds a drafter (it may keep state). Before each
+verify step the loop calls ``propose(state)``: a ``Draft``, or None for an ordinary decoding
+step; after it, ``update(state, draft, n_accepted)``. The loop owns the KV cache, EOS, stop
+strings, streaming, citations and stats. The target distribution is ``p`` (p_M for NEST, p_LM
+otherwise), the draft's ``q``, as in the speculative-decoding papers and HF.
 """
 
 from __future__ import annotations
@@ -26,10 +16,14 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 
 from nest_integrations.config import Guards, NestConfig
+from nest_integrations.core.mixture import Distribution
+from nest_integrations.core.token_memory import TokenMemory
+from nest_integrations.lm.base import LanguageModel
+from nest_integrations.retrieval.base import PassageRetriever
 from nest_integrations.types import NestStats, Passage
 
-#: NEST's relaxed rule (Eq. 7) on p_M, with its LM guards (``Guards.confidence_guard``, ``eos_guard``);
-#: exact on p_M with ``NestConfig.strict_acceptance``. Needs the target-first schedule.
+#: NEST's relaxed rule (Eq. 7) on p_M with its LM guards; exact on p_M with
+#: ``NestConfig.strict_acceptance``. Needs the target-first schedule.
 RELAXED = "relaxed"
 #: Lossless: exact greedy acceptance at ``temperature == 0``, speculative sampling above it.
 LOSSLESS = "lossless"
@@ -97,13 +91,13 @@ class DecodeState:
             found it: exactly the committed tokens as computed by the full model).
         cache: the target's KV cache.
         generator: the generation's RNG (sampling mode), or None when greedy.
-        choose: picks a token from a ``(V,)`` target row with the generation's temperature,
+        choose_token: a token from a ``(V,)`` target row with the generation's temperature,
             top-p and RNG (greedy: argmax). Use it, not your own sampling, so the loop's
             speculative-sampling rule sees the same distribution.
-        pick: ``pick(dist, row)``: ``choose`` on a target distribution's row after the
-            policy's LM guards (``Guards.confidence_guard`` / ``eos_guard``).
+        next_token: ``next_token(dist, row)``: the token the verifier commits at a target
+            distribution's row (``choose_token``, then the policy's LM guards).
         stats: the generation's ``NestStats``; a drafter adds its own counters there
-            (``draft_forwards``, ``draft_candidates``, the KNN-SSD route).
+            (``drafting.forwards``, ``drafting.candidates``, the KNN-SSD ``route``).
     """
 
     prompt_ids: list[int]
@@ -113,15 +107,15 @@ class DecodeState:
     eos: frozenset[int]
     passages: list[Passage]
     offsets: list[Any]
-    lm: Any
+    lm: LanguageModel
     cache: Any
-    choose: Callable[[torch.Tensor], int]
-    pick: Callable[[Any, int], int] | None = None
+    choose_token: Callable[[torch.Tensor], int]
+    next_token: Callable[[Distribution, int], int] | None = None
     pending: int | None = None
-    dist: Any = None
+    dist: Distribution | None = None
     hidden: torch.Tensor | None = None
     prompt_vector: torch.Tensor | None = None
-    memory: Any = None
+    memory: TokenMemory | None = None
     generator: torch.Generator | None = None
     stats: NestStats = field(default_factory=NestStats)
 
@@ -165,21 +159,19 @@ class Drafter(Protocol):
 class DrafterContext:
     """What a drafter factory gets: the engine's parts and the generation's setup.
 
-    ``options`` holds method-specific settings (e.g. a DReSD datastore path) given to the
-    engine as ``drafter_options`` or per call; each drafter reads them into its own option
-    dataclass (``drafters.corpus.parse_options``). ``stats`` is the generation's ``NestStats``
-    (a drafter that decides something before decoding, like KNN-SSD's route, records it there).
-    ``engine`` is the engine that runs the generation (a datastore-backed drafter finds its
-    collection's default datastore through it); ``prompt_passages`` the RA prompt's passages.
+    ``options`` holds the method's ``drafter_options`` (each drafter parses them into its own
+    option dataclass, ``drafters.corpus.parse_options``); ``stats`` is the generation's, where a
+    decision made before decoding (KNN-SSD's route) is recorded.
     """
 
-    lm: Any
+    lm: LanguageModel
     config: NestConfig
     prompt_ids: list[int]
     passages: list[Passage]
-    memory: Any = None
+    memory: TokenMemory | None = None
     options: dict[str, Any] = field(default_factory=dict)
-    retriever: Any = None  # the engine's PassageRetriever (a drafter may find its datastore by it)
+    #: the engine's retriever: a datastore-backed drafter finds its collection's datastore by it
+    retriever: PassageRetriever | None = None
     stats: NestStats = field(default_factory=NestStats)
     prompt_passages: list[Passage] | None = None  # the RA prompt's (None: the first ra_passages)
     guards: Guards = field(default_factory=Guards)  # the answer policy's output guards
@@ -192,7 +184,7 @@ class Method:
     Attributes:
         name: the ``decoding=`` value.
         make_drafter: builds the drafter of one generation; None = no drafts (greedy).
-        verifier: the acceptance rule, by name in ``loop.VERIFIERS``: ``RELAXED`` (NEST's
+        verifier: the acceptance rule, by name in ``verifiers.VERIFIERS``: ``RELAXED`` (NEST's
             Eq. 7 with its LM guards) or ``LOSSLESS`` (exact greedy, or speculative sampling
             when ``temperature > 0``).
         uses_memory: build NEST's token memory and mix p_kNN into the target (p = p_M).

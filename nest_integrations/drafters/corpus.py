@@ -241,7 +241,7 @@ def corpus_draft(
     if not cands:
         return None
     tokens, parents, rows = trie(cands, options.max_nodes)
-    state.stats.draft_candidates += len(cands)
+    state.stats.drafting.candidates += len(cands)
     sources: list[Source] = []
     for r in rows:
         p = datastore.passage_of(r)

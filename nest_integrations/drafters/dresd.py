@@ -16,7 +16,8 @@ verbatim-match provenance (``Citation.kind == "verbatim"``).
 
 Options (``drafter_options``): ``DresdOptions`` (``datastore``, ``k``, ``num_drafts``,
 ``draft_len``, ``shape``, ``max_nodes``, ``min_score``). Per-generation counters go to the
-result's ``NestStats`` (``time_draft``, ``draft_candidates``, ``tree_steps``, ``tree_nodes``).
+result's ``NestStats.drafting`` (``candidates``, ``tree_steps``, ``tree_nodes``) and
+``timing.draft``.
 """
 
 from __future__ import annotations

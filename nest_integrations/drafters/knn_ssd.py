@@ -19,8 +19,8 @@ greedy decoding token for token (or follows p_LM exactly when sampling).
 - ``threshold`` (0.8), ``max_draft`` (12), ``min_similarity`` (router fallback floor).
 
 ``drafter_options`` are read into ``KnnSsdOptions``. The routing decision is ``drafter.route``
-(set at the first step when routed) and the result's ``NestStats`` (``route_*``, ``time_route``); draft counters go there too
-(``draft_forwards``, ``time_draft``, ``drafted_tokens``, ``accepted_tokens``).
+(set at the first step when routed) and the result's ``NestStats.route``; draft counters go to
+``NestStats.drafting`` (``forwards``, ...) and ``timing.draft``.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import torch
 from nest_integrations.core.sampling import sample, warp
 from nest_integrations.drafters.base import LOSSLESS, DecodeState, Draft, DrafterContext, Method
 from nest_integrations.drafters.corpus import parse_options
+from nest_integrations.types import NestStats, RouteStats
 
 if TYPE_CHECKING:
     from nest_integrations.lm.layer_skip import SkipSet
@@ -230,12 +231,13 @@ class KnnSsdDrafter:
                              "anchors --domain NAME --prompts FILE` for each domain")
         return cls(lm, router=Router(profile, opts.min_similarity), **kw)
 
-    def record(self, stats: Any) -> "KnnSsdDrafter":
+    def record(self, stats: NestStats) -> "KnnSsdDrafter":
         """Write the routing decision to the generation's ``NestStats``."""
         r = self.route
-        stats.route_skip_set, stats.route_domain = r.skip_name, r.domain
-        stats.route_similarity = None if r.similarity != r.similarity else float(r.similarity)
-        stats.route_fallback, stats.time_route = bool(r.fallback), float(r.seconds)
+        stats.route = RouteStats(
+            skip_set=r.skip_name, domain=r.domain,
+            similarity=None if r.similarity != r.similarity else float(r.similarity),
+            fallback=bool(r.fallback), seconds=float(r.seconds))
         return self
 
     def route_from(self, state: DecodeState) -> None:
@@ -273,7 +275,7 @@ class KnnSsdDrafter:
             temperature=cfg.temperature if sampling else 0.0, top_p=cfg.top_p,
             generator=state.generator,
         )
-        state.stats.draft_forwards += chain.forwards
+        state.stats.drafting.forwards += chain.forwards
         if not chain.tokens:
             return None
         return Draft(chain.tokens, None, q=chain.q)

@@ -55,7 +55,8 @@ class NestDrafter:
             if rows:
                 return self._draft(rows, chosen_first=False)
         dist = state.dist
-        w = state.pick(dist, 0) if state.pick is not None else state.choose(dist.p[0])
+        w = (state.next_token(dist, 0) if state.next_token is not None
+             else state.choose_token(dist.p[0]))
         start = None
         if cfg.span_copying and use_span(float(dist.lam[0]), cfg.span_threshold):
             start = span_start(dist.hits, memory, w, max_passage=cfg.span_passages,

@@ -1,5 +1,5 @@
 """Phrasing families: every question asked several ways, so that no answer rule can be tuned to
-one surface form (issue 33's benchmark), and the wrong-attribute metric.
+one surface form (the robust-answers benchmark), and the wrong-attribute metric.
 
 The templates were written from how people ask (search boxes, chat, data-set questions), not
 from any rule of the package; nothing in the package reads them.

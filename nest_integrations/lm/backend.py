@@ -13,7 +13,7 @@ One place decides them for every entry point (``HFLanguageModel.from_pretrained`
   checkpoint's own dtype, what ``transformers`` calls ``dtype="auto"``) or ``"auto"``: bf16 on
   CUDA, and on CPU bf16 only where the CPU multiplies bf16 natively (AVX512-BF16 or AMX-BF16,
   ``cpu_has_native_bf16``), else fp32. ``None`` is the process default (``set_default_dtype``;
-  initially ``"auto"``, the default since issue 21's bf16 quality runs). The mixture, RRC,
+  initially ``"auto"``: ``docs/decisions.md``). The mixture, RRC,
   distances and verification always run in fp32: ``HFLanguageModel`` upcasts logits and keys
   where they leave the model.
 - **threads** (``configure_threads``): ``--threads``, else ``$NEST_THREADS``, else
@@ -36,6 +36,8 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
+from nest_integrations.config import NestConfig
+
 if TYPE_CHECKING:  # torch is imported on use: the CLI parsers need none of it
     import torch
 
@@ -55,6 +57,12 @@ SHORT_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 THREADS_ENV = "NEST_THREADS"
 #: The runtimes an LM can run on (``EngineSpec(backend=...)``, ``--backend``).
 BACKENDS: tuple[str, ...] = ("torch", "llama.cpp")
+#: Why KNN-SSD cannot run on the llama.cpp backend (``check_backend``, ``lm.llama_cpp``).
+KNN_SSD_UNSUPPORTED = (
+    "decoding='knn-ssd' is not available on the llama.cpp backend: KNN-SSD drafts with the same "
+    "model with layers skipped, and llama.cpp has no API to skip layers (ggml-org/llama.cpp#10820 "
+    "was closed, #3565 is unmerged); use backend='torch' for KNN-SSD"
+)
 #: Other accepted spellings of a backend.
 _BACKEND_ALIASES = {"hf": "torch", "transformers": "torch", "llamacpp": "llama.cpp",
                     "llama-cpp": "llama.cpp", "llama_cpp": "llama.cpp", "gguf": "llama.cpp"}
@@ -147,7 +155,7 @@ def resolve_dtype(dtype: "str | torch.dtype | None", device: "torch.device | str
 
     device = torch.device(device)
     value = parse_dtype(dtype if dtype is not None else _default_dtype)
-    if value is None:  # the default (issue 21): auto
+    if value is None:  # the process default: auto
         value = "auto"
     if value == "checkpoint":
         return "auto"
@@ -182,6 +190,38 @@ def set_default_dtype(dtype: "str | torch.dtype | None") -> None:
 def default_dtype() -> str | None:
     """The process default set by ``set_default_dtype`` (None when unset)."""
     return _default_dtype
+
+
+def check_backend(backend: str, dtype: Any = None, device: Any = None,
+                  decoding: str | None = None) -> None:  # fmt: skip
+    """A ``ValueError`` when ``dtype``, ``device`` or ``decoding`` cannot run on ``backend``
+    (llama.cpp: the GGUF's own weights, on the CPU, no KNN-SSD)."""
+    if backend != "llama.cpp":
+        return
+    if parse_dtype(dtype) not in (None, "auto"):
+        raise ValueError(
+            f"dtype={dtype!r} applies to the torch backend: llama.cpp runs the GGUF file's own "
+            "quantisation (pick another with model='Q8_0' etc., see docs/backends.md)"
+        )
+    if device not in (None, "cpu", "auto"):
+        raise ValueError(f"device={device!r}: the llama.cpp backend of this package runs on the "
+                         "CPU only; use backend='torch' for CUDA")
+    if decoding == "knn-ssd":
+        raise ValueError(KNN_SSD_UNSUPPORTED)
+
+
+def backend_config(cfg: NestConfig, backend: str) -> NestConfig:
+    """``cfg`` for ``backend``: on llama.cpp the key source is ``"final_norm"`` (its embeddings
+    output); the default ``"ffn_input"`` is replaced, any other key source is a ``ValueError``."""
+    if backend != "llama.cpp" or cfg.key_source == "final_norm":
+        return cfg
+    if cfg.key_source == NestConfig().key_source:
+        LOG.debug("llama.cpp backend: key_source %r -> 'final_norm'", cfg.key_source)
+        return cfg.replace(key_source="final_norm")
+    raise ValueError(
+        f"key_source={cfg.key_source!r} is not available on the llama.cpp backend: its keys are "
+        "the final norm's output (key_source='final_norm'); use backend='torch' for other layers"
+    )
 
 
 def machine_name() -> str:

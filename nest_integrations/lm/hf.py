@@ -1,14 +1,13 @@
 """The Hugging Face ``transformers`` implementation of the ``LanguageModel`` port.
 
-``HFLanguageModel`` wraps a causal LM and its tokenizer. It owns three things the NEST engine needs
-beyond plain generation:
+``HFLanguageModel`` wraps a causal LM and its tokenizer. Beyond plain generation it owns:
 
-- **key vectors** (NEST spec §1, §5): one vector per token from the layer named by ``key_source``,
-  captured with a forward hook during the same forward pass that gives the logits;
-- **a croppable KV cache** (spec §7.4): a ``transformers.DynamicCache`` that the engine crops back
-  to the committed tokens after a partial acceptance;
-- **batched passage encoding** (spec §5): keys of passages read on their own after
-  ``passage_prefix`` (BOS, then a newline token; see ``_passage_prefix``).
+- **key vectors**: one per token from the layer named by ``key_source``, captured with a forward
+  hook during the pass that gives the logits, and keys of passages read on their own after
+  ``passage_prefix`` (``lm.hf_keys``);
+- **a croppable KV cache**: a ``transformers.DynamicCache`` that the loop crops back to the
+  committed tokens after a partial acceptance;
+- **token offsets** that tile the text, for exact citations (``lm.hf_text``).
 
 Usage::
 
@@ -41,30 +40,11 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from nest_integrations.config import KEY_SOURCES
-from nest_integrations.lm import backend, exactness, rowwise_attention
+from nest_integrations.lm import backend, exactness, hf_text, rowwise_attention
 from nest_integrations.lm.backend import resolve_dtype
+from nest_integrations.lm.hf_keys import KeyHook, check_key_source, encode_passages
 
 LOG = logging.getLogger(__name__)
-
-#: Name of the pre-FFN norm inside the decoder layer, per ``config.model_type``. Only listed
-#: architectures are trusted: in e.g. OLMo-2 a module called ``post_attention_layernorm`` is a
-#: post-norm of the attention output, not the FFN input, so guessing by name would be wrong.
-PRE_FFN_NORM: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3",
-            "gemma", "granite", "granitemoe", "smollm3", "starcoder2", "gpt_neox", "olmo",
-            "deepseek_v3",
-        ),
-        "post_attention_layernorm",
-    ),
-    "gemma2": "pre_feedforward_layernorm",
-    "gemma3_text": "pre_feedforward_layernorm",
-    "gpt2": "ln_2",
-    "gpt_bigcode": "ln_2",
-    "phi": "input_layernorm",  # parallel attention/FFN: the FFN reads the input norm
-}
 
 #: Config keys that do not describe the weights (left out of the fingerprint).
 _VOLATILE_CONFIG_KEYS = frozenset(
@@ -73,9 +53,6 @@ _VOLATILE_CONFIG_KEYS = frozenset(
         "output_attentions", "return_dict", "attn_implementation", "architectures",
     }
 )
-#: Special tokens that end a turn or a document in common chat models; added to the EOS set
-#: when the tokenizer has them as special tokens.
-_END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>")
 #: Keyword arguments of ``from_pretrained`` that also apply to the tokenizer.
 _SHARED_LOAD_KWARGS = (
     "revision", "trust_remote_code", "token", "cache_dir", "local_files_only", "gguf_file",
@@ -123,7 +100,7 @@ class HFLanguageModel:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
-        self.key_source = _check_key_source(key_source)
+        self.key_source = check_key_source(key_source)
         config = model.config
         self.device: torch.device = next(model.parameters()).device
         #: The weights' dtype; logits and keys leave ``forward`` in fp32 whatever it is.
@@ -131,17 +108,18 @@ class HFLanguageModel:
         self.key_dim = int(config.get_text_config().hidden_size)
         out = model.get_output_embeddings()
         self.vocab_size = int(out.weight.shape[0]) if out is not None else int(config.vocab_size)
-        self.max_context = _max_context(config, tokenizer)
-        self.eos_token_ids = _eos_token_ids(model, tokenizer)
-        self.passage_prefix = _passage_prefix(tokenizer, config)
-        # Where the key comes from: (module, "input" | "output") or None for hidden_states.
-        self._key_module, self._key_port, self._hidden_index = _locate_key(model, self.key_source)
+        self.max_context = hf_text.max_context(config, tokenizer)
+        self.eos_token_ids = hf_text.eos_token_ids(model, tokenizer)
+        self.passage_prefix = hf_text.passage_prefix(tokenizer, config)
+        self._lock = threading.RLock()
+        #: where the key comes from, and its hook (``lm.hf_keys``)
+        self._keys = KeyHook(model, self.key_source, self._lock)
+        self._hidden_index = self._keys.hidden_index
         # transformers 5 renamed past_key_values -> cache.
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._has_logits_to_keep = "logits_to_keep" in params
         self._offsets_warned = False
-        self._lock = threading.RLock()
         #: How many ``nn.Linear`` layers ``from_pretrained`` prepacked (``lm.packing``), and
         #: how many run verify passes by a probed row plan (``lm.row_exact``; packed included).
         self.packed_linears = 0
@@ -208,7 +186,7 @@ class HFLanguageModel:
         """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        _check_key_source(key_source)  # fail before a long load
+        check_key_source(key_source)  # fail before a long load
         dev = resolve_device(device)
         load_dtype = resolve_dtype(dtype, dev)  # a bad dtype fails before the load too
         start = time.perf_counter()
@@ -274,54 +252,25 @@ class HFLanguageModel:
     def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text`` with no special tokens: none added (BOS/EOS) and none parsed,
         so a passage containing e.g. ``"<|im_end|>"`` is read as plain text."""
-        return list(self._encode(text)["input_ids"])
-
-    def _encode(self, text: str, **kwargs: Any) -> Any:
-        return self.tokenizer(
-            text, add_special_tokens=False, split_special_tokens=True, **kwargs
-        )
+        return list(hf_text.encode(self.tokenizer, text)["input_ids"])
 
     def tokenize_with_offsets(self, text: str) -> tuple[list[int], np.ndarray]:
-        """Token ids and ``(m, 2)`` int32 char ranges that tile ``text``.
+        """Token ids and ``(m, 2)`` int32 char ranges that tile ``text``: token i starts where
+        token i-1 ends, and a character split over several tokens belongs to the last of them
+        (as the output text's token ends, ``text_stream.OutputText``; ``lm.hf_text``).
 
-        The fast tokenizer's offsets are repaired into a tiling: token i starts where token i-1
-        ends, ends never go backwards, and the last token ends at ``len(text)``. So whitespace a
-        tokenizer trims from offsets is given to the token after it (WordPiece: the next word's
-        token), and a character split over several tokens goes to the last of them (below).
         For a run i..j whose ends fall on character boundaries,
         ``text[off[i,0]:off[j,1]] == detokenize(ids[i:j+1])`` whenever the tokenizer round-trips
         (byte-level BPE does; SentencePiece drops the leading space of a run that starts a
         decode). Slow tokenizers without offsets fall back to decoding every prefix (O(m^2)).
-
-        A character split over several tokens (byte-level BPE, SentencePiece byte fallback: the
-        tokenizer gives all of them the character's range) belongs to the LAST of them, the one
-        that completes it, as in the output text's token ends (``text_stream.OutputText``); the
-        others get an empty range. ``core.citations`` repairs any remaining edge mismatch.
         """
-        if not getattr(self.tokenizer, "is_fast", False):
-            return self._offsets_by_decoding(text)
-        enc = self._encode(text, return_offsets_mapping=True)
-        ids = list(enc["input_ids"])
-        off = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
-        ends = off[:, 1].copy()
-        if len(off) > 1:  # tokens sharing a non-empty range with the next: end at its start
-            shared = (off[:-1] == off[1:]).all(axis=1) & (off[:-1, 1] > off[:-1, 0])
-            ends[:-1][shared] = off[:-1, 0][shared]
-        return ids, _tile(ends, len(text))
-
-    def _offsets_by_decoding(self, text: str) -> tuple[list[int], np.ndarray]:
+        if getattr(self.tokenizer, "is_fast", False):
+            return hf_text.offsets_from_tokenizer(self.tokenizer, text)
         if not self._offsets_warned:
             LOG.warning("%s has no fast tokenizer: offsets come from prefix decoding", self.name)
             self._offsets_warned = True
-        import os.path
-
         ids = self.tokenize(text)
-        ends = np.array(  # how much of the text the first k + 1 tokens determine
-            [len(os.path.commonprefix([self.detokenize(ids[: k + 1]), text]))
-             for k in range(len(ids))],
-            dtype=np.int64,
-        )
-        return ids, _tile(ends, len(text))
+        return ids, hf_text.offsets_by_decoding(ids, self.detokenize, text)
 
     def detokenize(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, special tokens skipped, no clean-up of spaces."""
@@ -407,74 +356,12 @@ class HFLanguageModel:
     ) -> list[np.ndarray]:
         """Keys of passages read on their own: for ``d[0..m-1]`` the model reads
         ``passage_prefix + d[0..m-2]`` and key j (which predicts ``d[j]``) is row j of an
-        ``(m, key_dim)`` float32 array.
+        ``(m, key_dim)`` float32 array (batched: ``lm.hf_keys.encode_passages``)."""
+        return encode_passages(self, token_ids, batch_size)
 
-        Passages are sorted by length and run in right-padded batches without a KV cache. No
-        attention mask is passed: with causal attention a real token never sees the padding
-        after it, and leaving the mask out keeps SDPA's causal fast path.
-        """
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        prefix = list(self.passage_prefix)
-        seqs = [prefix + list(d)[:-1] for d in token_ids]
-        too_long = [i for i, seq in enumerate(seqs) if len(seq) > self.max_context]
-        if too_long:
-            raise ValueError(
-                f"passage(s) {too_long[:5]} exceed the model's context of {self.max_context} "
-                "tokens: split passages before encoding them"
-            )
-        result: list[np.ndarray] = [
-            np.zeros((0, self.key_dim), dtype=np.float32) for _ in token_ids
-        ]
-        order = sorted((i for i, d in enumerate(token_ids) if len(d)), key=lambda i: len(seqs[i]))
-        pad = self.passage_prefix[0]  # any valid id: padding is never attended to by real tokens
-        start = len(prefix) - 1  # the key predicting d[0] sits at the last prefix position
-        base = self.model.base_model  # skips the LM head: passages need no logits
-        for b in range(0, len(order), batch_size):
-            rows = order[b : b + batch_size]
-            width = len(seqs[rows[-1]])
-            batch = np.full((len(rows), width), pad, dtype=np.int64)  # (B, L)
-            for r, i in enumerate(rows):
-                batch[r, : len(seqs[i])] = seqs[i]
-            input_ids = torch.from_numpy(batch).to(self.device)
-            with torch.inference_mode(), self._capture() as slot:
-                out = base(
-                    input_ids=input_ids,
-                    use_cache=False,
-                    output_hidden_states=self._hidden_index is not None,
-                )
-                keys = slot[0] if slot else out.hidden_states[self._hidden_index]
-            keys_np = keys.float().cpu().numpy()  # (B, L, d)
-            for r, i in enumerate(rows):
-                result[i] = keys_np[r, start : start + len(token_ids[i])].copy()
-        return result
-
-    @contextmanager
-    def _capture(self) -> Iterator[list[torch.Tensor]]:
-        """Hook the key module for one call; the list receives its (B, T, d) tensor."""
-        slot: list[torch.Tensor] = []
-        with self._lock:  # hooks live on a shared module: one model call at a time
-            if self._key_module is None:
-                yield slot
-                return
-            yield from self._hooked(slot)
-
-    def _hooked(self, slot: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
-        if self._key_port == "output":
-            handle = self._key_module.register_forward_hook(
-                lambda _m, _args, output: slot.append(
-                    output[0] if isinstance(output, tuple) else output
-                )
-            )
-        else:
-            handle = self._key_module.register_forward_pre_hook(
-                lambda _m, args, kwargs: slot.append(args[0] if args else kwargs["hidden_states"]),
-                with_kwargs=True,
-            )
-        try:
-            yield slot
-        finally:
-            handle.remove()
+    def _capture(self) -> Any:
+        """Hook the key module for one call; the yielded list receives its (B, T, d) tensor."""
+        return self._keys.capture()
 
     # ----------------------------------------------------------------------------- identity
 
@@ -483,12 +370,9 @@ class HFLanguageModel:
         """``"<model name>@<16 hex>"``: a hash of the config (volatile keys removed), the
         tokenizer vocabulary and strided samples of every parameter.
 
-        Samples are rounded to bf16 before hashing, so the same checkpoint loaded in fp32,
-        fp16 or bf16, on any device, has the same fingerprint: key stores, DReSD datastores,
-        KNN-SSD profiles and calibrations are shared across dtypes. That was measured for the
-        keys (``benchmarks/results/bf16_keys.md``: cosine 0.9999, the same neighbours and RRC
-        lambda within bf16 numerics); the key store records the encoding dtype and logs a note
-        when it differs (``index.store``).
+        Samples are rounded to bf16 before hashing, so the same checkpoint loaded in any dtype,
+        on any device, has one fingerprint: key stores, DReSD datastores, KNN-SSD profiles and
+        calibrations are shared across dtypes (keys are interchangeable: ``docs/decisions.md``).
         """
         h = hashlib.sha256()
         config = {
@@ -589,141 +473,3 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
-
-
-def _check_key_source(key_source: str | int) -> str | int:
-    if isinstance(key_source, bool) or not (
-        key_source in KEY_SOURCES or isinstance(key_source, int)
-    ):
-        raise ValueError(
-            f"key_source={key_source!r} is invalid: use one of {KEY_SOURCES} or an int index "
-            "into hidden_states"
-        )
-    return key_source
-
-
-def _decoder_parts(model: Any) -> tuple[Any, Any]:
-    """The decoder-layer list and the final norm of ``model`` (each ``None`` if not found)."""
-    n_layers = model.config.get_text_config().num_hidden_layers
-    base = model.base_model
-    layers = next(
-        (
-            getattr(base, a)
-            for a in ("layers", "h", "blocks")
-            if isinstance(getattr(base, a, None), torch.nn.ModuleList)
-            and len(getattr(base, a)) == n_layers
-        ),
-        None,
-    )
-    norm = next(
-        (
-            getattr(base, a)
-            for a in ("norm", "ln_f", "final_layer_norm", "final_layernorm")
-            if isinstance(getattr(base, a, None), torch.nn.Module)
-        ),
-        None,
-    )
-    return layers, norm
-
-
-def _locate_key(model: Any, key_source: str | int) -> tuple[Any, str, int | None]:
-    """``(module, "input"|"output", None)`` for a hook, or ``(None, "", i)`` to read
-    ``hidden_states[i]`` (hidden_states[i] is the input of layer i, the last one the output of
-    the final norm)."""
-    layers, norm = _decoder_parts(model)
-    model_type = getattr(model.config.get_text_config(), "model_type", "")
-    if key_source == "ffn_input":
-        attr = PRE_FFN_NORM.get(model_type)
-        module = getattr(layers[-1], attr, None) if layers is not None and attr else None
-        if module is None:
-            raise ValueError(
-                f"key_source='ffn_input' is not supported for {type(model).__name__} "
-                f"(model_type={model_type!r}): its pre-FFN norm is unknown. Use "
-                "key_source='block_input' (hidden_states[-2], the official NEST code's key) or "
-                "an int index into hidden_states"
-            )
-        return module, "output", None
-    n_states = model.config.get_text_config().num_hidden_layers + 1
-    named = {"block_input": -2, "final_norm": -1}
-    index = named[key_source] if isinstance(key_source, str) else key_source
-    if not -n_states <= index < n_states:
-        raise ValueError(
-            f"key_source={key_source!r} is out of range: {type(model).__name__} has "
-            f"{n_states} hidden states"
-        )
-    index %= n_states
-    if layers is not None and index < n_states - 1:
-        return layers[index], "input", None
-    if norm is not None and index == n_states - 1:
-        return norm, "output", None
-    return None, "", index
-
-
-def _tile(ends: np.ndarray, n_chars: int) -> np.ndarray:
-    """``(m, 2)`` int32 ranges that tile ``[0, n_chars)`` from per-token end offsets."""
-    off = np.zeros((len(ends), 2), dtype=np.int32)
-    if len(ends) == 0:
-        return off
-    ends = np.maximum.accumulate(np.clip(ends, 0, n_chars))
-    ends[-1] = n_chars
-    off[:, 1] = ends
-    off[1:, 0] = ends[:-1]
-    return off
-
-
-def _max_context(config: Any, tokenizer: Any) -> int:
-    text = config.get_text_config()
-    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-        value = getattr(text, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    value = getattr(tokenizer, "model_max_length", None)
-    return int(value) if isinstance(value, int) and 0 < value < 10**7 else 2048
-
-
-def _as_set(value: Any) -> set[int]:
-    if value is None:
-        return set()
-    if isinstance(value, int):
-        return {value}
-    return {int(v) for v in value}
-
-
-def _eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
-    """EOS of the tokenizer, config and generation config, plus common end-of-turn and
-    end-of-text special tokens the tokenizer has (e.g. SmolLM2: <|im_end|> and <|endoftext|>)."""
-    ids = _as_set(tokenizer.eos_token_id) | _as_set(getattr(model.config, "eos_token_id", None))
-    gen = getattr(model, "generation_config", None)
-    if gen is not None:
-        ids |= _as_set(gen.eos_token_id)
-    added = getattr(tokenizer, "added_tokens_encoder", {}) or {}
-    ids |= {added[t] for t in _END_TOKENS if t in added}
-    return frozenset(ids)
-
-
-def _passage_prefix(tokenizer: Any, config: Any) -> list[int]:
-    """``[BOS, "\n"]`` (EOS when there is no BOS).
-
-    Two tokens, not one: the state at position 0 is an attention sink whose vector is an
-    outlier (SmolLM2-135M: norm 31.7 against a median of 9.5). As key 0 (the key predicting a
-    passage's first token) it would be the farthest key of every query, so with a small memory
-    (r_eff = all keys) d_max in the RRC ratio would always be that outlier and lambda would
-    collapse towards 0. After a second token the key is an ordinary vector.
-    """
-    start = None
-    for value in (tokenizer.bos_token_id, getattr(config, "bos_token_id", None)):
-        if isinstance(value, int):
-            start = value
-            break
-    if start is None:
-        for value in (tokenizer.eos_token_id, getattr(config, "eos_token_id", None)):
-            if isinstance(value, int):
-                start = value
-                break
-            if isinstance(value, list) and value:
-                start = int(value[0])
-                break
-    if start is None:
-        raise ValueError("the tokenizer has neither a BOS nor an EOS token to start passages with")
-    newline = tokenizer("\n", add_special_tokens=False)["input_ids"]
-    return [start] + list(newline[-1:])

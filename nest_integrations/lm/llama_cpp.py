@@ -57,6 +57,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
+from nest_integrations.lm.backend import KNN_SSD_UNSUPPORTED
+from nest_integrations.lm.hf_text import END_TOKENS, tile
 from nest_integrations.lm.llama_cpp_runtime import MAX_SEQUENCES, LlamaCppRuntime, quantize
 
 LOG = logging.getLogger(__name__)
@@ -67,14 +69,6 @@ BACKEND = "llama.cpp"
 KEY_SOURCE = "final_norm"
 #: Quantisations ``resolve_gguf`` makes from the shipped model (``requantize``).
 QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "F16")
-#: Why KNN-SSD cannot run on this backend.
-KNN_SSD_UNSUPPORTED = (
-    "decoding='knn-ssd' is not available on the llama.cpp backend: KNN-SSD drafts with the same "
-    "model with layers skipped, and llama.cpp has no API to skip layers (ggml-org/llama.cpp#10820 "
-    "was closed, #3565 is unmerged); use backend='torch' for KNN-SSD"
-)
-#: Special tokens that end a turn or a document (as ``lm.hf``).
-_END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>")
 
 
 @dataclass
@@ -184,20 +178,18 @@ class LlamaCppLanguageModel:
         """Token ids and ``(m, 2)`` int32 char ranges that tile ``text`` (see the port).
 
         Each token's bytes come from ``llama_token_to_piece``; a character split over several
-        tokens belongs to the last of them (the others get an empty range), as in ``lm.hf``.
+        tokens belongs to the last of them (the others get an empty range), as in ``lm.hf_text``.
         """
-        from nest_integrations.lm.hf import _tile
-
         ids = self.tokenize(text)
         pieces = [self.runtime.piece(t) for t in ids]
         if b"".join(pieces) != text.encode("utf-8"):  # no round trip: decode prefixes
             ends = np.array([len(os.path.commonprefix([self.detokenize(ids[: k + 1]), text]))
                              for k in range(len(ids))], dtype=np.int64)
-            return ids, _tile(ends, len(text))
+            return ids, tile(ends, len(text))
         byte_ends = np.cumsum([len(p) for p in pieces], dtype=np.int64)
         char_ends = np.cumsum([len(c.encode("utf-8")) for c in text], dtype=np.int64)
         ends = np.searchsorted(char_ends, byte_ends, side="right")  # chars complete by then
-        return ids, _tile(ends.astype(np.int64), len(text))
+        return ids, tile(ends.astype(np.int64), len(text))
 
     def detokenize(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, special tokens skipped."""
@@ -462,7 +454,7 @@ class LlamaCppLanguageModel:
 
 def _eos_token_ids(rt: LlamaCppRuntime) -> frozenset[int]:
     """EOS and EOT of the GGUF plus the usual end-of-turn tokens it has (as ``lm.hf``)."""
-    ids = {rt.eos_id(), rt.eot_id()} | {rt.special_id(t) for t in _END_TOKENS}
+    ids = {rt.eos_id(), rt.eot_id()} | {rt.special_id(t) for t in END_TOKENS}
     return frozenset(i for i in ids if i is not None)
 
 

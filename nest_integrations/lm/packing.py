@@ -1,11 +1,9 @@
 """Prepacked CPU weights: every ``nn.Linear`` of a bf16 model multiplies through oneDNN with its
 weight reordered once, at load, into oneDNN's blocked layout.
 
-Why: on this project's CPU (AVX512-BF16) a plain bf16 ``F.linear`` re-lays the weight out on
-every call, and a bf16 step was no faster than fp32. With the weight prepacked, a one-token
-step of the embedded model costs 44 ms instead of 57 ms, and HF greedy on it runs 1.14x the
-plain bf16 model (``benchmarks/results/packed_weights.md``, one side-by-side run on a shared
-VM). This is what ``torch.compile``'s CPU freezing does for linears, without the compile.
+Why: a plain bf16 ``F.linear`` re-lays the weight out on every call, so a bf16 step on CPU was
+no faster than fp32; prepacked, it is (``docs/decisions.md``). This is what ``torch.compile``'s
+CPU freezing does for linears, without the compile.
 
 Row-exact: a ``PackedLinear`` is a ``lm.row_exact.RowExactLinear`` whose kernel is the prepacked
 oneDNN call, so a verify pass runs its rows by the row plan probed for that kernel on this CPU,
