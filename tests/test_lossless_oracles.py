@@ -116,16 +116,21 @@ def break_residual(monkeypatch: pytest.MonkeyPatch) -> None:
 # ------------------------------------------------------------------ prompts, built independently
 
 
-def chat_ids(lm: Any, question: str, ra: list[Passage] = ()) -> list[int]:
-    """Prompt ids of one user message (RA passages in the message), from the HF tokenizer."""
-    tok = lm.tokenizer
+def chat_text(tok: Any, question: str, ra: list[Passage] = ()) -> str:
+    """One user message (RA passages in the message) as the HF tokenizer's chat template
+    renders it, with the assistant's turn opened."""
     content = question
     if ra:
         content = RA_CHAT_TEMPLATE.format(context="\n\n".join(p.text for p in ra),
                                           question=question)
-    text = tok.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+    return tok.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                    add_generation_prompt=True)
-    return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def chat_ids(lm: Any, question: str, ra: list[Passage] = ()) -> list[int]:
+    """Prompt ids of one user message (RA passages in the message), from the HF tokenizer."""
+    text = chat_text(lm.tokenizer, question, ra)
+    return list(lm.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def text_ids(lm: Any, prompt: str, ra: list[Passage] = ()) -> list[int]:

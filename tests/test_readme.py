@@ -53,8 +53,8 @@ REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 #: The documentation pages whose blocks run after the README's, in this order (a page's blocks
 #: may use what an earlier block made: the DReSD datastore, the KNN-SSD profile, the server).
-DOCS = ["configuration", "ingest", "methods", "backends", "citations", "server", "scaling",
-        "evaluation", "benchmarks", "decisions"]
+DOCS = ["configuration", "ingest", "methods", "backends", "llama_cpp", "citations", "server",
+        "scaling", "evaluation", "benchmarks", "decisions"]
 DOC_FILES = [README] + [REPO / "docs" / f"{name}.md" for name in DOCS]
 pytestmark = pytest.mark.slow
 
@@ -107,6 +107,8 @@ EXCLUDED = {
     "bash scripts/quickstart.sh": "runs scripts/install.sh (reinstalls the package from the "
     "network); its ingest, info and ask steps are the 'Command line' block's",
     "bash scripts/test.sh": "runs this test suite",
+    "bash scripts/install.sh llamacpp": "reinstalls the package (scripts/install.sh test already "
+    "installed the llamacpp extra this suite runs on)",
 }
 
 #: A substring that identifies the block -> [(old, new)] substitutions ({name} from the state).
@@ -131,6 +133,10 @@ ADAPT: dict[str, list[tuple[str, str]]] = {
         ("--trials 32", f"{SEARCH_CAP}"),
         ("--prompts ...", f"--prompts prompts/wiki-en.train.jsonl {SEARCH_CAP}"),
         ('nest ask "..."', f'nest ask "{QUESTION}" {ASK_CAP}'),
+    ],
+    'EngineSpec(backend="llama.cpp", model="model.gguf"': [
+        ('model="model.gguf"', 'model=str(__import__("nest_integrations.lm.default", '
+         'fromlist=["gguf_path"]).gguf_path())'),
     ],
     'engine.generate(prompt, decoding="knn-ssd")': [
         ("", "{engine_prelude}"),

@@ -15,6 +15,7 @@ from nest_integrations import assembly
 from tests._stores import copy_sample_store
 from nest_integrations.evaluation.entities import SAMPLE_QUESTIONS
 from nest_integrations.evaluation.grounded import keyword_correct
+from nest_integrations.lm.backend import machine_name
 
 pytestmark = pytest.mark.slow
 
@@ -28,6 +29,14 @@ KNOWN_WRONG: dict[str, str] = {
     "AssertionError'), right but without the word 'debugging' in 48 tokens",
     "sample/pinball": "a sharper p_kNN follows the Cup entry's 'A cup is' in token mode before "
     "the Pinball copy starts",
+}
+
+#: Questions wrong on one CPU family only (fp32 rounds differently on each: other kernels and
+#: row plans, docs/backends.md), keyed by a word of the CPU's model name: a strict xfail there; a
+#: lenient one on other CPUs, where it was not measured since the answer policy (issue 33).
+WRONG_ON: dict[str, tuple[str, str]] = {
+    "sample/global": ("AMD", "on an AMD EPYC the fp32 answer says the declaration 'holds for the "
+                      "entire current code block' without the word 'identifiers' in 48 tokens"),
 }
 
 
@@ -47,6 +56,10 @@ def test_sample_question_is_answered_right(engine, q, request) -> None:
         assert res.text[c.start : c.end] == c.text
         p = by_id[c.passage_id]
         assert p.text[c.passage_start : c.passage_end] == c.text
-    if q.id in KNOWN_WRONG:  # strict: an answer that turns right must leave KNOWN_WRONG
-        request.applymarker(pytest.mark.xfail(reason=KNOWN_WRONG[q.id], strict=True))
+    reason, strict = KNOWN_WRONG.get(q.id), True
+    if q.id in WRONG_ON:
+        word, reason = WRONG_ON[q.id]
+        strict = word in machine_name()
+    if reason:  # strict: an answer that turns right must leave KNOWN_WRONG / WRONG_ON
+        request.applymarker(pytest.mark.xfail(reason=reason, strict=strict))
     assert keyword_correct(res.text, q.must, q.must_not), res.text

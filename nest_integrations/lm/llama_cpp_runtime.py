@@ -147,6 +147,8 @@ class LlamaCppRuntime:
         if not self._free:
             raise RuntimeError(f"all {MAX_SEQUENCES} llama.cpp sequences are in use (live "
                                "caches, tree branches): drop unused caches")
+        if self.live_sequences() == 0:  # every cell free and the head at cell 0, as when fresh
+            self.lib.llama_memory_clear(self.mem, False)
         seq = self._free.pop()
         self.remove(seq, 0)
         return seq
