@@ -94,16 +94,11 @@ def llama_end_tokens(llm: Any) -> set[int]:
 
 
 def llama_greedy(llm: Any, ids: list[int], n: int) -> list[int]:
-    """``Llama.generate`` at temperature 0 (greedy), a fresh context, cut before an end token."""
-    out: list[int] = []
-    ends = llama_end_tokens(llm)
-    llm.reset()
-    for tok in llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
-                            reset=True):
-        if tok in ends or len(out) >= n:
-            break
-        out.append(tok)
-    return out
+    """``Llama.generate`` at temperature 0 (greedy), a fresh context, cut before an end token
+    (the speed benchmark's peer row: llama-cpp-python's own loop, none of the code under test)."""
+    from benchmarks.harness.systems import llama_generate
+
+    return llama_generate(llm, ids, n, frozenset(llama_end_tokens(llm)))[0]
 
 
 def chat_ids(llm: Any, tok: Any, question: str, ra: list[Passage] = ()) -> list[int]:
