@@ -29,9 +29,9 @@ QUESTIONS = [
 ]
 
 
-#: A question whose 24-token answer copies from the corpus in bf16 (Intel Xeon) and in fp32 (the
-#: dtype ``auto`` falls back to on an AMD EPYC): "How does the assert statement work?" answers
-#: in the model's own words in fp32, without a copied span.
+#: A question whose 24-token answer copies from the corpus on both CPU families (the tests' fp32
+#: model): "How does the assert statement work?" answers in the model's own words on an AMD EPYC,
+#: without a copied span.
 COPYING_QUESTION = QUESTIONS[1]
 
 
