@@ -29,9 +29,9 @@ QUESTIONS = [
 ]
 
 
-#: A question whose 24-token answer copies from the corpus on both CPU families (the tests' fp32
-#: model): "How does the assert statement work?" answers in the model's own words on an AMD EPYC,
-#: without a copied span.
+#: A question whose 24-token answer copies from the corpus (measured on an AMD EPYC with the
+#: tests' fp32 model; the streamed test asks it too): there "How does the assert statement
+#: work?" answers in the model's own words, without a copied span.
 COPYING_QUESTION = QUESTIONS[1]
 
 
