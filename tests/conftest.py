@@ -98,7 +98,6 @@ def sample_store(tmp_path_factory) -> Path:
     return root
 
 
-
 @pytest.fixture(autouse=True)
 def _process_defaults():
     """A CLI job run in-process (``--dtype``, ``--backend``) sets process-wide defaults; every

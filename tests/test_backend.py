@@ -14,13 +14,12 @@ from nest_integrations.lm.hf import HFLanguageModel
 
 
 @pytest.fixture(autouse=True)
-def _restore_backend():
-    """Every test leaves the process default dtype and torch's thread count as it found them
-    (the suite runs with 1 thread: tests/conftest.py)."""
-    threads, default = torch.get_num_threads(), backend.default_dtype()
+def _restore_threads():
+    """Every test leaves torch's thread count as it found it (the suite runs with 1 thread;
+    tests/conftest.py resets the process default dtype and backend around every test)."""
+    threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
-    backend.set_default_dtype(default)
 
 
 # ------------------------------------------------------------------ parsing and resolution
