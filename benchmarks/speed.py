@@ -68,8 +68,13 @@ ROWS: dict[str, Row] = {r.name: r for r in (
     Row("hf-lookup+psg", f"HF prompt lookup, {_PSG}", "prompt-lookup", engine="peer",
         weights="transformers", retrieve=True, reference="rag-greedy", lossless=True),
     Row("rag-greedy", "RAG greedy (our loop, the `grounded` RA prompt)", retrieve=True),
-    Row("llama.cpp", "llama.cpp (`llama-cpp-python`, the shipped GGUF)", engine="peer",
-        backend="llama.cpp", reference="hf-greedy"),
+    Row("llama.cpp", "llama.cpp greedy (`Llama.generate`, the shipped Q4_1 GGUF)",
+        engine="peer", backend="llama.cpp", reference="hf-greedy"),
+    Row("llama.cpp+psg", f"llama.cpp greedy, {_PSG} (llama.cpp RAG)", engine="peer",
+        backend="llama.cpp", retrieve=True),
+    Row("llama.cpp-lookup+psg", f"llama.cpp's own prompt lookup, {_PSG}", "prompt-lookup",
+        engine="peer", backend="llama.cpp", retrieve=True, reference="llama.cpp+psg",
+        lossless=True),
     Row("greedy", "our `greedy`", reference="hf-greedy-model", lossless=True),
     Row("prompt-lookup", "our `prompt-lookup`, plain prompt", "prompt-lookup",
         reference="hf-greedy-model", lossless=True),
@@ -100,6 +105,22 @@ ROWS: dict[str, Row] = {r.name: r for r in (
         reference="rag-greedy"),
     Row("nest-lossless", "NEST `lossless` preset (strict: greedy of p_M)", "nest",
         retrieve=True, preset="lossless", reference="hf-greedy-model"),
+    # ours on llama.cpp (``NAME@Q4_0``: on the shipped model requantised to Q4_0)
+    Row("llama.cpp:greedy", "ours on llama.cpp: `greedy`", backend="llama.cpp",
+        reference="llama.cpp", lossless=True),
+    Row("llama.cpp:prompt-lookup+psg", f"ours on llama.cpp: `prompt-lookup`, {_PSG}",
+        "prompt-lookup", backend="llama.cpp", retrieve=True, reference="llama.cpp+psg",
+        lossless=True),
+    Row("llama.cpp:rag-copy", f"ours on llama.cpp: `rag-copy`, {_PSG}", "rag-copy",
+        backend="llama.cpp", retrieve=True, reference="llama.cpp+psg", lossless=True),
+    Row("llama.cpp:rag-copy+cost", f"ours on llama.cpp: `rag-copy`, {_PSG}, cost-model "
+        "draft lengths", "rag-copy", backend="llama.cpp", retrieve=True,
+        options=(("cost_model", "auto"),), reference="llama.cpp+psg", lossless=True),
+    Row("llama.cpp:dresd", "ours on llama.cpp: `dresd` (in-domain datastore)", "dresd",
+        backend="llama.cpp", options=(("datastore", "in-domain"),), reference="llama.cpp",
+        lossless=True),
+    Row("llama.cpp:grounded", "`grounded` (the default) on llama.cpp", None,
+        backend="llama.cpp", retrieve=True, reference="llama.cpp+psg"),
 )}
 #: ``--rows`` shorthands.
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -112,6 +133,11 @@ GROUPS: dict[str, tuple[str, ...]] = {
              "knn-ssd+cost"),
     "lookahead": ("rag-greedy", "grounded", "grounded-la0", "grounded-la16"),
     "presets": ("grounded", "paper", "paper-ra", "nest-lossless"),
+    # issue 35: llama.cpp's own decoding, ours on llama.cpp, and the torch rows they must beat
+    "llama.cpp": ("rag-greedy", "greedy", "rag-copy", "grounded", "llama.cpp", "llama.cpp+psg",
+                  "llama.cpp-lookup+psg", "llama.cpp:greedy", "llama.cpp:prompt-lookup+psg",
+                  "llama.cpp:rag-copy", "llama.cpp:rag-copy+cost", "llama.cpp:dresd",
+                  "llama.cpp:grounded"),
 }
 PROFILE_PARTS = ("retrieval", "keys", "prefill", "verify", "knn", "draft", "other")
 PROFILE_LABELS = {
@@ -175,7 +201,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--kernel-prompts", type=int, default=12)
     ap.add_argument("--kernel-tokens", type=int, default=48)
     ap.add_argument("--kernel-repeats", type=int, default=9)
-    ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even if it imports")
+    ap.add_argument("--no-llama-cpp", action="store_true",
+                    help="skip every llama.cpp row even if it imports")
+    ap.add_argument("--quant-quality", default="",
+                    help="comma-separated GGUF quantisations (e.g. Q4_1,Q4_0,Q8_0): perplexity "
+                    "of held-out text on each, beside torch fp32/bf16 (needs llama.cpp)")
     ap.add_argument("--llama-extra-bufts", action="store_true",
                     help="let llama.cpp use its extra buffer types (AMX, repacking): SIGILL "
                     "where the CPU lists AMX but the kernel does not enable it")
@@ -186,14 +216,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="recompute the tables of <out>/<stem>.json (or .json.gz), run nothing")
     args = ap.parse_args(argv)
     names = [n.strip() for spec in (args.rows or ["all"]) for n in spec.split(",") if n.strip()]
-    if args.no_llama_cpp:
-        names = [n for n in names if n != "llama.cpp"]
     try:
         args.systems = resolve_rows(names, args.baseline)
     except KeyError as exc:
         ap.error(str(exc.args[0]))
     if args.no_llama_cpp:
-        args.systems.pop("llama.cpp", None)
+        args.systems = {n: r for n, r in args.systems.items() if r.backend != "llama.cpp"}
     args.set_list = [s.strip() for s in args.sets.split(",") if s.strip()]
     if set(args.set_list) - set(SETS):
         ap.error(f"unknown set(s) {sorted(set(args.set_list) - set(SETS))}: choose from {SETS}")
@@ -310,6 +338,24 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     qs = result.get("quickstart") or {}
     add("quickstart `nest ask` (grounded) >= 2.5x HF fp32 greedy", qs.get("grounded_vs_hf_fp32"),
         2.5)
+    # issue 35: ours on llama.cpp against llama.cpp's own greedy decoding (same GGUF, threads)
+    for m in [n for n, s in systems.items() if s["engine"] == "nest"
+              and s["backend"] == "llama.cpp"]:
+        ref = systems[m]["reference"]
+        worst = min(((get(v, m, "vs_ref"), k) for k, v in by.items()
+                     if get(v, m, "vs_ref") is not None), default=(None, "-"))
+        add(f"`{m}` >= 1.0x llama.cpp greedy on every set (vs `{ref}`; worst: {worst[1]})",
+            worst[0], 1.0)
+    for sfx in sorted({n.partition("@")[2] for n in systems if n.startswith("llama.cpp:")}):
+        at = f"@{sfx}" if sfx else ""
+        add(f"`llama.cpp:grounded{at}` >= 1.3x llama.cpp greedy RAG on grounded QA (qa)",
+            get(qa, f"llama.cpp:grounded{at}", "vs_ref"), 1.3)
+        add(f"`llama.cpp:grounded{at}` >= 2.5x our torch `grounded` on grounded QA (qa)",
+            ratio(get(qa, f"llama.cpp:grounded{at}", "tokens_per_s"),
+                  get(qa, "grounded", "tokens_per_s")), 2.5)
+        for m in ("rag-copy", "prompt-lookup+psg"):
+            add(f"`llama.cpp:{m}{at}` >= 1.2x llama.cpp greedy RAG on grounded QA (qa)",
+                get(qa, f"llama.cpp:{m}{at}", "vs_ref"), 1.2)
     return out
 
 
@@ -320,7 +366,8 @@ def derive(result: dict[str, Any]) -> dict[str, Any]:
     result["summary"] = summarize(recs, systems, base)
     result["by_set"] = {s: summarize([r for r in recs if r["set"] == s], systems, base)
                         for s in SETS if any(r["set"] == s for r in recs)}
-    result["profile"] = {n: profile(recs, n) for n in ("grounded", "rag-greedy", "greedy")
+    result["profile"] = {n: profile(recs, n) for n in ("grounded", "rag-greedy", "greedy",
+                                                        "llama.cpp:grounded", "llama.cpp:rag-copy")
                          if n in systems}
     result["targets"] = targets(result)
     return result
@@ -362,7 +409,8 @@ def markdown(result: dict[str, Any]) -> str:
              pct(x["rougeL_text"]), pct(x["cited"]), fmt(x["accepted_per_verify"], 1),
              fmt(x["tokens_per_pass"]))
             for n in systems if (x := summ.get(n))])
-    lines += ["", "## Targets (issue 21; ratios against HF greedy in the same dtype)", ""]
+    lines += ["", "## Targets (issue 21: ratios against HF greedy in the same dtype; issue 35: "
+              "ours on llama.cpp against llama.cpp's greedy decoding)", ""]
     lines += table(("target", "measured", "goal", "met"), [
         (t["target"], "-" if t["measured"] is None else
          (f"{t['measured']:.2f}x" if t["unit"] == "x" else f"{t['measured']}/{t['goal']}"),
@@ -383,7 +431,7 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", "## What limits speed", "", "c(T)/c(1): one verify forward over T new "
                   "tokens after a 120-token cache (`nest_integrations.lm.cost`, measured at the "
                   "start of this run, cached as the engine's curve):", ""]
-        lines += table(("dtype", "c(1) ms", *(f"c({t})/c(1)" for t in ct)), [
+        lines += table(("model", "c(1) ms", *(f"c({t})/c(1)" for t in ct)), [
             (d, f"{1000 * c['seconds'][0]:.0f}", *(f"{v / c['seconds'][0]:.2f}"
                                                    for v in c["seconds"]))
             for d, c in result["curves"].items()])
@@ -396,6 +444,14 @@ def markdown(result: dict[str, Any]) -> str:
                       if prof["shares"][k] >= 0.005) + "."]
     if result.get("kernels"):
         lines += ["", *kernels_markdown(result["kernels"])]
+    qq = result.get("quant_quality")
+    if qq:
+        lines += ["", "## Quantisation and quality", "", f"Perplexity of {qq['texts']} held-out "
+                  "Wikipedia leads (the next 160 tokens after 32; the same token ids for every "
+                  "model). Speed per quantisation: the rows above and the cost curves.", ""]
+        lines += table(("model", "perplexity", "tokens", "file MB"), [
+            (n, fmt(x["perplexity"], 3), x["tokens"], fmt(x.get("file_mb"), 1))
+            for n, x in qq["models"].items()])
     return "\n".join(lines) + "\n"
 
 
@@ -528,6 +584,45 @@ def kernels_markdown(k: dict[str, Any]) -> list[str]:
     return lines
 
 
+def llama_quant(name: str) -> str | None:
+    """A llama.cpp row's quantisation as ``Parts.llama_engine`` takes it (Q4_1: the shipped)."""
+    return None if name == "Q4_1" else name
+
+
+def quant_quality(parts: Parts, quants: list[str], prompts: int) -> dict[str, Any]:
+    """Perplexity of held-out text on each llama.cpp quantisation and on torch fp32 and bf16:
+    ``prompts`` held-out Wikipedia leads, the next 160 tokens after 32, the same token ids for
+    every model (the Hugging Face tokenizer's; the vocabularies are one)."""
+    import numpy as np
+    import torch
+
+    from benchmarks.harness.prompts import held_out_leads
+
+    texts = held_out_leads(prompts)
+    tok = parts.lm("fp32")
+    ids = [tok.tokenize(t)[:192] for t in texts]
+    models = {f"torch {d}": parts.lm(d) for d in ("fp32", "bf16")}
+    models.update({f"llama.cpp {q}": parts.llama_engine(llama_quant(q)).lm for q in quants})
+    out: dict[str, Any] = {}
+    for name, lm in models.items():
+        nll = count = 0.0
+        for x in ids:
+            logits, _ = lm.forward(x[:-1], lm.new_cache())
+            logits = torch.as_tensor(np.asarray(logits, dtype=np.float32)
+                                     if not isinstance(logits, torch.Tensor) else logits.float())
+            logp = torch.log_softmax(logits[31:], -1)
+            nll -= logp.gather(1, torch.tensor(x[32:])[:, None]).sum().item()
+            count += len(x[32:])
+        out[name] = {"perplexity": math.exp(nll / count), "tokens": int(count),
+                     "fingerprint": lm.fingerprint}
+    for q in quants:
+        from nest_integrations.lm.llama_cpp import resolve_gguf
+
+        out[f"llama.cpp {q}"]["file_mb"] = round(
+            resolve_gguf(llama_quant(q))[0].stat().st_size / 2**20, 1)
+    return {"texts": len(texts), "models": out}
+
+
 # ------------------------------------------------------------------------------- main
 
 
@@ -606,20 +701,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     tell_pool, tell_eval = tell_me_about(None, args.per_set)
     prompts = [q for q in prompts + tell_eval if q["set"] in args.set_list]
     systems: dict[str, Row] = args.systems
-    if "llama.cpp" in systems and parts.llama() is None:
+    quants = list(dict.fromkeys(s.dtype or "Q4_1" for s in systems.values()
+                                if s.backend == "llama.cpp"))
+    if quants and parts.llama_engine(None if quants[0] == "Q4_1" else quants[0]) is None:
         say(f"llama.cpp: {parts.llama_info['status']}")
-        systems.pop("llama.cpp")
-    if any(dict(s.options).get("datastore") == "in-domain" for s in systems.values()):
+        systems = {n: s for n, s in systems.items() if s.backend != "llama.cpp"}
+        quants = []
+    elif quants:
+        parts.llama_info = {**parts.llama_info, "status": "ok"}
+    in_domain = {(s.backend, s.dtype or ("Q4_1" if s.backend == "llama.cpp" else args.dtype))
+                 for s in systems.values() if dict(s.options).get("datastore") == "in-domain"}
+    if in_domain:
         used = {q.get("title") or q["id"] for q in prompts}  # no prompt's own article
         train = [t for t in tell_pool if t["id"] not in used][: args.n_train]
-        parts.datastore = str(in_domain_datastore(parts.lm(), train, 128, "bench-speed"))
+        for backend_name, d in sorted(in_domain):
+            if backend_name == "torch":
+                parts.datastore = str(in_domain_datastore(parts.lm(), train, 128, "bench-speed"))
+            else:
+                say(f"DReSD datastore on llama.cpp {d}")
+                parts.llama_datastores[d] = str(in_domain_datastore(
+                    parts.llama_engine(llama_quant(d)).lm, train, 128,
+                    f"bench-speed-llama.cpp-{d}"))
     curves: dict[str, Any] = {}
     if not args.no_curve:
         say("measuring the cost curves")
         for d in dict.fromkeys(s.dtype or args.dtype for s in systems.values()
-                               if s.engine == "nest"):
+                               if s.engine == "nest" and s.backend == "torch"):
             curves[d] = cost.load_or_measure(parts.lm(d), refresh=True, tokens=CURVE_TOKENS,
                                              repeats=args.cost_repeats)
+        for d in quants:
+            curves[f"llama.cpp {d}"] = cost.load_or_measure(
+                parts.llama_engine(llama_quant(d)).lm, refresh=True, tokens=CURVE_TOKENS,
+                repeats=args.cost_repeats)
     for name, s in systems.items():  # warm-up, untimed
         run_row(parts, s, prompts[0], 4)
         run_row(parts, s, prompts[-1], 4)
@@ -652,6 +765,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    for d, c in curves.items()},
         "kernels": (kernels(parts, args.kernel_prompts, args.kernel_tokens, args.kernel_repeats)
                     if args.kernels else None),
+        "quant_quality": (quant_quality(parts, [q.strip() for q in args.quant_quality.split(",")
+                                                if q.strip()], args.kernel_prompts)
+                          if args.quant_quality else None),
         "records": records,
     }
     derive(result)

@@ -31,7 +31,8 @@ def test_parse_args():
     args = speed.parse_args(["--rows", "grounded,dresd", "--per-set", "2", "--rows", "paper"])
     assert "paper" in args.systems and "dresd" in args.systems and args.per_set == 2
     assert args.dtype == "bf16" and args.set_list == ["grounded", "held-out", "qa"]
-    assert "llama.cpp" not in speed.parse_args(["--no-llama-cpp"]).systems
+    assert not any(r.backend == "llama.cpp" for r in speed.parse_args(
+        ["--rows", "llama.cpp", "--no-llama-cpp"]).systems.values())
     for bad in (["--rows", "grounded,turbo"], ["--per-set", "0"], ["--sets", "qa,nope"]):
         with pytest.raises(SystemExit):
             speed.parse_args(bad)
@@ -49,7 +50,8 @@ def test_a_row_names_a_known_engine_backend_and_weights():
 
 def test_a_new_backend_is_one_registered_runner(monkeypatch):
     """A row on a backend with no runner is a clear error; registering one makes it run."""
-    monkeypatch.setattr(systems, "RUNNERS", dict(systems.RUNNERS))
+    monkeypatch.setattr(systems, "RUNNERS", {k: v for k, v in systems.RUNNERS.items()
+                                             if k != ("nest", "llama.cpp")})
     row = Row("rag-copy@llama.cpp", "ours on llama.cpp", "rag-copy", backend="llama.cpp",
               retrieve=True, reference="rag-greedy", lossless=True, threads=1)
     with pytest.raises(ValueError, match="no runner for engine='nest', backend='llama.cpp'"):
@@ -169,6 +171,45 @@ def test_targets_and_markdown(records):
     assert "llama.cpp: not importable: x." in md
     assert ("| `grounded` (the default: RA-NEST + guards) | 12.0 | 0.80 (1.00) | "
             "1.60 (rag-greedy) | 1/2 |") in md
+
+
+def test_llama_cpp_rows_and_targets(records):
+    """Ours on llama.cpp is measured against llama.cpp's own greedy decoding of the same GGUF
+    (plain or RA prompt); a quantisation variant's reference is that quantisation's peer; the
+    issue-35 targets read the worst set, the QA set and our torch default."""
+    rows = speed.resolve_rows(["llama.cpp", "llama.cpp:rag-copy@Q4_0"])
+    assert rows["llama.cpp:rag-copy"].reference == "llama.cpp+psg"
+    assert rows["llama.cpp:greedy"].reference == "llama.cpp"
+    assert rows["llama.cpp:rag-copy@Q4_0"].dtype == "Q4_0"
+    assert rows["llama.cpp:rag-copy@Q4_0"].reference == "llama.cpp+psg@Q4_0"
+    assert "llama.cpp+psg@Q4_0" in rows and rows["llama.cpp-lookup+psg"].engine == "peer"
+    for r in records:  # llama.cpp RAG greedy 10/s; ours twice as fast on qa, slower held out
+        r["llama.cpp+psg"] = run(r["rag-greedy"]["tokens"], r["rag-greedy"]["tokens"] / 10,
+                                 [3, 4])
+        fast = r["set"] == "qa"
+        r["llama.cpp:rag-copy"] = run(r["llama.cpp+psg"]["tokens"],
+                                      r["llama.cpp+psg"]["seconds"] / (2 if fast else 0.8),
+                                      [3, 4], verify_steps=1, accepted=3, forwards=5)
+        r["llama.cpp:grounded"] = run(10 if fast else 20, 0.25 if fast else 4.0, [3, 5])
+    res = result_of(records)
+    res["systems"] = {n: speed.vars_of(r) for n, r in speed.resolve_rows(
+        ["greedy", "grounded", "llama.cpp:rag-copy", "llama.cpp:grounded"]).items()}
+    t = {x["target"]: x for x in speed.derive(res)["targets"]}
+    worst = t["`llama.cpp:rag-copy` >= 1.0x llama.cpp greedy on every set (vs `llama.cpp+psg`; "
+              "worst: held-out)"]
+    assert worst["measured"] == pytest.approx(0.8) and worst["met"] is False
+    assert t["`llama.cpp:rag-copy` >= 1.2x llama.cpp greedy RAG on grounded QA (qa)"][
+        "measured"] == pytest.approx(2.0)
+    assert t["`llama.cpp:rag-copy` identical to greedy on every prompt (llama.cpp+psg)"][
+        "met"] is True
+    # qa: llama.cpp grounded 10 tok / 0.25 s = 40/s; torch grounded 10 / 0.5 = 20/s
+    assert t["`llama.cpp:grounded` >= 2.5x our torch `grounded` on grounded QA (qa)"][
+        "measured"] == pytest.approx(2.0)
+    assert t["`llama.cpp:grounded` >= 1.3x llama.cpp greedy RAG on grounded QA (qa)"][
+        "measured"] == pytest.approx(4.0)
+    assert t["`llama.cpp:prompt-lookup+psg` >= 1.2x llama.cpp greedy RAG on grounded QA (qa)"][
+        "met"] is None  # not run
+    assert "| ours on llama.cpp: `rag-copy`, top-3 passages in prompt |" in speed.markdown(res)
 
 
 def test_the_writer_heads_both_files_with_the_run(tmp_path, records, monkeypatch):

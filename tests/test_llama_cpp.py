@@ -219,6 +219,36 @@ def test_a_dead_cache_in_a_cycle_does_not_shift_the_next_sequence(lm):
     assert torch.equal(steps(), fresh)
 
 
+def test_a_cache_dropped_after_a_token_tree_gives_back_its_branches(lm):
+    """A cache collected right after ``forward_tree`` (no ``select_cache``), as the exactness
+    check (``row_exact.check_rows``, run by the first lossless generation in a process whose
+    ``$NEST_HOME`` lacks the verdict) leaves its tree cache, gives its branch sequences back
+    with its own: the next cache is laid out from cell 0 again. Before, the branch stayed taken
+    with 43 cells, every later sequence sat after them and the oracles left ``Llama.generate``'s
+    path (issue 35: only in a process that ran the check, e.g. CI's fresh home)."""
+    from nest_integrations.lm.row_exact import check_rows
+
+    ids = lm.tokenize("The Eiffel Tower is a wrought-iron lattice tower in Paris, France. " * 6)
+    prompt, new = ids[:70], ids[70:90]
+
+    def steps() -> torch.Tensor:
+        cache = lm.new_cache()
+        out = [lm.forward(prompt, cache, last=1)[0][-1]]
+        out += [lm.forward([t], cache)[0][-1] for t in new]
+        return torch.stack(out)
+
+    fresh = steps()
+    tree = lm.new_cache()
+    lm.forward(ids[:37], tree, last=1)
+    lm.forward_tree(ids[37:43], [-1, 0, 1, -1, 3, 4], tree)
+    del tree  # collected with its tree: no select_cache
+    assert lm.runtime.live_sequences() == 0
+    assert torch.equal(steps(), fresh)
+    assert check_rows(lm)  # what the verdict measures
+    assert lm.runtime.live_sequences() == 0
+    assert torch.equal(steps(), fresh)
+
+
 @pytest.mark.slow
 def test_two_threads_need_exact_steps_past_256_positions():
     """At 2 threads a one-token step past 256 cached positions splits its attention over the
@@ -375,25 +405,13 @@ def oracle_cases(lm: Any, llm: Any, tok: Any, questions: list[str], n: int, root
     return cases, refs
 
 
-#: Cases that leave ``Llama.generate``'s path in the full CI run on an AMD EPYC (pytest-xdist,
-#: 2026-12-03) but not when this file runs alone there: prompt lookup on the altered answer of
-#: "What is the capital of France?" and rag-copy on the string-reversal question, from about
-#: the 11th token. A sequence laid out after another live cache's cells rounds differently
-#: (``test_a_dead_cache_in_a_cycle_does_not_shift_the_next_sequence``), but collecting dead
-#: caches did not remove these two; the cause is open (issue 35). Any other mismatch fails.
-UNSTABLE_PROMPTS = ("[{'role': 'user', 'content': \"L' Taytoile",
-                    "[{'role': 'user', 'content': 'Write a Python function that r")
-
-
 def assert_equals_llama(mismatches: dict[str, list[str]]) -> None:
-    """No case differs from ``Llama.generate``, or only the ``UNSTABLE_PROMPTS`` ones (then the
-    test is marked xfail, so it shows in the report)."""
+    """No case differs from ``Llama.generate``. (Two cases once differed only in fresh-home
+    runs: the exactness check's token tree leaked a branch sequence, and every later sequence
+    was laid out after its cells; ``test_a_cache_dropped_after_a_token_tree_gives_back_its_
+    branches``.)"""
     bad = {k: v for k, v in mismatches.items() if v}
-    if not bad:
-        return
-    other = {k: [p for p in v if not p.startswith(UNSTABLE_PROMPTS)] for k, v in bad.items()}
-    assert not any(other.values()), bad
-    pytest.xfail(f"only the known unstable cases differ from Llama.generate: {bad}")
+    assert not bad, bad
 
 
 def test_copy_methods_equal_llama_greedy(lm, llama, hf_tokenizer):

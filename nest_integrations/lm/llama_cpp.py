@@ -91,6 +91,11 @@ class LlamaCppCache:
     seq: int
     length: int = 0
     tree: _Tree | None = None
+    #: the sequences the cache holds: its own, then its token tree's branches until
+    #: ``select_cache``/``crop_cache`` drop them; its finalizer gives all of them back (a cache
+    #: collected right after ``forward_tree`` must not keep its branches' cells taken: every
+    #: later sequence would be laid out after them and round differently)
+    held: list[int] = field(default_factory=list, repr=False)
     _finalizer: Any = field(default=None, repr=False)
 
 
@@ -225,8 +230,8 @@ class LlamaCppLanguageModel:
             if self.runtime.live_sequences():
                 gc.collect()  # runs cache finalizers: their sequences are released
             seq = self.runtime.take_sequence()
-        cache = LlamaCppCache(seq)
-        cache._finalizer = weakref.finalize(cache, self.runtime.release_sequence, seq)
+        cache = LlamaCppCache(seq, held=[seq])
+        cache._finalizer = weakref.finalize(cache, _release_held, self.runtime, cache.held)
         return cache
 
     def cache_length(self, cache: LlamaCppCache) -> int:
@@ -382,7 +387,15 @@ class LlamaCppLanguageModel:
         with self._lock:
             self._check_no_tree(cache)
             rt, start = self.runtime, cache.length
-            branches = [rt.take_sequence() for _ in leaves[1:]]
+            branches: list[int] = []
+            try:
+                for _ in leaves[1:]:
+                    branches.append(rt.take_sequence())
+            except BaseException:
+                for s in branches:
+                    rt.give_back(s)
+                raise
+            cache.held.extend(branches)  # given back with the cache if it is dropped as it is
             leaf_seq = dict(zip(leaves, [cache.seq] + branches))
             for s in branches:  # each branch sequence starts with the cached prefix
                 rt.copy(cache.seq, s, 0, start)
@@ -431,6 +444,7 @@ class LlamaCppLanguageModel:
 
     def _drop_branches(self, cache: LlamaCppCache) -> None:
         assert cache.tree is not None
+        del cache.held[1:]  # not the finalizer's to give back any more
         for s in cache.tree.branches:
             self.runtime.remove(s, 0)
             self.runtime.give_back(s)
@@ -456,6 +470,13 @@ class LlamaCppLanguageModel:
 
 
 # --------------------------------------------------------------------------------- helpers
+
+
+def _release_held(runtime: LlamaCppRuntime, held: list[int]) -> None:
+    """A collected cache's finalizer: its sequence and any token-tree branches it still holds
+    go back to the pool (emptied at the next ``take_sequence``)."""
+    for seq in held:
+        runtime.release_sequence(seq)
 
 
 def _eos_token_ids(rt: LlamaCppRuntime) -> frozenset[int]:
