@@ -10,7 +10,10 @@ French and Spanish Wikipedia leads. Systems answer the same prompts back to back
 - ``rag``: the top 3 retrieved passages in the prompt, greedy decoding (no policy);
 - ``default``: the ``grounded`` preset (``--policy k=v`` changes its policy, e.g.
   ``title_context=only``);
-- ``copy``: the ``copy`` preset (NEST's relaxed span copying), when asked for.
+- ``copy``: the ``copy`` preset (NEST's relaxed span copying), when asked for;
+- ``llama.cpp:NAME``: any of them on the llama.cpp backend (the embedded model as Q8_0), over
+  stores ingested with that backend (``store-llama.cpp``), to pair its answers with torch's
+  (``--reference default``).
 
 Per set and family: closed accuracy, won/lost against RAG and McNemar's exact p, wrong-attribute
 answers (``phrasings.wrong_attribute``), cited characters on the gold document, the shortest
@@ -18,6 +21,8 @@ citation, ROUGE-L and degenerate answers for open-ended prompts, tokens per seco
 
     python -m benchmarks.quality --set robust --split dev --sets entities,open \\
         --n-closed 24 --n-open 16 --systems rag,default,default@first --stem robust_dev
+    python -m benchmarks.quality --set robust --split dev --systems default,llama.cpp:default \
+        --reference default --stem robust_dev_llama_cpp
     python -m benchmarks.quality --set robust --split test \\
         --sets entities,open,completions,profiles,faq,fr-es --stem robust_test
 
@@ -187,13 +192,25 @@ def lang_items(leads: dict[str, list[dict[str, Any]]], n: int, seed: int) -> lis
 # ----------------------------------------------------------------------------- stores
 
 
+def split_backend(name: str) -> tuple[str, str]:
+    """``"llama.cpp:default"`` -> ``("llama.cpp", "default")``; no prefix: torch."""
+    backend, sep, rest = name.partition(":")
+    return (backend, rest) if sep else ("torch", name)
+
+
+def store_root(work: Path, backend: str) -> Path:
+    """Each backend's stores: token keys are per backend (``docs/llama_cpp.md``)."""
+    return work / ("store" if backend == "torch" else f"store-{backend}")
+
+
 def build_stores(work: Path, sets: Iterable[str], qs: Any, profiles: Any, pydoc: Path | None,
-                 leads: Any) -> Path:
-    """The collections the sets need, under ``work/store`` (each built once: a marker file)."""
+                 leads: Any, backend: str = "torch") -> Path:
+    """The collections the sets need, under ``store_root(work, backend)`` (each built once: a
+    marker file)."""
     from nest_integrations.ingest.pipeline import IngestPipeline
 
-    root = work / "store"
-    lm = assembly.shared_model()
+    root = store_root(work, backend)
+    lm = assembly.shared_model(backend=backend)
 
     def ingest(collection: str, write: Any, keys: bool = False) -> None:
         marker = root / f".{collection}.done"
@@ -239,9 +256,11 @@ def build_stores(work: Path, sets: Iterable[str], qs: Any, profiles: Any, pydoc:
 
 
 def system_spec(name: str, collection: str, root: Path) -> assembly.EngineSpec:
-    """``rag``, ``default``, ``default@only`` (a title_context variant) or ``copy``."""
+    """``rag``, ``default``, ``default@only`` (a title_context variant) or ``copy``, each
+    optionally ``llama.cpp:``-prefixed (``root``: that backend's store root)."""
+    backend, name = split_backend(name)
     base, _, variant = name.partition("@")
-    common = dict(persist_dir=str(root))
+    common: dict[str, Any] = dict(persist_dir=str(root), backend=backend)
     if base == "rag":
         return assembly.EngineSpec.for_store(collection, config="grounded", policy=AnswerPolicy(),
                                              decoding="greedy", **common)
@@ -278,8 +297,8 @@ def score(item: Item, result: Any) -> dict[str, Any]:
     return out
 
 
-def run(items: list[Item], systems: list[str], root: Path, max_closed: int, max_open: int,
-        records_path: Path) -> list[dict[str, Any]]:
+def run(items: list[Item], systems: list[str], roots: dict[str, Path], max_closed: int,
+        max_open: int, records_path: Path) -> list[dict[str, Any]]:
     engines: dict[tuple[str, str], Any] = {}
     records = []
     with records_path.open("w", encoding="utf-8") as f:
@@ -287,7 +306,8 @@ def run(items: list[Item], systems: list[str], root: Path, max_closed: int, max_
             for name in systems:
                 key = (name, item.collection)
                 if key not in engines:
-                    engines[key] = assembly.build_engine(system_spec(name, item.collection, root))
+                    engines[key] = assembly.build_engine(system_spec(
+                        name, item.collection, roots[split_backend(name)[0]]))
                 budget = max_closed if item.kind == "closed" else max_open
                 t0 = time.perf_counter()
                 prompt = item.prompt if item.raw else [{"role": "user", "content": item.prompt}]
@@ -349,12 +369,12 @@ def summarize(records: list[dict[str, Any]], systems: list[str], reference: str 
     return rows
 
 
-def markdown(rows: list[dict[str, Any]]) -> str:
-    out = ["# Robust answers: the default against in-context RAG, by phrasing family", ""]
+def markdown(rows: list[dict[str, Any]], reference: str = "rag") -> str:
+    out = [f"# Robust answers by phrasing family (won/lost and CIs against `{reference}`)", ""]
     closed = [r for r in rows if "correct" in r]
     if closed:
         out += ["## Closed questions", "",
-                "| set | family | system | n | correct | won / lost vs rag | McNemar p | "
+                f"| set | family | system | n | correct | won / lost vs {reference} | McNemar p | "
                 "wrong-attribute | gold-cited | shortest citation (words) | tok/s |",
                 "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in closed:
@@ -367,7 +387,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     opened = [r for r in rows if "rouge_l" in r]
     if opened:
         out += ["", "## Open-ended prompts", "",
-                "| set | family | system | n | ROUGE-L | vs rag (95% CI) | degenerate | "
+                f"| set | family | system | n | ROUGE-L | vs {reference} (95% CI) | degenerate | "
                 "gold-cited | shortest citation (words) | tok/s |",
                 "|---|---|---|---|---|---|---|---|---|---|"]
         for r in opened:
@@ -390,7 +410,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--split", default="dev", choices=("dev", "test"))
     p.add_argument("--sets", default="entities,open", help=f"comma-separated from {SETS}")
-    p.add_argument("--systems", default="rag,default")
+    p.add_argument("--systems", default="rag,default",
+                   help="comma-separated: rag, default[@VARIANT], copy, each optionally "
+                        "llama.cpp:-prefixed")
+    p.add_argument("--reference", default="rag", help="the system won/lost and CIs are against")
     p.add_argument("--n-closed", type=int, default=24, help="closed questions per set")
     p.add_argument("--n-open", type=int, default=16, help="open-ended prompts per set")
     p.add_argument("--max-closed", type=int, default=40, help="tokens per closed answer")
@@ -415,9 +438,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("the profiles, FAQ and French/Spanish sets are held out: --split test only")
     if args.from_records is not None:
         records = harness.read_jsonl(args.from_records)
-        rows = summarize(records, systems)
+        rows = summarize(records, systems, args.reference)
         harness.write_result(args.out, args.stem, {"rows": rows, "from": str(args.from_records)},
-                             markdown(rows), run_record)
+                             markdown(rows, args.reference), run_record)
         return 0
     work = args.work or paths.nest_home() / "bench" / "robust"
     items: list[Item] = []
@@ -439,12 +462,16 @@ def main(argv: list[str] | None = None) -> int:
         items += lang_items(leads, args.n_open // 2, args.seed)
     if args.split == "dev":  # the held-out family is never looked at on dev
         items = [i for i in items if i.family != HELD_OUT]
-    root = build_stores(work, sets, qs, profiles, args.pydoc, leads)
+    if args.reference not in systems:
+        p.error(f"--reference {args.reference!r} is not one of --systems {args.systems!r}")
+    roots = {b: build_stores(work, sets, qs, profiles, args.pydoc, leads, backend=b)
+             for b in sorted({split_backend(n)[0] for n in systems})}
     args.out.mkdir(parents=True, exist_ok=True)
-    records = run(items, systems, root, args.max_closed, args.max_open,
+    records = run(items, systems, roots, args.max_closed, args.max_open,
                   args.out / f"{args.stem}.jsonl")
-    rows = summarize(records, systems)
-    harness.write_result(args.out, args.stem, {"rows": rows}, markdown(rows), run_record)
+    rows = summarize(records, systems, args.reference)
+    harness.write_result(args.out, args.stem, {"rows": rows}, markdown(rows, args.reference),
+                         run_record)
     return 0
 
 

@@ -52,7 +52,7 @@ from typing import Any, Sequence
 from benchmarks import harness
 from benchmarks.harness import fmt, pct, pooled, rate, ratio, table
 from benchmarks.harness.prompts import SETS
-from benchmarks.harness.systems import Parts, Row, run_row
+from benchmarks.harness.systems import Parts, Row, quant_name, run_row
 
 QUICKSTART = "How does the assert statement work in Python?"
 CURVE_TOKENS = (1, 2, 3, 5, 9, 13, 17, 33)
@@ -68,7 +68,7 @@ ROWS: dict[str, Row] = {r.name: r for r in (
     Row("hf-lookup+psg", f"HF prompt lookup, {_PSG}", "prompt-lookup", engine="peer",
         weights="transformers", retrieve=True, reference="rag-greedy", lossless=True),
     Row("rag-greedy", "RAG greedy (our loop, the `grounded` RA prompt)", retrieve=True),
-    Row("llama.cpp", "llama.cpp greedy (`Llama.generate`, the shipped Q4_1 GGUF)",
+    Row("llama.cpp", "llama.cpp greedy (`Llama.generate`, the embedded model's GGUF, Q8_0)",
         engine="peer", backend="llama.cpp", reference="hf-greedy"),
     Row("llama.cpp+psg", f"llama.cpp greedy, {_PSG} (llama.cpp RAG)", engine="peer",
         backend="llama.cpp", retrieve=True),
@@ -105,7 +105,7 @@ ROWS: dict[str, Row] = {r.name: r for r in (
         reference="rag-greedy"),
     Row("nest-lossless", "NEST `lossless` preset (strict: greedy of p_M)", "nest",
         retrieve=True, preset="lossless", reference="hf-greedy-model"),
-    # ours on llama.cpp (``NAME@Q4_0``: on the shipped model requantised to Q4_0)
+    # ours on llama.cpp (``NAME@Q4_1``: on the shipped Q4_1 file; ``@Q4_0``: requantised)
     Row("llama.cpp:greedy", "ours on llama.cpp: `greedy`", backend="llama.cpp",
         reference="llama.cpp", lossless=True),
     Row("llama.cpp:prompt-lookup+psg", f"ours on llama.cpp: `prompt-lookup`, {_PSG}",
@@ -585,8 +585,8 @@ def kernels_markdown(k: dict[str, Any]) -> list[str]:
 
 
 def llama_quant(name: str) -> str | None:
-    """A llama.cpp row's quantisation as ``Parts.llama_engine`` takes it (Q4_1: the shipped)."""
-    return None if name == "Q4_1" else name
+    """A llama.cpp row's quantisation as ``Parts.llama_engine`` takes it (None: the default)."""
+    return None if quant_name(name) == quant_name(None) else name
 
 
 def quant_quality(parts: Parts, quants: list[str], prompts: int) -> dict[str, Any]:
@@ -602,7 +602,10 @@ def quant_quality(parts: Parts, quants: list[str], prompts: int) -> dict[str, An
     tok = parts.lm("fp32")
     ids = [tok.tokenize(t)[:192] for t in texts]
     models = {f"torch {d}": parts.lm(d) for d in ("fp32", "bf16")}
-    models.update({f"llama.cpp {q}": parts.llama_engine(llama_quant(q)).lm for q in quants})
+    from nest_integrations import assembly
+
+    models.update({f"llama.cpp {q}": assembly.shared_model(llama_quant(q), backend="llama.cpp")
+                   for q in quants})  # the model alone: no corpus ingested for it
     out: dict[str, Any] = {}
     for name, lm in models.items():
         nll = count = 0.0
@@ -668,6 +671,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     harness.setup()
     run = harness.Run.start("benchmarks.speed", argv)
+    if args.quant_quality:  # its text is read at the end: a missing wheel fails now, not then
+        from nest_integrations.wikipedia import load_wiki_leads
+
+        try:
+            load_wiki_leads(download=False)
+        except FileNotFoundError as exc:
+            raise SystemExit(f"--quant-quality needs the held-out leads: {exc}") from exc
     from nest_integrations.evaluation.metrics import rouge_scorer
 
     if args.render_only:
@@ -701,15 +711,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     tell_pool, tell_eval = tell_me_about(None, args.per_set)
     prompts = [q for q in prompts + tell_eval if q["set"] in args.set_list]
     systems: dict[str, Row] = args.systems
-    quants = list(dict.fromkeys(s.dtype or "Q4_1" for s in systems.values()
+    quants = list(dict.fromkeys(quant_name(s.dtype) for s in systems.values()
                                 if s.backend == "llama.cpp"))
-    if quants and parts.llama_engine(None if quants[0] == "Q4_1" else quants[0]) is None:
+    if quants and parts.llama_engine(llama_quant(quants[0])) is None:
         say(f"llama.cpp: {parts.llama_info['status']}")
         systems = {n: s for n, s in systems.items() if s.backend != "llama.cpp"}
         quants = []
     elif quants:
         parts.llama_info = {**parts.llama_info, "status": "ok"}
-    in_domain = {(s.backend, s.dtype or ("Q4_1" if s.backend == "llama.cpp" else args.dtype))
+    in_domain = {(s.backend, quant_name(s.dtype) if s.backend == "llama.cpp" else
+                  s.dtype or args.dtype)
                  for s in systems.values() if dict(s.options).get("datastore") == "in-domain"}
     if in_domain:
         used = {q.get("title") or q["id"] for q in prompts}  # no prompt's own article

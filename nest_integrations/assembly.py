@@ -249,7 +249,8 @@ def load_model(
     """Load a language model (uncached). On torch, None is the embedded default and anything
     else goes to ``HFLanguageModel.from_pretrained`` (a local folder, or a Hub id in the HF
     cache); on llama.cpp, ``model`` is a GGUF path, a quantisation of the embedded model
-    (``"Q8_0"``) or None (the shipped GGUF; ``lm.llama_cpp.resolve_gguf``)."""
+    (``"Q4_1"``: the shipped file) or None (the embedded model requantised once to
+    ``lm.llama_cpp.DEFAULT_QUANT``, Q8_0; ``lm.llama_cpp.resolve_gguf``)."""
     from nest_integrations.lm.backend import resolve_backend
     from nest_integrations.lm.hf import HFLanguageModel
 
@@ -282,8 +283,8 @@ def shared_model(
     bf16 and an fp32 model, or a torch and a llama.cpp one, are never shared by mistake.
 
     ``model=None`` or the default's name is the embedded SmolLM2-135M-Instruct (on llama.cpp:
-    its shipped GGUF); ``backend=None`` is the process default (``--backend``; torch unless
-    set).
+    its GGUF as ``DEFAULT_QUANT``, Q8_0, the same model as ``model="Q8_0"``); ``backend=None``
+    is the process default (``--backend``; torch unless set).
     """
     from nest_integrations.lm.backend import dtype_label, resolve_backend
     from nest_integrations.lm.default import DEFAULT_MODEL_NAME
@@ -295,6 +296,10 @@ def shared_model(
     if backend == "llama.cpp":  # one model per GGUF: its keys are final_norm, its dtype its own
         check_backend(backend, dtype, device)
         key_source = backend_config(NestConfig(key_source=key_source), backend).key_source
+        from nest_integrations.lm.llama_cpp import DEFAULT_QUANT
+
+        if isinstance(name, str) and name.upper().replace("-", "_") == DEFAULT_QUANT:
+            name = None  # the default's file: one model, not two
         key = (backend, name, None, str(key_source), "gguf")
     else:
         key = (backend, name, device, str(key_source),

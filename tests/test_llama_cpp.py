@@ -26,15 +26,18 @@ import torch
 
 pytest.importorskip("llama_cpp", reason="the llamacpp extra (scripts/install.sh installs it)")
 
-from nest_integrations import assembly  # noqa: E402
+from nest_integrations import assembly, paths  # noqa: E402
 from nest_integrations.config import NestConfig  # noqa: E402
 from nest_integrations.decoding.engine import NestEngine  # noqa: E402
 from nest_integrations.dresd import build_datastore  # noqa: E402
 from nest_integrations.index.in_memory_store import InMemoryKeyStore  # noqa: E402
 from nest_integrations.lm.default import gguf_path  # noqa: E402
 from nest_integrations.lm.llama_cpp import (  # noqa: E402
+    DEFAULT_QUANT,
     KNN_SSD_UNSUPPORTED,
     LlamaCppLanguageModel,
+    default_gguf,
+    resolve_gguf,
 )
 from nest_integrations.types import Passage  # noqa: E402
 from tests.invariants import citations_cover_copied_tokens, cited_text_matches_source  # noqa: E402
@@ -56,7 +59,8 @@ N = 32
 
 @pytest.fixture(scope="module")
 def lm():
-    """The shipped Q4_1 GGUF on llama.cpp, one thread."""
+    """The embedded model on llama.cpp as it runs by default (Q8_0, made from the shipped
+    Q4_1 file), one thread."""
     model = LlamaCppLanguageModel.from_default(threads=1)
     yield model
     model.close()
@@ -68,7 +72,7 @@ def llama():
     on and one thread: the reference."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path=str(gguf_path()), n_ctx=4096, n_threads=1,
+    llm = llama_cpp.Llama(model_path=str(default_gguf()), n_ctx=4096, n_threads=1,
                           n_threads_batch=1, flash_attn=True, verbose=False, seed=0)
     yield llm
     llm.close()
@@ -147,7 +151,7 @@ def test_text_side_equals_the_hugging_face_tokenizer(lm, hf_tokenizer, llama):
     assert lm.eos_token_ids >= {tok.eos_token_id} and lm.eos_token_ids <= set(
         eos_token_ids(type("M", (), {"config": config})(), tok)) | {tok.eos_token_id}
     assert lm.key_source == "final_norm" and lm.key_dim == config.hidden_size
-    assert lm.vocab_size == 49152 and lm.quantization == "Q4_1"
+    assert lm.vocab_size == 49152 and lm.quantization == DEFAULT_QUANT
 
 
 def _hf_offsets(tok: Any, text: str) -> Any:
@@ -508,8 +512,8 @@ def test_cost_curve_and_planned_drafts_on_llama_cpp(lm, llama, hf_tokenizer, tmp
 
     monkeypatch.setenv("NEST_HOME", str(tmp_path))
     curve = cost.load_or_measure(lm, tokens=(1, 2, 5), repeats=1, context=40)
-    assert curve.meta["dtype"] == "gguf-Q4_1" and curve.meta["threads"] == 1
-    assert cost.curve_path(lm).is_file() and "llama.cpp-Q4_1" in str(cost.curve_path(lm))
+    assert curve.meta["dtype"] == f"gguf-{DEFAULT_QUANT}" and curve.meta["threads"] == 1
+    assert cost.curve_path(lm).is_file() and f"llama.cpp-{DEFAULT_QUANT}" in str(cost.curve_path(lm))
     assert cost.load_or_measure(lm).to_json() == curve.to_json()  # cached: not measured again
     labels = ("prompt-lookup",)
     cases, refs = oracle_cases(lm, llama, hf_tokenizer, QUESTIONS[:1], N, None, labels)
@@ -548,13 +552,18 @@ def test_engine_spec_backend_switch_and_refusals():
 
 
 def test_shared_model_and_engine_on_llama_cpp(lm):
-    """The assembly loads the shipped GGUF once per process for llama.cpp, and an engine on it
+    """The assembly loads the embedded model once per process for llama.cpp (as Q8_0, made
+    from the shipped Q4_1 file; ``model="Q4_1"`` is that file as it is), and an engine on it
     refuses KNN-SSD per call with the reason."""
     model = assembly.shared_model(backend="llama.cpp")
-    assert isinstance(model, LlamaCppLanguageModel) and model.quantization == "Q4_1"
+    assert isinstance(model, LlamaCppLanguageModel) and model.quantization == DEFAULT_QUANT
     assert assembly.shared_model(backend="llama.cpp", key_source="final_norm") is model
+    assert assembly.shared_model("q8-0", backend="llama.cpp") is model
+    assert resolve_gguf("Q4_1") == (gguf_path(), "SmolLM2-135M-Instruct-Q4_1")
+    assert resolve_gguf(None) == (default_gguf(), "SmolLM2-135M-Instruct")
+    assert default_gguf().parent == paths.models_dir() / "gguf"
     assert model.fingerprint == lm.fingerprint
-    assert "@llama.cpp-Q4_1-" in model.fingerprint
+    assert f"@llama.cpp-{DEFAULT_QUANT}-" in model.fingerprint
     engine = assembly.build_engine(assembly.EngineSpec(backend="llama.cpp"))
     assert assembly.unwrap(engine.lm) is model
     with pytest.raises(ValueError, match="no API to skip layers"):

@@ -12,8 +12,9 @@ and the ``reference`` row its output is compared with. A runner is looked up by
     Row("llama.cpp:rag-copy", "our `rag-copy` on llama.cpp", method="rag-copy",
         backend="llama.cpp", retrieve=True, reference="llama.cpp+psg", lossless=True)
 
-On llama.cpp a row's ``dtype`` is the GGUF's quantisation (None: the shipped Q4_1; ``"Q4_0"``
-... the shipped model requantised once, ``lm.llama_cpp.resolve_gguf``), and its prompts are
+On llama.cpp a row's ``dtype`` is the GGUF's quantisation (None: the embedded model's default,
+``lm.llama_cpp.DEFAULT_QUANT``, Q8_0; ``"Q4_1"``: the shipped file; ``"Q4_0"`` ... the shipped
+model requantised once, ``lm.llama_cpp.resolve_gguf``), and its prompts are
 tokenized by llama.cpp, as a llama.cpp user's are.
 
 A run returns ``{"ids", "tokens", "seconds", "text", ...}`` (engine rows add their ``NestStats``
@@ -48,7 +49,7 @@ class Row:
             ``"prompt-lookup"``).
         backend: ``"torch"`` or ``"llama.cpp"``.
         dtype: model weights; None = the run's ``--dtype`` (llama.cpp: the GGUF quantisation,
-            None = the shipped Q4_1).
+            None = the llama.cpp backend's default, Q8_0).
         threads: torch threads while it runs; None = the run's ``--threads``.
         retrieve: retrieve passages as the preset says (RA prompt, kNN memory); False = the
             prompt alone.
@@ -178,18 +179,16 @@ class Parts:
         return cfg.replace(**dict(row.config)) if row.config else cfg
 
     def llama(self, quant: str | None = None, lookup: bool = False) -> Any:
-        """``llama_cpp.Llama`` on the GGUF of ``quant`` (None: the shipped Q4_1; with
+        """``llama_cpp.Llama`` on the GGUF of ``quant`` (None: the backend's default; with
         llama-cpp-python's prompt lookup as its draft model when ``lookup``), flash attention on
         as our backend runs it, or None when llama.cpp is not here (``llama_info`` says why)."""
-        key = (quant or "Q4_1", lookup)
+        key = (quant_name(quant), lookup)
         if key not in self._llamas:
             if self.llama_info.get("status") not in ("not used", "ok"):
                 return None
-            path = None
-            if quant is not None:
-                from nest_integrations.lm.llama_cpp import resolve_gguf
+            from nest_integrations.lm.llama_cpp import resolve_gguf
 
-                path = str(resolve_gguf(quant)[0])
+            path = str(resolve_gguf(quant)[0])
             llm, info = load_llama(self.threads, self.llama_extra_bufts, path=path, lookup=lookup)
             if self.llama_info.get("status") == "not used" or llm is None:
                 self.llama_info = info
@@ -197,11 +196,11 @@ class Parts:
         return self._llamas[key]
 
     def llama_engine(self, quant: str | None = None) -> Any:
-        """The default engine on llama.cpp (the GGUF of ``quant``; None: the shipped Q4_1), over
+        """The default engine on llama.cpp (the GGUF of ``quant``; None: the default), over
         the sample corpus in its own persist dir, ``$NEST_HOME/bench/llama.cpp-<quant>``
         (ingested there on first use: token keys belong to one backend and quantisation), or
         None when llama.cpp is not installed."""
-        key = quant or "Q4_1"
+        key = quant_name(quant)
         if key not in self._llama_engines:
             try:
                 import llama_cpp  # noqa: F401
@@ -263,7 +262,7 @@ def run_nest_llama_cpp(parts: Parts, row: Row, q: dict[str, Any], max_new: int
 
         cfg = backend_config(cfg, "llama.cpp")
     return run_nest(parts, row, q, max_new, engine, cfg,
-                    parts.llama_datastores.get(row.dtype or "Q4_1"))
+                    parts.llama_datastores.get(quant_name(row.dtype)))
 
 
 def run_nest(parts: Parts, row: Row, q: dict[str, Any], max_new: int, engine: Any, cfg: Any,
@@ -347,6 +346,13 @@ register("peer", "torch", run_peer_torch)
 register("peer", "llama.cpp", run_peer_llama_cpp)
 
 
+def quant_name(quant: str | None) -> str:
+    """A llama.cpp row's quantisation by name (None: ``lm.llama_cpp.DEFAULT_QUANT``)."""
+    from nest_integrations.lm.llama_cpp import DEFAULT_QUANT
+
+    return (quant or DEFAULT_QUANT).upper().replace("-", "_")
+
+
 def llama_engine(quant: str | None, threads: int) -> Any:
     """``NestEngine.from_defaults`` on llama.cpp (GGUF ``quant``) over the sample corpus in
     ``$NEST_HOME/bench/llama.cpp-<quant>``, ingested there (passages and llama.cpp keys) when
@@ -358,7 +364,7 @@ def llama_engine(quant: str | None, threads: int) -> Any:
     from nest_integrations.ingest import sample_corpus_inputs
     from nest_integrations.ingest.pipeline import IngestPipeline
 
-    persist = Path(os.environ["NEST_HOME"]) / "bench" / f"llama.cpp-{quant or 'Q4_1'}"
+    persist = Path(os.environ["NEST_HOME"]) / "bench" / f"llama.cpp-{quant_name(quant)}"
     lm = assembly.shared_model(quant, backend="llama.cpp")
     store = assembly.open_store(None, persist)
     try:
@@ -437,9 +443,13 @@ def load_llama(threads: int, extra_bufts: bool = False, *, path: str | None = No
         draft = LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=10)
     llama_module.llama_cpp.llama_model_default_params = params
     try:
-        llm = llama_cpp.Llama(model_path=gguf, n_ctx=2048, n_threads=threads,
+        # logits_all with a draft model: llama-cpp-python 0.3.36 then keeps every row's logits
+        # (it forces that on) but sizes its buffer by `logits_all`, n_batch rows, so without it
+        # a prompt plus answer past 512 tokens overruns the buffer (a ValueError in `eval`).
+        llm = llama_cpp.Llama(model_path=gguf, n_ctx=4096, n_threads=threads,
                               n_threads_batch=threads, verbose=False, seed=0,
-                              flash_attn=flash_attn, draft_model=draft)
+                              flash_attn=flash_attn, draft_model=draft,
+                              logits_all=draft is not None)
     finally:
         llama_module.llama_cpp.llama_model_default_params = default_params
     info.update(status="ok", use_extra_bufts=extra_bufts, flash_attn=flash_attn,

