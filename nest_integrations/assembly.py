@@ -296,9 +296,9 @@ def shared_model(
     if backend == "llama.cpp":  # one model per GGUF: its keys are final_norm, its dtype its own
         check_backend(backend, dtype, device)
         key_source = backend_config(NestConfig(key_source=key_source), backend).key_source
-        from nest_integrations.lm.llama_cpp import DEFAULT_QUANT
+        from nest_integrations.lm.llama_cpp import DEFAULT_QUANT, quant_type
 
-        if isinstance(name, str) and name.upper().replace("-", "_") == DEFAULT_QUANT:
+        if isinstance(name, str) and quant_type(name) == DEFAULT_QUANT:
             name = None  # the default's file: one model, not two
         key = (backend, name, None, str(key_source), "gguf")
     else:

@@ -348,9 +348,9 @@ register("peer", "llama.cpp", run_peer_llama_cpp)
 
 def quant_name(quant: str | None) -> str:
     """A llama.cpp row's quantisation by name (None: ``lm.llama_cpp.DEFAULT_QUANT``)."""
-    from nest_integrations.lm.llama_cpp import DEFAULT_QUANT
+    from nest_integrations.lm.llama_cpp import DEFAULT_QUANT, quant_type
 
-    return (quant or DEFAULT_QUANT).upper().replace("-", "_")
+    return quant_type(quant or DEFAULT_QUANT)
 
 
 def llama_engine(quant: str | None, threads: int) -> Any:

@@ -502,6 +502,11 @@ def _passage_prefix(rt: LlamaCppRuntime) -> list[int]:
     return [start] + rt.tokenize("\n", special=False)[-1:]
 
 
+def quant_type(name: str) -> str:
+    """A quantisation's canonical name: ``"q8-0"`` -> ``"Q8_0"``."""
+    return name.upper().replace("-", "_")
+
+
 def requantize(src: str | os.PathLike[str], qtype: str,
                dest: str | os.PathLike[str] | None = None) -> Path:  # fmt: skip
     """``src`` requantised to ``qtype`` (``"Q4_0"``, ``"Q8_0"``, ...) with
@@ -510,7 +515,7 @@ def requantize(src: str | os.PathLike[str], qtype: str,
     file (Q4_1 -> Q4_0) compounds the rounding: measure its quality before relying on it."""
     from nest_integrations import paths
 
-    src, qtype = Path(src), qtype.upper().replace("-", "_")
+    src, qtype = Path(src), quant_type(qtype)
     stem = src.name.removesuffix(".gguf").split(".")[0]
     out = Path(dest) if dest is not None else paths.models_dir() / "gguf" / f"{stem}.{qtype}.gguf"
     if out.is_file():
@@ -546,7 +551,7 @@ def resolve_gguf(model: str | None) -> tuple[Path, str | None]:
     path = Path(model).expanduser()
     if path.is_file():
         return path, None
-    qtype = model.upper().replace("-", "_")
+    qtype = quant_type(model)
     if qtype == DEFAULT_QUANT:
         return default_gguf(), DEFAULT_MODEL_NAME
     if qtype in QUANT_TYPES:
@@ -571,5 +576,6 @@ __all__ = [
     "LlamaCppLanguageModel",
     "requantize",
     "default_gguf",
+    "quant_type",
     "resolve_gguf",
 ]
