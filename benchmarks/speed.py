@@ -57,7 +57,7 @@ from benchmarks.harness.systems import Parts, Row, quant_name, run_row
 QUICKSTART = "How does the assert statement work in Python?"
 CURVE_TOKENS = (1, 2, 3, 5, 9, 13, 17, 33)
 
-_PSG = "top-3 passages in prompt"
+_PSG = "the policy's RA passages in prompt"
 ROWS: dict[str, Row] = {r.name: r for r in (
     Row("hf-greedy", "HF greedy `generate`, plain prompt (reference)", engine="peer",
         weights="transformers"),

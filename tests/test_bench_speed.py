@@ -209,7 +209,7 @@ def test_llama_cpp_rows_and_targets(records):
         "measured"] == pytest.approx(4.0)
     assert t["`llama.cpp:prompt-lookup+psg` >= 1.2x llama.cpp greedy RAG on grounded QA (qa)"][
         "met"] is None  # not run
-    assert "| ours on llama.cpp: `rag-copy`, top-3 passages in prompt |" in speed.markdown(res)
+    assert "| ours on llama.cpp: `rag-copy`, the policy's RA passages in prompt |" in speed.markdown(res)
 
 
 def test_the_writer_heads_both_files_with_the_run(tmp_path, records, monkeypatch):

@@ -181,6 +181,24 @@ def test_prefill_logits_equal_llama_prompt_processing(lm, llama):
         del cache  # the next prompt is laid out in the KV cache from cell 0, as Llama's
 
 
+def test_a_prefill_without_keys_equals_one_with_keys(lm):
+    """``forward_logits(prompt, last=1)`` (the loop's prefill when nothing reads the keys)
+    returns ``forward``'s logits bit for bit and no key rows, and leaves the cache as
+    ``forward`` does: the next step's logits and keys are the same bits."""
+    ids = [1] + lm.tokenize("The Eiffel Tower is a wrought-iron lattice tower in Paris. " * 3)
+    a, b = lm.new_cache(), lm.new_cache()
+    la, ka = lm.forward(ids, a, last=1)
+    lb, kb = lm.forward_logits(ids, b, last=1)
+    assert kb.shape == (0, lm.key_dim) and ka.shape == (1, lm.key_dim)
+    assert torch.equal(la, lb) and lm.cache_length(a) == lm.cache_length(b) == len(ids)
+    nxt = int(la[-1].argmax())
+    sa, sb = lm.forward([nxt], a), lm.forward([nxt], b)
+    assert torch.equal(sa[0], sb[0]) and torch.equal(sa[1], sb[1])
+    step = lm.forward_logits([nxt], b)  # a step without keys: the same logits, one position
+    assert torch.equal(step[0], lm.forward([nxt], a)[0]) and step[1].shape == (0, lm.key_dim)
+    assert lm.cache_length(a) == lm.cache_length(b)
+
+
 def _rows_vs_steps(lm: LlamaCppLanguageModel, context: list[int], new: list[int]) -> float:
     """Max |difference| between the rows of one decode of ``new`` and one-token steps."""
     cache = lm.new_cache()
@@ -271,6 +289,39 @@ def test_two_threads_need_exact_steps_past_256_positions():
         lm2.close()
 
 
+@pytest.mark.slow
+def test_greedy_at_two_threads_steps_as_llama_does():
+    """Greedy decoding with no drafter has no verify rows to match, so its steps run on every
+    thread, as ``Llama.generate``'s: at 2 threads, past 256 cached positions, it equals
+    ``Llama.generate`` at 2 threads token for token, and its steps used both threads."""
+    import llama_cpp
+
+    from nest_integrations.decoding.loop import decode_ids
+    from nest_integrations.drafters import get_method
+
+    lm2 = LlamaCppLanguageModel.from_default(threads=2)
+    llm2 = llama_cpp.Llama(model_path=str(default_gguf()), n_ctx=4096, n_threads=2,
+                           n_threads_batch=2, flash_attn=True, verbose=False, seed=0)
+    try:
+        ids = [1] + lm2.tokenize("The Eiffel Tower is a wrought-iron lattice tower in Paris. "
+                                 "It was named after the engineer Gustave Eiffel. " * 14)
+        assert len(ids) > 256
+        out, _ = decode_ids(lm2, get_method("greedy"), ids, N, eos=frozenset())
+        assert lm2.runtime._step_threads == 2  # the last step ran on both threads
+        assert out == llama_generate_n(llm2, ids, N)
+        assert lm2.runtime.exact_steps  # restored for lossless methods
+    finally:
+        lm2.close()
+        llm2.close()
+
+
+def llama_generate_n(llm: Any, ids: list[int], n: int) -> list[int]:
+    """``Llama.generate`` greedy for exactly ``n`` tokens (no end token stops it)."""
+    from benchmarks.harness.systems import llama_generate
+
+    return llama_generate(llm, ids, n, frozenset())[0]
+
+
 def test_token_tree_rows_and_selected_path_equal_chains(lm):
     """Each root-to-leaf path of a tree decodes as that path alone; after ``select_cache`` the
     cache holds exactly the kept path (the next step equals the chain's)."""
@@ -316,6 +367,34 @@ def test_caches_are_sequences_reused_after_collection(lm):
         lm.forward(p, lm.new_cache())
     with pytest.raises(ValueError, match="cannot crop"):
         lm.crop_cache(c2, 99)
+
+
+def test_a_finished_generation_gives_its_cache_back_at_once(lm, monkeypatch):
+    """The decode loop releases its cache when decoding ends, even while the loop itself is
+    still referenced (a cycle keeps it until collected): no sequence stays live, so the next
+    ``new_cache`` has no reason to run ``gc.collect()``; a released cache refuses further use."""
+    import gc
+
+    from nest_integrations.config import NestConfig
+    from nest_integrations.decoding.loop import DecodeLoop
+    from nest_integrations.drafters import get_method
+    from nest_integrations.types import NestStats
+
+    ids = lm.tokenize("The Eiffel Tower is in")
+    loop = DecodeLoop(lm, get_method("greedy"), None, config=NestConfig(temperature=0.0),
+                      prompt_ids=ids, memory=None, passages=[], offsets=[], max_new_tokens=4,
+                      stop=[], stats=NestStats(), generator=None,
+                      on_delta=lambda *_: iter(()))  # fmt: skip
+    loop.itself = loop  # a reference cycle, as an engine's request can make
+    assert lm.runtime.live_sequences() == 1
+    list(loop.run())
+    assert lm.runtime.live_sequences() == 0 and len(loop.out.ids) == 4
+    collected = []
+    monkeypatch.setattr(gc, "collect", lambda *a: collected.append(1) or 0)
+    lm.release_cache(lm.new_cache())
+    assert not collected
+    with pytest.raises(ValueError, match="released"):
+        lm.forward(ids, loop.cache)
 
 
 def test_a_closed_model_raises_instead_of_crashing():
@@ -391,16 +470,19 @@ def oracle_cases(lm: Any, llm: Any, tok: Any, questions: list[str], n: int, root
         passages = [PASSAGES[QUESTIONS.index(q)]]
         extra = {
             "greedy": [Case("greedy", msgs, i)],
+            # fixed-length drafts (llama.cpp's default plans them with the cost model, which
+            # may skip them all): the oracle needs drafts to accept and reject
             "prompt-lookup": [Case("prompt-lookup", [{"role": "user", "content": q2}],
-                                   chat_ids(llm, tok, q2))],
+                                   chat_ids(llm, tok, q2), options={"cost_model": "off"})],
             "rag-copy": [Case("rag-copy", msgs, chat_ids(llm, tok, q, passages),
                               passages=passages)],
             "rest": [Case("rest", msgs, i, options={**store, "shape": "chain"})],
             "rest-tree": [Case("rest-tree", msgs, i, options={**store, "shape": "tree"})],
+            # every draft verified (no cost model, no score floor): the oracle sees rejections
             "dresd": [Case("dresd", msgs, i, options={**store, "min_score": -1.0,
-                                                       "shape": "chain"})],
-            "dresd-tree": [Case("dresd-tree", msgs, i, options={**store, "min_score": -1.0,
-                                                                 "shape": "tree"})],
+                                                       "shape": "chain", "cost_model": "off"})],
+            "dresd-tree": [Case("dresd-tree", msgs, i, options={
+                **store, "min_score": -1.0, "shape": "tree", "cost_model": "off"})],
         }
         cases += [c for label in labels for c in extra[label]]
     for c in cases:
@@ -528,17 +610,49 @@ def test_cost_curve_and_planned_drafts_on_llama_cpp(lm, llama, hf_tokenizer, tmp
     assert drafted["steep"] == 0 < drafted["flat"]
 
 
+@pytest.mark.parametrize("label", ("dresd", "prompt-lookup"))
+def test_speed_only_drafters_plan_with_the_cached_curve_on_llama_cpp(
+        lm, llama, hf_tokenizer, tmp_path, monkeypatch, label):
+    """DReSD's and prompt lookup's ``cost_model`` defaults to the measured curve on llama.cpp:
+    with a steep cached curve they draft nothing, with a flat one they draft, ``"off"``
+    restores fixed-length drafts; the output equals ``Llama``'s greedy decoding every time."""
+    from nest_integrations.lm import cost
+
+    monkeypatch.setenv("NEST_HOME", str(tmp_path))
+    cases, refs = oracle_cases(lm, llama, hf_tokenizer, QUESTIONS[:1], N, tmp_path / "ds",
+                               (label,))
+    engine = NestEngine(lm, None, InMemoryKeyStore(), NestConfig(key_source="final_norm"))
+    path = cost.curve_path(lm)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    drafted = {}
+    for name, ratios in (("steep", [1.0, 3.0, 5.0, 7.0]), ("flat", [1.0, 1.05, 1.1, 1.15]),
+                         ("off", None)):
+        curve = cost.CostCurve.from_ratios(ratios or [1.0, 3.0, 5.0, 7.0])
+        path.write_text(json.dumps(curve.to_json()), encoding="utf-8")
+        options = {k: v for k, v in cases[0].options.items() if k != "cost_model"}
+        if ratios is None:
+            options["cost_model"] = "off"
+        case = Case(cases[0].label, cases[0].prompt, cases[0].ids, cases[0].passages, options)
+        out = run_oracle(engine, [case], N, refs)
+        assert_equals_llama(out.mismatches)
+        drafted[name] = out.drafted[label]
+    assert drafted["steep"] == 0 < drafted["flat"] and drafted["off"] > 0
+
+
 # ------------------------------------------------------------------ one switch everywhere
 
 
 def test_engine_spec_backend_switch_and_refusals():
-    """``EngineSpec(backend="llama.cpp")`` takes the preset's key source to final_norm and
-    refuses what llama.cpp cannot run, naming why."""
+    """``EngineSpec(backend="llama.cpp")`` takes the preset's key source to final_norm and its
+    look-ahead off (a multi-token pass costs about a step per token there), and refuses what
+    llama.cpp cannot run, naming why."""
     spec = assembly.EngineSpec(backend="llama.cpp")
     assert spec.backend == "llama.cpp" and spec.config.key_source == "final_norm"
+    assert spec.config.lookahead == 0 < NestConfig.from_preset("grounded").lookahead
     assert assembly.EngineSpec(backend="llamacpp").backend == "llama.cpp"
     assert assembly.EngineSpec().backend == "torch"
     assert assembly.EngineSpec().config.key_source == "ffn_input"
+    assert assembly.EngineSpec().config.lookahead == NestConfig.from_preset("grounded").lookahead
     with pytest.raises(ValueError, match="no API to skip layers"):
         assembly.EngineSpec(backend="llama.cpp", decoding="knn-ssd")
     with pytest.raises(ValueError, match="final norm"):

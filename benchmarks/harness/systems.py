@@ -60,7 +60,9 @@ class Row:
         weights: torch peers only: ``"engine"`` (our model object: prepacked bf16 linears,
             row-wise verify attention) or ``"transformers"`` (as transformers loads it).
         reference: the row whose outputs this one's are compared with.
-        lossless: equal to greedy decoding of the same model, prompt and dtype by construction.
+        lossless: equal to greedy decoding of the same model, prompt and dtype by construction
+            (these and ``greedy`` rows run without the policy's repeat guard, which would cut
+            the greedy text).
     """
 
     name: str
@@ -279,6 +281,10 @@ def run_nest(parts: Parts, row: Row, q: dict[str, Any], max_new: int, engine: An
         options["datastore"] = datastore
     if options:
         kwargs["drafter_options"] = options
+    if (row.lossless or row.method == "greedy") and engine.policy.guards.stop_on_repeat:
+        # a lossless row (and RAG greedy, their reference) is greedy decoding, as its peer: the
+        # policy's repeat guard would cut the text it decoded (fewer tokens for the same work)
+        kwargs["policy"] = engine.policy.replace(guards={"stop_on_repeat": False})
     parts.prefill.install()
     parts.prefill.take()
     r = engine.generate(messages(q), max_new_tokens=max_new, decoding=row.method, **kwargs)
@@ -299,9 +305,10 @@ def run_nest(parts: Parts, row: Row, q: dict[str, Any], max_new: int, engine: An
 
 def peer_prompt_ids(parts: Parts, row: Row, q: dict[str, Any], engine: Any = None
                     ) -> tuple[list[int], float]:
-    """(prompt ids as our engine builds them, seconds): with the engine's top RA passages when
-    the row retrieves (retrieval timed, as our RA methods' times include it). ``engine``: whose
-    tokenizer and retriever (default: the torch engine's)."""
+    """(prompt ids as our engine builds them, seconds): when the row retrieves, with the RA
+    passages the engine's answer policy puts in the prompt (``engine.plan``: the same prompt
+    our RA rows decode from; retrieval and planning timed, as our RA methods' times include
+    them). ``engine``: whose tokenizer, retriever and policy (default: the torch engine's)."""
     from nest_integrations.decoding.prompts import query_of
 
     engine = engine or parts.engine()
@@ -309,8 +316,9 @@ def peer_prompt_ids(parts: Parts, row: Row, q: dict[str, Any], engine: Any = Non
     t0 = time.perf_counter()
     ra = []
     if row.retrieve:
-        cfg = engine.config
-        ra = engine.retrieve(query_of(p), cfg.n_passages)[: max(cfg.ra_passages, 1)]
+        question = query_of(p)
+        passages = engine.retrieve(question, engine.config.n_passages)
+        ra = engine.plan(question, passages).prompt_passages
     ids = engine.prompt_ids(p, ra)
     return ids, time.perf_counter() - t0
 

@@ -78,13 +78,19 @@ class DecodeLoop:
         self.eos = lm.eos_token_ids if eos is None else frozenset(eos)
         #: NEST's Eq. 7 acceptance: the modes whose on-topic guards are on by default
         self.relaxed = method.verifier == RELAXED and not config.strict_acceptance
-        # relaxed decoding needs no bit-exact verify rows: the LM's faster passes, if it has them
-        self._inexact_rows = getattr(lm, "inexact_rows", None) if self.relaxed else None
+        # relaxed decoding needs no bit-exact verify rows: the LM's faster passes, if it has them;
+        # nor does a decoding with no drafts at all (its steps as the backend's own generate's)
+        self._inexact_rows = (getattr(lm, "inexact_rows", None) if self.relaxed else
+                              getattr(lm, "steps_only", None) if drafter is None else None)
         if drafter is not None and not self.relaxed:  # lossless: greedy's output, bit for bit?
             stats.exact_rows = rows_are_exact(lm, method.name)
         self.guards = guards if guards is not None else Guards()
         self.out = OutputText(lm.detokenize, stop, repeat_guard=self.guards.stop_on_repeat)
         self.verifier = make_verifier(method, config, generator, self.eos, self.guards)
+        #: lossless greedy on p_LM reads the logits' argmax (as greedy decoding picks a token:
+        #: no softmax, which could also merge two nearly equal logits into one probability)
+        self._argmax_logits = (not method.uses_memory and method.verifier != RELAXED
+                               and not self.verifier.sampling)
         self.cache = lm.new_cache()
         self.done = False
         self.lam_sum, self.lam_n = 0.0, 0  # lambda's sum and count, for NestStats.mean_lambda
@@ -119,14 +125,18 @@ class DecodeLoop:
         return self._pass(ids, last, parents)
 
     def _pass(self, ids: list[int], last: int | None = None,
-              parents: list[int] | None = None) -> Rows:  # fmt: skip
+              parents: list[int] | None = None, keys: bool = True) -> Rows:  # fmt: skip
         """A chain (only the ``last`` rows' logits when set: saves the LM head), or a token tree
         (``parents``, see ``lm.tree``); timed and counted. Relaxed decoding takes the LM's
-        faster, not bit-exact, attention where it has one (``inexact_rows``)."""
+        faster, not bit-exact, attention where it has one (``inexact_rows``). ``keys=False``:
+        the LM's ``forward_logits`` where it has one (no key rows: they cost it a pass)."""
         t0 = time.perf_counter()
+        logits_only = None if keys else getattr(self.lm, "forward_logits", None)
         with self._inexact_rows() if self._inexact_rows is not None else nullcontext():
             if parents is not None:
                 out = self.lm.forward_tree(ids, parents, self.cache)  # type: ignore[attr-defined]
+            elif logits_only is not None:
+                out = logits_only(ids, self.cache, last=last)
             else:
                 out = self.lm.forward(ids, self.cache, last=last)
         self.stats.timing.lm += time.perf_counter() - t0
@@ -151,12 +161,28 @@ class DecodeLoop:
         ``state.prompt_vector``: no extra forward."""
         capture = (getattr(self.lm, "capture_prompt_vector", None)
                    if getattr(self.drafter, "wants_prompt_vector", False) else None)
+        if capture is None and not self._wants_keys():
+            return self._pass(self.state.prompt_ids, last=1, keys=False)
         if capture is None:
             return self.forward(self.state.prompt_ids, last=1)
         with capture() as slot:
             out = self.forward(self.state.prompt_ids, last=1)
         self.state.prompt_vector = slot[-1] if slot else None
         return out
+
+    def _wants_keys(self) -> bool:
+        """Whether the prompt's last key vector is read: by NEST's memory, or as
+        ``DecodeState.hidden`` by a drafter that does not say ``wants_hidden = False``."""
+        if self.method.uses_memory or self.ahead is not None:
+            return True
+        return self.drafter is not None and getattr(self.drafter, "wants_hidden", True)
+
+    def target_rows(self, logits: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """What a lossless draft-first step verifies against: the logits themselves for greedy
+        on p_LM (only their argmax is read), else the target distribution's rows."""
+        if self._argmax_logits:
+            return logits
+        return self.distribution(logits, keys).p
 
     def distribution(self, logits: torch.Tensor, keys: torch.Tensor) -> Distribution:
         """The target at each row: p_M for NEST-family methods, else p_LM."""
@@ -226,11 +252,17 @@ class DecodeLoop:
 
     # ----------------------------------------------------------------- schedules
     def run(self) -> Iterator[StreamChunk]:
-        """Decode to the end, yielding the stream chunks of each commit."""
-        if self.method.needs_target:
-            yield from self._target_first()
-        else:
-            yield from self._draft_first()
+        """Decode to the end, yielding the stream chunks of each commit. The cache is given
+        back when decoding ends (or the stream is closed), where the LM can (``release_cache``)."""
+        try:
+            if self.method.needs_target:
+                yield from self._target_first()
+            else:
+                yield from self._draft_first()
+        finally:
+            release = getattr(self.lm, "release_cache", None)
+            if release is not None:
+                release(self.cache)
         if self.out.finish():  # the repeat guard cut the last sentence
             self.done = True
             self.stats.finish_reason = "repeat"
@@ -300,9 +332,9 @@ class DecodeLoop:
         lm, v, stats = self.lm, self.verifier, self.stats
         no_draft = torch.zeros(0, dtype=torch.long)
         logits, keys = self.prefill()
-        p = self.distribution(logits[-1:], keys[-1:]).p
+        p = self.target_rows(logits[-1:], keys[-1:])
         _, first = v.verify_and_correct(p, no_draft.to(p.device), None)
-        self.state.hidden = keys[-1]
+        self.state.hidden = keys[-1] if len(keys) else None  # none: nobody reads it (prefill)
         yield from self.commit([first], [None])
         pending = first
         while not self.done and self.budget > 0:
@@ -310,10 +342,10 @@ class DecodeLoop:
             draft = self.propose(self.budget - 1)  # leave room for the token after the draft
             before = lm.cache_length(self.cache)
             if draft is None:
-                logits, keys = self.forward([pending])
-                p = self.distribution(logits, keys).p
+                logits, keys = self._pass([pending], keys=self._wants_keys())
+                p = self.target_rows(logits, keys)
                 _, c = v.verify_and_correct(p, no_draft.to(p.device), None)
-                self.state.hidden = keys[-1]
+                self.state.hidden = keys[-1] if len(keys) else None
                 yield from self.commit([c], [None])
                 pending = c
                 continue
@@ -340,7 +372,7 @@ class DecodeLoop:
         vector at the last accepted position; the cache keeps pending and the accepted."""
         tokens = draft.tokens
         logits, keys = self.forward([pending] + tokens)  # (L + 1, V): row i scores draft[i]
-        p = self.distribution(logits, keys).p
+        p = self.target_rows(logits, keys)
         d = torch.as_tensor(tokens, device=p.device)
         m, c = self.verifier.verify_and_correct(p, d, draft.q)
         self.lm.crop_cache(self.cache, before + 1 + m)  # pending + the accepted draft tokens
@@ -356,7 +388,7 @@ class DecodeLoop:
         tree = draft.parents or []
         parents = [-1] + [pp + 1 if pp >= 0 else 0 for pp in tree]  # pending is the root
         logits, keys = self.forward([pending] + draft.tokens, parents=parents)
-        p = self.distribution(logits, keys).p  # row 0 follows pending, row i + 1 node i
+        p = self.target_rows(logits, keys)  # row 0 follows pending, row i + 1 node i
         path = greedy_tree_path(p, draft.tokens, tree)
         node = path[-1] + 1 if path else 0
         self.lm.select_cache(  # type: ignore[attr-defined]

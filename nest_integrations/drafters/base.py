@@ -144,7 +144,10 @@ class Drafter(Protocol):
 
     A drafter may also set ``wants_prompt_vector = True``: the loop then captures the prompt's
     mean final-layer hidden state during its prefill into ``DecodeState.prompt_vector``
-    (no extra forward pass).
+    (no extra forward pass). One that never reads ``DecodeState.hidden`` may set
+    ``wants_hidden = False``: the prefill then skips the prompt's last key vector where it
+    costs a pass of its own (llama.cpp, ``forward_logits``), and ``hidden`` is None until the
+    first step.
     """
 
     def propose(self, state: DecodeState) -> Draft | None:

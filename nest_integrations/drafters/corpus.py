@@ -92,7 +92,8 @@ class NgramOptions:
         max_ngram: longest context suffix looked up.
         min_ngram: shortest one.
         num_tokens: longest draft; the length adapts to acceptance below it (``adapt_length``).
-        cost_model: None (default): ``adapt_length``'s fixed rule. ``"auto"``, a
+        cost_model: None (default): ``adapt_length``'s fixed rule (prompt lookup on llama.cpp:
+            ``"auto"``, ``lm.cost.BACKEND_COST_MODEL``); ``"off"``: the fixed rule. ``"auto"``, a
             ``lm.cost.CostCurve``, its JSON dict or a list of c(T)/c(1) ratios: each draft's
             length is the one the measured verify cost pays for at the acceptance measured
             so far in the generation (``lm.cost.DraftPlanner``; 0 = a plain step).
@@ -117,11 +118,15 @@ class AdaptiveLength:
     num_tokens: int
     planner: Any = None
 
-    def use_cost_model(self, lm: Any) -> None:
-        """Plan draft lengths with ``options.cost_model`` (no-op when it is None)."""
-        from nest_integrations.lm.cost import planner_for
+    def use_cost_model(self, lm: Any, backend_default: bool = False) -> None:
+        """Plan draft lengths with ``options.cost_model`` (no-op when it is None; with
+        ``backend_default``, None is the backend's default, ``lm.cost.BACKEND_COST_MODEL``)."""
+        from nest_integrations.lm import cost
 
-        self.planner = planner_for(self.options.cost_model, lm, self.options.num_tokens)
+        option = self.options.cost_model
+        if backend_default:
+            option = cost.backend_default(option, lm)
+        self.planner = cost.planner_for(option, lm, self.options.num_tokens)
         if self.planner is not None:
             self.num_tokens = self.planner.length()
 

@@ -53,11 +53,12 @@ class DresdOptions(CorpusOptions):
         k: neighbours searched per step.
         min_score: no draft when the best surviving neighbour's cosine similarity is below it
             (-1 = off).
-        cost_model: None (default): drafts of ``draft_len``. ``"auto"``, a
-            ``lm.cost.CostCurve``, its JSON dict or a list of c(T)/c(1) ratios: each draft's
-            length (up to ``draft_len``; a chain's, a tree's depth) is the one the measured
-            verify cost pays for at the acceptance measured so far in the generation
-            (``lm.cost.DraftPlanner``; 0 = a plain step).
+        cost_model: None (default): the backend's rule, drafts of ``draft_len`` on torch and
+            ``"auto"`` on llama.cpp (``lm.cost.BACKEND_COST_MODEL``). ``"off"``: drafts of
+            ``draft_len`` on any backend. ``"auto"``, a ``lm.cost.CostCurve``, its JSON dict
+            or a list of c(T)/c(1) ratios: each draft's length (up to ``draft_len``; a chain's,
+            a tree's depth) is the one the measured verify cost pays for at the acceptance
+            measured so far in the generation (``lm.cost.DraftPlanner``; 0 = a plain step).
     """
 
     k: int = 50
@@ -81,11 +82,12 @@ class DresdDrafter:
 
     @classmethod
     def from_context(cls, ctx: DrafterContext) -> "DresdDrafter":
-        from nest_integrations.lm.cost import planner_for
+        from nest_integrations.lm.cost import backend_default, planner_for
 
         opts = parse_options(DresdOptions, ctx.options, "dresd")
         drafter = cls(datastore_of(ctx, opts), opts)
-        drafter.planner = planner_for(opts.cost_model, ctx.lm, opts.draft_len)
+        drafter.planner = planner_for(backend_default(opts.cost_model, ctx.lm), ctx.lm,
+                                      opts.draft_len)
         return drafter
 
     # ----------------------------------------------------------------------------- drafting

@@ -26,6 +26,8 @@ class PromptLookupOptions(corpus.NgramOptions):
 class PromptLookupDrafter(corpus.AdaptiveLength):
     """n-gram lookup over the context (one instance per generation)."""
 
+    wants_hidden = False  # drafts from text, not from the hidden state
+
     def __init__(self, options: PromptLookupOptions | None = None, **kwargs: int) -> None:
         self.options = options if options is not None else PromptLookupOptions(**kwargs)
         self.num_tokens = self.options.num_tokens
@@ -33,7 +35,7 @@ class PromptLookupDrafter(corpus.AdaptiveLength):
     @classmethod
     def from_context(cls, ctx: DrafterContext) -> "PromptLookupDrafter":
         drafter = cls(corpus.parse_options(PromptLookupOptions, ctx.options, "prompt-lookup"))
-        drafter.use_cost_model(ctx.lm)
+        drafter.use_cost_model(ctx.lm, backend_default=True)  # on llama.cpp: the cost model
         return drafter
 
     def propose(self, state: DecodeState) -> Draft | None:

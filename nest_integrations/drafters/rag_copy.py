@@ -45,6 +45,8 @@ class RagCopyOptions(NgramOptions):
 class RagCopyDrafter(AdaptiveLength):
     """n-gram lookup into the prompt passages' own token arrays (one per generation)."""
 
+    wants_hidden = False  # drafts from text, not from the hidden state
+
     def __init__(self, ctx: DrafterContext) -> None:
         self.options = parse_options(RagCopyOptions, ctx.options, METHOD.name)
         self.num_tokens = self.options.num_tokens

@@ -109,6 +109,8 @@ class RestDrafter:
     """Exact-suffix drafts from the corpus token array for one generation
     (``RestDrafter(ds, max_suffix=..., ...)`` or ``RestDrafter(ds, options)``)."""
 
+    wants_hidden = False  # drafts from text, not from the hidden state
+
     def __init__(self, datastore: Any, options: RestOptions | None = None, **kwargs: Any) -> None:
         self.datastore = datastore
         self.options = options if options is not None else RestOptions(**kwargs)

@@ -211,17 +211,32 @@ def check_backend(backend: str, dtype: Any = None, device: Any = None,
 
 
 def backend_config(cfg: NestConfig, backend: str) -> NestConfig:
-    """``cfg`` for ``backend``: on llama.cpp the key source is ``"final_norm"`` (its embeddings
-    output); the default ``"ffn_input"`` is replaced, any other key source is a ``ValueError``."""
-    if backend != "llama.cpp" or cfg.key_source == "final_norm":
+    """``cfg`` for ``backend``. On llama.cpp:
+
+    - the key source is ``"final_norm"`` (its embeddings output); the default ``"ffn_input"``
+      is replaced, any other key source is a ``ValueError``;
+    - look-ahead is off: a guess rides on a multi-token pass, which costs about as many
+      one-token steps as it has tokens there (c(2)/c(1) 2.4-2.9, Q8_0, AMD EPYC; torch bf16's
+      is about 1.1), so wrong guesses cost more than right ones save (``grounded`` on the speed
+      benchmark's completion prompts: 36.5 tok/s with the preset's 8, 47.0 without,
+      ``docs/llama_cpp.md``). A guess never changes the output.
+    """
+    if backend != "llama.cpp":
         return cfg
-    if cfg.key_source == NestConfig().key_source:
-        LOG.debug("llama.cpp backend: key_source %r -> 'final_norm'", cfg.key_source)
-        return cfg.replace(key_source="final_norm")
-    raise ValueError(
-        f"key_source={cfg.key_source!r} is not available on the llama.cpp backend: its keys are "
-        "the final norm's output (key_source='final_norm'); use backend='torch' for other layers"
-    )
+    changes: dict[str, object] = {}
+    if cfg.key_source != "final_norm":
+        if cfg.key_source != NestConfig().key_source:
+            raise ValueError(
+                f"key_source={cfg.key_source!r} is not available on the llama.cpp backend: its "
+                "keys are the final norm's output (key_source='final_norm'); use "
+                "backend='torch' for other layers")
+        changes["key_source"] = "final_norm"
+    if cfg.lookahead:
+        changes["lookahead"] = 0
+    if not changes:
+        return cfg
+    LOG.debug("llama.cpp backend: %s", changes)
+    return cfg.replace(**changes)
 
 
 def machine_name() -> str:

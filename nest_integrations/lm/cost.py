@@ -287,6 +287,24 @@ def curve_from(option: Any, lm: Any) -> CostCurve | None:
                      "its JSON dict or a list of ratios c(T)/c(1) for T = 1, 2, ...")
 
 
+#: ``cost_model`` where a speed-only drafter (prompt lookup, DReSD) leaves it None, by backend.
+#: On llama.cpp a verify pass of T tokens costs about T one-token steps (c(9)/c(1) 5-6, Q8_0,
+#: AMD EPYC, 1 thread; torch bf16: about 1.2-2), so fixed-length drafts lost to plain greedy
+#: there (speed benchmark, the same prompts: prompt lookup 0.75-0.90x, DReSD 0.65x llama.cpp
+#: greedy, ``docs/llama_cpp.md``): they draft only where the measured curve and the acceptance
+#: so far pay. rag-copy keeps its fixed rule: its accepted drafts are the default answer's
+#: verbatim citations.
+BACKEND_COST_MODEL: dict[str, Any] = {"llama.cpp": "auto"}
+
+
+def backend_default(option: Any, lm: Any) -> Any:
+    """A speed-only drafter's ``cost_model`` option: ``option``, or when it is None the
+    backend's default (``BACKEND_COST_MODEL``; None = off); ``"off"`` stays off."""
+    if option is not None:
+        return option
+    return BACKEND_COST_MODEL.get(getattr(lm, "backend", ""))
+
+
 def planner_for(option: Any, lm: Any, max_len: int, draft_cost: float = 0.0
                 ) -> DraftPlanner | None:  # fmt: skip
     """A ``DraftPlanner`` for a drafter's ``cost_model`` option, or None when it is off.

@@ -11,7 +11,7 @@ Q8_0) on llama-cpp-python.
   off and only the last k rows' logits, as ``Llama.create_completion`` processes a prompt (bit
   for bit the same logits); the keys of those k rows come from a second k-token decode in a
   scratch sequence (llama.cpp with embeddings on would output, and run the LM head on, every
-  prompt row);
+  prompt row). ``forward_logits`` skips that second decode where nothing reads the keys;
 - **a croppable KV cache**: a cache is one sequence of the context's unified KV cache;
   ``crop_cache`` is ``llama_memory_seq_rm``. Interleaved generations are several sequences;
 - **token trees** (DReSD-tree, REST): one decode; each leaf gets a sequence and a node belongs
@@ -104,6 +104,7 @@ class LlamaCppCache:
     #: later sequence would be laid out after them and round differently)
     held: list[int] = field(default_factory=list, repr=False)
     _finalizer: Any = field(default=None, repr=False)
+    released: bool = False  # ``release_cache`` gave its sequences back: no more use
 
 
 class LlamaCppLanguageModel:
@@ -243,6 +244,16 @@ class LlamaCppLanguageModel:
         cache._finalizer = weakref.finalize(cache, _release_held, self.runtime, cache.held)
         return cache
 
+    def release_cache(self, cache: LlamaCppCache) -> None:
+        """Give the cache's sequences back now, not when it is collected (the decode loop calls
+        it when a generation ends): a cache kept alive by a reference cycle would otherwise
+        cost the next ``new_cache`` a full ``gc.collect()``, 0.2-0.3 s in a process holding
+        many objects. The cache cannot be used afterwards."""
+        with self._lock:
+            if cache._finalizer is not None:
+                cache._finalizer()  # runs once: later calls (and collection) do nothing
+            cache.released = True
+
     def cache_length(self, cache: LlamaCppCache) -> int:
         return cache.length
 
@@ -251,6 +262,7 @@ class LlamaCppLanguageModel:
         if not 0 <= length <= cache.length:
             raise ValueError(f"cannot crop a cache of {cache.length} positions to {length}")
         with self._lock:
+            self._check_no_tree(cache, tree_ok=True)
             if cache.tree is not None:
                 if length > cache.tree.start:
                     raise ValueError("after forward_tree, keep a path with select_cache or crop "
@@ -280,6 +292,12 @@ class LlamaCppLanguageModel:
             finally:
                 self.runtime.exact_steps = before
 
+    def steps_only(self) -> Any:
+        """The context of a decoding with no verify pass (greedy without a drafter): no row is
+        compared with a step, so steps use every thread, as ``Llama.generate`` runs them (the
+        same bits as its greedy decoding at any thread count, and faster past one thread)."""
+        return self.inexact_rows()
+
     # ----------------------------------------------------------------------------- forward
 
     def forward(
@@ -307,6 +325,25 @@ class LlamaCppLanguageModel:
             cache.length = start + n
         return torch.from_numpy(logits), torch.from_numpy(keys)
 
+    def forward_logits(
+        self, ids: Sequence[int], cache: LlamaCppCache, *, last: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` without keys (a ``(0, key_dim)`` tensor): embeddings off, and with
+        ``last=k`` the prefill's decode alone, without the scratch decode of its keys (the loop
+        calls it when nothing reads them: greedy steps, copy drafters' prefill)."""
+        ids = [int(t) for t in ids]
+        n = len(ids)
+        if n == 0:
+            return torch.empty(0, self.vocab_size), torch.empty(0, self.key_dim)
+        k = n if last is None else max(1, min(int(last), n))
+        with self._lock:
+            self._check_no_tree(cache)
+            rt, start, seq = self.runtime, cache.length, cache.seq
+            logits, _ = rt.decode(ids, [(seq,)] * n, list(range(start, start + n)), keys=False,
+                                  logits_last=k)
+            cache.length = start + n
+        return torch.from_numpy(logits), torch.empty(0, self.key_dim)
+
     def _scratch_keys(self, seq: int, ids: list[int], pos: list[int]) -> np.ndarray:
         """Final-norm states of ``ids`` at ``pos`` after ``seq``'s earlier positions, from a
         decode in a scratch sequence (``seq`` itself is left as it is)."""
@@ -319,8 +356,10 @@ class LlamaCppLanguageModel:
             rt.remove(scratch, 0)
             rt.give_back(scratch)
 
-    def _check_no_tree(self, cache: LlamaCppCache) -> None:
-        if cache.tree is not None:
+    def _check_no_tree(self, cache: LlamaCppCache, tree_ok: bool = False) -> None:
+        if cache.released:
+            raise ValueError("this cache was released (release_cache): take a new_cache")
+        if cache.tree is not None and not tree_ok:
             raise ValueError("the cache holds a token tree: call select_cache (or crop_cache) "
                              "after forward_tree before the next forward")
 
