@@ -308,6 +308,18 @@ class LlamaCppLanguageModel:
         Returns fp32 ``(T, vocab)`` logits and ``(T, key_dim)`` keys; with ``last=k`` (a
         prefill) only the last k rows (see the module docstring for how).
         """
+        return self._run(ids, cache, last, keys=True)
+
+    def forward_logits(
+        self, ids: Sequence[int], cache: LlamaCppCache, *, last: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` without keys (a ``(0, key_dim)`` tensor): embeddings off, and with
+        ``last=k`` the prefill's decode alone, without the scratch decode of its keys (the loop
+        calls it when nothing reads them: greedy steps, copy drafters' prefill)."""
+        return self._run(ids, cache, last, keys=False)
+
+    def _run(self, ids: Sequence[int], cache: LlamaCppCache, last: int | None, *, keys: bool
+             ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         ids = [int(t) for t in ids]
         n = len(ids)
         if n == 0:
@@ -317,32 +329,14 @@ class LlamaCppLanguageModel:
             self._check_no_tree(cache)
             rt, start, seq = self.runtime, cache.length, cache.seq
             pos = list(range(start, start + n))
-            if k == n:
-                logits, keys = rt.decode(ids, [(seq,)] * n, pos, keys=True)
+            if keys and k == n:
+                logits, rows = rt.decode(ids, [(seq,)] * n, pos, keys=True)
             else:
                 logits, _ = rt.decode(ids, [(seq,)] * n, pos, keys=False, logits_last=k)
-                keys = self._scratch_keys(seq, ids[n - k:], pos[n - k:])
+                rows = (self._scratch_keys(seq, ids[n - k:], pos[n - k:]) if keys
+                        else np.empty((0, self.key_dim), dtype=np.float32))
             cache.length = start + n
-        return torch.from_numpy(logits), torch.from_numpy(keys)
-
-    def forward_logits(
-        self, ids: Sequence[int], cache: LlamaCppCache, *, last: int | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``forward`` without keys (a ``(0, key_dim)`` tensor): embeddings off, and with
-        ``last=k`` the prefill's decode alone, without the scratch decode of its keys (the loop
-        calls it when nothing reads them: greedy steps, copy drafters' prefill)."""
-        ids = [int(t) for t in ids]
-        n = len(ids)
-        if n == 0:
-            return torch.empty(0, self.vocab_size), torch.empty(0, self.key_dim)
-        k = n if last is None else max(1, min(int(last), n))
-        with self._lock:
-            self._check_no_tree(cache)
-            rt, start, seq = self.runtime, cache.length, cache.seq
-            logits, _ = rt.decode(ids, [(seq,)] * n, list(range(start, start + n)), keys=False,
-                                  logits_last=k)
-            cache.length = start + n
-        return torch.from_numpy(logits), torch.empty(0, self.key_dim)
+        return torch.from_numpy(logits), torch.from_numpy(rows)
 
     def _scratch_keys(self, seq: int, ids: list[int], pos: list[int]) -> np.ndarray:
         """Final-norm states of ``ids`` at ``pos`` after ``seq``'s earlier positions, from a
