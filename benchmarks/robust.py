@@ -13,7 +13,10 @@ French and Spanish Wikipedia leads. Systems answer the same prompts back to back
 - ``copy``: the ``copy`` preset (NEST's relaxed span copying), when asked for;
 - ``llama.cpp:NAME``: any of them on the llama.cpp backend (the embedded model as Q8_0), over
   stores ingested with that backend (``store-llama.cpp``), to pair its answers with torch's
-  (``--reference default``).
+  (``--reference default``);
+- ``NAME~SOURCE``: any of them with token keys from another layer (``key_source``, e.g.
+  ``default~final_norm``: the final norm's output, the llama.cpp backend's keys, on torch),
+  over stores ingested with those keys (``store~final_norm``).
 
 Per set and family: closed accuracy, won/lost against RAG and McNemar's exact p, wrong-attribute
 answers (``phrasings.wrong_attribute``), cited characters on the gold document, the shortest
@@ -23,6 +26,8 @@ citation, ROUGE-L and degenerate answers for open-ended prompts, tokens per seco
         --n-closed 24 --n-open 16 --systems rag,default,default@first --stem robust_dev
     python -m benchmarks.quality --set robust --split dev --systems default,llama.cpp:default \
         --reference default --stem robust_dev_llama_cpp
+    python -m benchmarks.quality --set robust --split dev --systems default,default~final_norm \
+        --reference default --stem robust_dev_keys
     python -m benchmarks.quality --set robust --split test \\
         --sets entities,open,completions,profiles,faq,fr-es --stem robust_test
 
@@ -198,19 +203,36 @@ def split_backend(name: str) -> tuple[str, str]:
     return (backend, rest) if sep else ("torch", name)
 
 
-def store_root(work: Path, backend: str) -> Path:
-    """Each backend's stores: token keys are per backend (``docs/llama_cpp.md``)."""
-    return work / ("store" if backend == "torch" else f"store-{backend}")
+def split_keys(name: str) -> tuple[str, str | None]:
+    """``"default~final_norm"`` -> ``("default", "final_norm")``; no suffix: the default keys."""
+    name, sep, source = name.partition("~")
+    return name, (source if sep else None)
+
+
+def store_id(name: str) -> str:
+    """Which stores a system reads: its backend's, ``~SOURCE`` with other keys."""
+    backend, _ = split_backend(name)
+    _, source = split_keys(name)
+    return backend + (f"~{source}" if source else "")
+
+
+def store_root(work: Path, stores: str) -> Path:
+    """The stores of ``stores`` (``store_id``): token keys are per backend and key source
+    (``docs/llama_cpp.md``)."""
+    backend, _, source = stores.partition("~")
+    name = "store" if backend == "torch" else f"store-{backend}"
+    return work / (name + (f"~{source}" if source else ""))
 
 
 def build_stores(work: Path, sets: Iterable[str], qs: Any, profiles: Any, pydoc: Path | None,
-                 leads: Any, backend: str = "torch") -> Path:
-    """The collections the sets need, under ``store_root(work, backend)`` (each built once: a
-    marker file)."""
+                 leads: Any, stores: str = "torch") -> Path:
+    """The collections the sets need, under ``store_root(work, stores)`` (``stores``:
+    ``store_id``; each built once: a marker file)."""
     from nest_integrations.ingest.pipeline import IngestPipeline
 
-    root = store_root(work, backend)
-    lm = assembly.shared_model(backend=backend)
+    root = store_root(work, stores)
+    backend, _, source = stores.partition("~")
+    lm = assembly.shared_model(backend=backend, key_source=source or None)
 
     def ingest(collection: str, write: Any, keys: bool = False) -> None:
         marker = root / f".{collection}.done"
@@ -257,21 +279,27 @@ def build_stores(work: Path, sets: Iterable[str], qs: Any, profiles: Any, pydoc:
 
 def system_spec(name: str, collection: str, root: Path) -> assembly.EngineSpec:
     """``rag``, ``default``, ``default@only`` (a title_context variant) or ``copy``, each
-    optionally ``llama.cpp:``-prefixed (``root``: that backend's store root)."""
+    optionally ``llama.cpp:``-prefixed and ``~SOURCE``-suffixed (``root``: the store root of
+    ``store_id(name)``)."""
     backend, name = split_backend(name)
+    name, source = split_keys(name)
     base, _, variant = name.partition("@")
     common: dict[str, Any] = dict(persist_dir=str(root), backend=backend)
+
+    def config(preset: str) -> Any:
+        return NestConfig.from_preset(preset).replace(key_source=source) if source else preset
+
     if base == "rag":
-        return assembly.EngineSpec.for_store(collection, config="grounded", policy=AnswerPolicy(),
-                                             decoding="greedy", **common)
+        return assembly.EngineSpec.for_store(collection, config=config("grounded"),
+                                             policy=AnswerPolicy(), decoding="greedy", **common)
     if base == "default":
         policy = AnswerPolicy.from_preset("grounded")
         if variant:
             policy = policy.replace(title_context=variant)
-        return assembly.EngineSpec.for_store(collection, config="grounded", policy=policy,
-                                             **common)
+        return assembly.EngineSpec.for_store(collection, config=config("grounded"),
+                                             policy=policy, **common)
     if base == "copy":
-        return assembly.EngineSpec.for_store(collection, config="copy", **common)
+        return assembly.EngineSpec.for_store(collection, config=config("copy"), **common)
     raise ValueError(f"unknown system {name!r}")
 
 
@@ -307,7 +335,7 @@ def run(items: list[Item], systems: list[str], roots: dict[str, Path], max_close
                 key = (name, item.collection)
                 if key not in engines:
                     engines[key] = assembly.build_engine(system_spec(
-                        name, item.collection, roots[split_backend(name)[0]]))
+                        name, item.collection, roots[store_id(name)]))
                 budget = max_closed if item.kind == "closed" else max_open
                 t0 = time.perf_counter()
                 prompt = item.prompt if item.raw else [{"role": "user", "content": item.prompt}]
@@ -464,8 +492,8 @@ def main(argv: list[str] | None = None) -> int:
         items = [i for i in items if i.family != HELD_OUT]
     if args.reference not in systems:
         p.error(f"--reference {args.reference!r} is not one of --systems {args.systems!r}")
-    roots = {b: build_stores(work, sets, qs, profiles, args.pydoc, leads, backend=b)
-             for b in sorted({split_backend(n)[0] for n in systems})}
+    roots = {b: build_stores(work, sets, qs, profiles, args.pydoc, leads, stores=b)
+             for b in sorted({store_id(n) for n in systems})}
     args.out.mkdir(parents=True, exist_ok=True)
     records = run(items, systems, roots, args.max_closed, args.max_open,
                   args.out / f"{args.stem}.jsonl")

@@ -100,13 +100,17 @@ def sample_store(tmp_path_factory) -> Path:
 
 @pytest.fixture(autouse=True)
 def _process_defaults():
-    """A CLI job run in-process (``--dtype``, ``--backend``) sets process-wide defaults; every
-    test starts from the unset defaults (auto dtype, torch backend) and leaves them unset, so no
-    test depends on which tests ran before it in the same worker."""
+    """A CLI job run in-process (``--dtype``, ``--backend``, ``--threads``) sets process-wide
+    defaults; every test starts from the unset defaults (auto dtype, torch backend, threads
+    from ``$NEST_THREADS``) and leaves them unset, so no test depends on which tests ran before
+    it in the same worker."""
     from nest_integrations.lm import backend
 
-    backend.set_default_dtype(None)
-    backend.set_default_backend(None)
+    def unset() -> None:
+        backend.set_default_dtype(None)
+        backend.set_default_backend(None)
+        backend._CONFIGURED = None
+
+    unset()
     yield
-    backend.set_default_dtype(None)
-    backend.set_default_backend(None)
+    unset()

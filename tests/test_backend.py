@@ -104,6 +104,9 @@ def test_thread_count_honours_argument_then_env_then_physical_cores(monkeypatch)
     assert backend.thread_count() == 3  # NEST_THREADS wins over OMP_NUM_THREADS
     assert backend.thread_count(2) == 2  # --threads wins over the environment
     assert backend.configure_threads() == 3 and torch.get_num_threads() == 3
+    assert backend.configured_threads() == 3
+    monkeypatch.setenv(backend.THREADS_ENV, "5")  # configured once: --threads wins from then on
+    assert backend.configured_threads() == 3
     monkeypatch.setenv(backend.THREADS_ENV, "many")
     with pytest.raises(ValueError, match="NEST_THREADS='many'"):
         backend.thread_count()

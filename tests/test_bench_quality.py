@@ -69,3 +69,19 @@ def test_the_summary_has_a_table_per_source_and_the_open_ended_one(tmp_path):
     summary = json.loads((tmp_path / "q.json").read_text())
     assert [r["system"] for r in summary["open"]] == ["rag", "grounded"]
     assert summary["run"]["commit"] and len((tmp_path / "q.jsonl").read_text().splitlines()) == 6
+
+
+def test_a_robust_system_names_its_backend_key_source_and_stores(tmp_path):
+    """``llama.cpp:`` picks the backend and ``~SOURCE`` the key source; each pair reads its own
+    stores (token keys are per backend and key source), and the key source reaches the config."""
+    from benchmarks import robust
+
+    assert [robust.store_id(n) for n in ("default", "llama.cpp:rag", "default~final_norm")] \
+        == ["torch", "llama.cpp", "torch~final_norm"]
+    roots = [robust.store_root(tmp_path, s) for s in ("torch", "llama.cpp", "torch~final_norm")]
+    assert [r.name for r in roots] == ["store", "store-llama.cpp", "store~final_norm"]
+    plain = robust.system_spec("default@first", "entities", tmp_path)
+    other = robust.system_spec("default@first~final_norm", "entities", tmp_path)
+    assert plain.config.key_source == "ffn_input" and other.config.key_source == "final_norm"
+    assert other.policy == plain.policy and other.policy.title_context == "first"
+    assert other.config.replace(key_source="ffn_input") == plain.config

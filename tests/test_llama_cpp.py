@@ -409,6 +409,69 @@ def test_a_closed_model_raises_instead_of_crashing():
             call()
 
 
+
+def test_threads_default_to_nest_threads_not_torchs(monkeypatch):
+    """Without ``threads=``, llama.cpp runs on ``$NEST_THREADS`` (then on the CLI's
+    ``--threads`` once ``configure_threads`` ran), not on torch's thread count, which a script
+    that never configured threads leaves at torch's own default."""
+    from nest_integrations.lm import backend
+
+    before = torch.get_num_threads()
+    monkeypatch.setenv(backend.THREADS_ENV, "1")
+    torch.set_num_threads(2)
+    try:
+        model = LlamaCppLanguageModel.from_default()
+        assert model.runtime.threads == 1
+        model.close()
+        backend.configure_threads(2)  # as `--threads 2` does (tests/conftest.py unsets it)
+        model = LlamaCppLanguageModel.from_default()
+        assert model.runtime.threads == 2
+        model.close()
+    finally:
+        torch.set_num_threads(before)
+
+@pytest.mark.parametrize("source", ["ffn_input", "final_norm"])
+def test_keys_are_the_torch_backends_keys_of_the_same_layer(source):
+    """Each llama.cpp key source is the torch backend's key of that layer on the same text
+    (Q8_0 against fp32 weights: cosine > 0.995 per token, and nearer to its own layer than
+    to the other); ``ffn_input`` comes through llama.cpp's eval callback, on every path that
+    returns keys (a forward, a prefill's last rows, passages packed in one decode)."""
+    from nest_integrations.lm.hf import HFLanguageModel
+
+    text = ("Paris is the capital and most populous city of France, with an estimated "
+            "population of two million residents.")
+    ours = LlamaCppLanguageModel.from_default(threads=1, key_source=source)
+    try:
+        assert ours.key_source == source
+        ids = ours.tokenize(text)
+        _, keys = ours.forward(ids, ours.new_cache())
+        _, last = ours.forward(ids, ours.new_cache(), last=3)
+        packed = ours.encode_passages([ids[:5], ids])[1]
+        _, after_prefix = ours.forward(ours.passage_prefix + ids[:-1], ours.new_cache())
+    finally:
+        ours.close()
+    torch_keys = {}
+    for s in ("ffn_input", "final_norm"):
+        hf = HFLanguageModel.from_default(dtype="fp32", key_source=s)
+        torch_keys[s] = hf.forward(ids, hf.new_cache())[1].float()
+
+    def cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1)
+
+    other = "final_norm" if source == "ffn_input" else "ffn_input"
+    assert keys.shape == (len(ids), ours.key_dim)
+    assert cos(keys, torch_keys[source]).min() > 0.995
+    assert (cos(keys, torch_keys[source]) > cos(keys, torch_keys[other])).all()
+    assert torch.allclose(last, keys[-3:], atol=1e-3)
+    n = len(ours.passage_prefix)
+    assert torch.allclose(torch.as_tensor(packed), after_prefix[n - 1:], atol=1e-3)
+
+
+def test_an_unknown_key_source_on_llama_cpp_is_a_clear_error():
+    with pytest.raises(ValueError, match="key_source='block_input' is not available"):
+        LlamaCppLanguageModel.from_default(threads=1, key_source="block_input")
+
+
 def test_encode_passages_equals_forward_after_the_prefix(lm):
     """Passage keys (several passages packed in one decode) equal the keys of a forward over
     the passage prefix and the passage, within float noise."""

@@ -287,15 +287,28 @@ def thread_count(threads: int | None = None) -> int:
     return int(threads)
 
 
+#: The count ``configure_threads`` last set (None: never called in this process).
+_CONFIGURED: int | None = None
+
+
 def configure_threads(threads: int | None = None) -> int:
-    """Set torch's intra-op thread count (``thread_count``) and return it."""
+    """Set torch's intra-op thread count (``thread_count``) and return it; the llama.cpp
+    backend's default thereafter (``configured_threads``)."""
     import torch
 
-    n = thread_count(threads)
+    global _CONFIGURED
+    n = _CONFIGURED = thread_count(threads)
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
     LOG.info("torch threads: %d", n)
     return n
+
+
+def configured_threads() -> int:
+    """Threads for a backend that keeps its own pool (llama.cpp): the count
+    ``configure_threads`` set (the CLI's ``--threads``), else ``thread_count()``
+    (``$NEST_THREADS``, ``$OMP_NUM_THREADS``, the physical cores), never torch's own default."""
+    return _CONFIGURED if _CONFIGURED is not None else thread_count()
 
 
 # --------------------------------------------------------------------------------- CLI

@@ -67,8 +67,12 @@ LOG = logging.getLogger(__name__)
 
 #: The backend's name in ``EngineSpec(backend=...)``, ``--backend`` and fingerprints.
 BACKEND = "llama.cpp"
-#: The only key source: llama.cpp's embeddings output (the final norm's output).
+#: The default key source: llama.cpp's embeddings output (the final norm's output).
 KEY_SOURCE = "final_norm"
+#: Key sources and the llama.cpp graph tensor each reads (None: the embeddings output):
+#: ``"ffn_input"`` is the paper's key, the last layer's pre-FFN norm output (``ffn_norm-<L>``
+#: in llama.cpp's graph, copied out by its eval callback: ``llama_cpp_runtime.KeyCapture``).
+KEY_LAYERS = {"final_norm": None, "ffn_input": "ffn_norm"}
 #: The embedded model's quantisation on llama.cpp, chosen by measurement (``docs/llama_cpp.md``,
 #: AMD EPYC, one thread): the shipped Q4_1 requantised to Q8_0 once (0.6 s, 138 MB in
 #: ``$NEST_HOME/models/gguf``) prefills 2.2x faster (llama.cpp's tiled matmul has Q8_0 and Q4_0
@@ -122,9 +126,11 @@ class LlamaCppLanguageModel:
         name=...)`` with a loaded ``LlamaCppRuntime`` (no I/O).
 
     Keys:
-        ``key_source = "final_norm"`` (llama.cpp's embeddings with ``pooling_type=NONE``). The
-        fingerprint names the backend and the quantisation: key stores, datastores and cost
-        curves of the torch backend (or another GGUF) are not mixed with these.
+        ``key_source="final_norm"`` (default: llama.cpp's embeddings with
+        ``pooling_type=NONE``) or ``"ffn_input"`` (the paper's key, through llama.cpp's eval
+        callback; ``KEY_LAYERS``). The fingerprint names the backend and the quantisation: key
+        stores, datastores and cost curves of the torch backend (or another GGUF) are not mixed
+        with these; a store also records its key source.
     """
 
     backend = BACKEND
@@ -134,7 +140,7 @@ class LlamaCppLanguageModel:
     def __init__(self, runtime: LlamaCppRuntime, *, name: str) -> None:
         self.runtime = runtime
         self.name = name
-        self.key_source = KEY_SOURCE
+        self.key_source = "ffn_input" if runtime.capture is not None else KEY_SOURCE
         self.device = torch.device("cpu")
         #: the GGUF's weight type (``"Q4_1"``): a cost curve's and a key store's label
         self.quantization = runtime.quantization
@@ -151,24 +157,34 @@ class LlamaCppLanguageModel:
     @classmethod
     def from_gguf(
         cls, path: str | os.PathLike[str], *, threads: int | None = None,
-        n_ctx: int | None = None, name: str | None = None,
+        n_ctx: int | None = None, name: str | None = None, key_source: str = KEY_SOURCE,
     ) -> "LlamaCppLanguageModel":
         """Load a GGUF file.
 
         Args:
             path: the ``.gguf`` file.
-            threads: llama.cpp threads (default: torch's, ``torch.get_num_threads()``, which
-                ``--threads`` / ``$NEST_THREADS`` set through ``lm.backend.configure_threads``).
+            threads: llama.cpp threads (default ``lm.backend.configured_threads()``: the CLI's
+                ``--threads``, else ``$NEST_THREADS``, else the physical cores).
             n_ctx: KV cells shared by all live caches (default: the model's training context).
             name: the model's name (default: the file name without ``.gguf``).
+            key_source: ``"final_norm"`` or ``"ffn_input"`` (``KEY_LAYERS``).
         """
+        if key_source not in KEY_LAYERS:
+            raise ValueError(f"key_source={key_source!r} is not available on the llama.cpp "
+                             f"backend: one of {', '.join(map(repr, KEY_LAYERS))}; use "
+                             "backend='torch' for other layers")
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file {path} does not exist")
         if threads is not None and int(threads) < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
-        threads = int(threads) if threads is not None else torch.get_num_threads()
-        runtime = LlamaCppRuntime.load(path, threads=threads, n_ctx=n_ctx)
+        if threads is None:
+            from nest_integrations.lm.backend import configured_threads
+
+            threads = configured_threads()
+        threads = int(threads)
+        runtime = LlamaCppRuntime.load(path, threads=threads, n_ctx=n_ctx,
+                                       key_layer=KEY_LAYERS[key_source])
         return cls(runtime, name=name or path.name.removesuffix(".gguf"))
 
     @classmethod
@@ -602,6 +618,7 @@ def resolve_gguf(model: str | None) -> tuple[Path, str | None]:
 __all__ = [
     "BACKEND",
     "DEFAULT_QUANT",
+    "KEY_LAYERS",
     "KEY_SOURCE",
     "KNN_SSD_UNSUPPORTED",
     "QUANT_TYPES",

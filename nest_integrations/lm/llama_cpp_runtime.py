@@ -8,6 +8,11 @@ llama-cpp-python's low-level API (``llama_cpp.llama_decode`` and friends; no C o
   tags cells (``llama_memory_seq_cp``);
 - ``embeddings=True`` with ``pooling_type=NONE``: when on (``llama_set_embeddings``), a decode
   returns every row's final-norm state beside its logits, and llama.cpp then outputs every row;
+- with ``key_layer="ffn_norm"`` (the last layer's pre-FFN norm output, ``ffn_norm-<L>``: the
+  paper's key), llama.cpp's eval callback (``cb_eval``) copies that tensor's rows out of a
+  decode that wants keys instead (``KeyCapture``; every row of such a decode is an output, so
+  the tensor holds every row). The callback runs in Python for every graph node of every
+  decode of that context (its cost: ``benchmarks/results/key_source.md``);
 - flash attention on and llama.cpp's extra weight buffers (AMX, repacked layouts) off: with
   them, row i of a T-token decode (T < 64) equals a one-token step bit for bit
   (``docs/llama_cpp.md``);
@@ -73,11 +78,65 @@ def _init(lib: Any) -> None:
         _initialised = True
 
 
+# ``struct ggml_tensor`` (ggml.h) offsets on 64-bit platforms: type, ne[4], nb[4], data, name.
+_T_TYPE, _T_NE, _T_NB, _T_DATA, _T_NAME = 0, 16, 48, 248, 256
+_GGML_TYPE_F32 = 0
+
+
+class KeyCapture:
+    """llama.cpp's eval callback (``cb_eval``): while ``on``, asks the scheduler for the tensor
+    named ``name`` and copies its rows (``(rows, n_embd)`` fp32) into ``rows`` after each graph
+    computes it; off, it asks for nothing (the scheduler then computes the graph in one piece)."""
+
+    def __init__(self, lib: Any, name: str, width: int) -> None:
+        self.name, self.width = name.encode(), width
+        self.on = False
+        self.rows: list[np.ndarray] = []
+        self.error: str | None = None
+        self.fn = lib.ggml_backend_sched_eval_callback(self._call)
+
+    def _call(self, t: int, ask: bool, _user: Any) -> bool:
+        if not self.on:
+            return False  # an ask: nothing needed (no after-call follows a False)
+        if ctypes.string_at(t + _T_NAME) != self.name:
+            return not ask  # an ask: not this one; after a compute: go on
+        if ask:
+            return True
+        ne = (ctypes.c_int64 * 4).from_address(t + _T_NE)
+        nb1 = ctypes.c_size_t.from_address(t + _T_NB + 8).value
+        kind = ctypes.c_int32.from_address(t + _T_TYPE).value
+        if kind != _GGML_TYPE_F32 or ne[0] != self.width or nb1 != 4 * self.width:
+            # raising here would only be printed by ctypes (and a False stops the graph): keep
+            # the reason for ``take``, and let the decode finish
+            self.error = (f"llama.cpp tensor {self.name.decode()} is not a contiguous fp32 "
+                          f"(rows, {self.width}) matrix (type {kind}, ne {list(ne)})")
+            return True
+        data = ctypes.c_void_p.from_address(t + _T_DATA).value
+        rows = (ctypes.c_float * (ne[0] * ne[1])).from_address(data)
+        self.rows.append(np.ctypeslib.as_array(rows).reshape(ne[1], ne[0]).copy())
+        return True
+
+    def take(self, n: int) -> np.ndarray:
+        """The rows captured since the last ``take`` (``n`` expected)."""
+        rows, self.rows = _stack(self.rows, self.width), []
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise RuntimeError(error)
+        if len(rows) != n:
+            raise RuntimeError(f"llama.cpp's graph gave {len(rows)} rows of "
+                               f"{self.name.decode()} for {n} outputs: this model's graph does "
+                               "not name its key tensor so; use key_source='final_norm'")
+        return rows
+
+
 class LlamaCppRuntime:
     """A loaded GGUF model and its context (``load`` does the I/O; see the module docstring)."""
 
-    def __init__(self, lib: Any, model: Any, ctx: Any, *, path: Path, threads: int) -> None:
+    def __init__(self, lib: Any, model: Any, ctx: Any, *, path: Path, threads: int,
+                 capture: KeyCapture | None = None) -> None:
         self.lib, self.model, self.ctx, self.path, self.threads = lib, model, ctx, path, threads
+        #: copies the key tensor out of a decode (None: keys are the embeddings output)
+        self.capture = capture
         self.vocab = lib.llama_model_get_vocab(model)
         self.mem = lib.llama_get_memory(ctx)
         self.n_embd = int(lib.llama_model_n_embd(model))
@@ -102,7 +161,9 @@ class LlamaCppRuntime:
 
     @classmethod
     def load(cls, path: Path, *, threads: int, n_ctx: int | None = None,
-             flash_attn: bool = True) -> "LlamaCppRuntime":  # fmt: skip
+             flash_attn: bool = True, key_layer: str | None = None) -> "LlamaCppRuntime":
+        """Open ``path``. ``key_layer``: None (keys are the final norm's output) or
+        ``"ffn_norm"`` (keys are the last layer's ``ffn_norm`` tensor, through ``KeyCapture``)."""
         lib = llama_cpp_module()
         _init(lib)
         mparams = lib.llama_model_default_params()
@@ -123,11 +184,16 @@ class LlamaCppRuntime:
         cparams.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                                    else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         cparams.no_perf = True
+        capture = None
+        if key_layer is not None:
+            last = int(lib.llama_model_n_layer(model)) - 1
+            capture = KeyCapture(lib, f"{key_layer}-{last}", int(lib.llama_model_n_embd(model)))
+            cparams.cb_eval = capture.fn
         ctx = lib.llama_init_from_model(model, cparams)
         if not ctx:
             lib.llama_model_free(model)
             raise RuntimeError(f"llama.cpp could not create a context for {path}")
-        runtime = cls(lib, model, ctx, path=path, threads=int(threads))
+        runtime = cls(lib, model, ctx, path=path, threads=int(threads), capture=capture)
         LOG.info("llama.cpp: loaded %s (%s, %d threads, flash attention %s)", path.name,
                  runtime.quantization, threads, "on" if flash_attn else "off")
         return runtime
@@ -214,7 +280,8 @@ class LlamaCppRuntime:
         """
         self._check_open()
         lib, batch, n = self.lib, self.batch, len(tokens)
-        self._set_embeddings(keys)
+        capture = self.capture if keys else None
+        self._set_embeddings(keys and capture is None)
         self._set_step_threads()
         first_out = 0 if keys else n - logits_last
         logits, states = [], []
@@ -231,7 +298,13 @@ class LlamaCppRuntime:
                 batch.logits[j] = i >= first_out
                 n_out += i >= first_out
             batch.n_tokens = b - a
-            rc = lib.llama_decode(self.ctx, batch)
+            if capture is not None:
+                capture.rows, capture.on = [], True
+            try:
+                rc = lib.llama_decode(self.ctx, batch)
+            finally:
+                if capture is not None:
+                    capture.on = False
             if rc != 0:
                 raise RuntimeError(f"llama_decode failed ({rc}"
                                    f"{': no free KV cells' if rc == 1 else ''}) for {b - a} "
@@ -239,7 +312,9 @@ class LlamaCppRuntime:
             if n_out and want_logits:
                 ptr = lib.llama_get_logits(self.ctx)
                 logits.append(np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)).copy())
-            if n_out and keys:
+            if capture is not None:
+                states.append(capture.take(n_out))
+            elif n_out and keys:
                 ptr = lib.llama_get_embeddings(self.ctx)
                 states.append(np.ctypeslib.as_array(ptr, shape=(n_out, self.n_embd)).copy())
         return _stack(logits, self.n_vocab), _stack(states, self.n_embd)
