@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -35,7 +35,8 @@ from nest_integrations.lm.hf import HFLanguageModel
 def topk(q: torch.Tensor, mem: torch.Tensor, r: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Squared L2 distances (fp32, as ``TokenMemory.search``) and indices of the top r."""
     dist = (q * q).sum(-1, keepdim=True) + (mem * mem).sum(-1)[None] - 2.0 * (q @ mem.T)
-    top = torch.topk(dist.clamp_min(0.0), r, dim=-1, largest=False, sorted=True)
+    top = torch.topk(dist.clamp_min(0.0), min(r, mem.shape[0]), dim=-1, largest=False,
+                     sorted=True)
     return top.values, top.indices
 
 
@@ -43,6 +44,20 @@ def recall(a: torch.Tensor, b: torch.Tensor) -> float:
     """Mean |a_i & b_i| / r over rows of two (T, r) index sets."""
     return float(np.mean([len(set(x.tolist()) & set(y.tolist())) / a.shape[1]
                           for x, y in zip(a, b)]))
+
+
+def memory_and_queries(lm: Any, texts: list[str], memory_tokens: int, query_texts: int
+                       ) -> tuple[list[list[int]], int, list[list[int]]]:
+    """(memory passages: the first texts up to ``memory_tokens`` tokens, their token count,
+    queries: the last ``query_texts`` texts), as token ids of ``lm``."""
+    passages, n = [], 0
+    for text in texts[:-query_texts]:
+        ids = lm.tokenize(text)
+        if n + len(ids) > memory_tokens:
+            break
+        passages.append(ids)
+        n += len(ids)
+    return passages, n, [lm.tokenize(t) for t in texts[-query_texts:]]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,14 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     texts = [json.loads(line)["text"] for line in open(SAMPLE, encoding="utf-8")]
     lms = {name: HFLanguageModel.from_default(dtype=name) for name in ("fp32", "bf16")}
     lm32 = lms["fp32"]
-    passages, n = [], 0
-    for text in texts[: -args.query_texts]:
-        ids = lm32.tokenize(text)
-        if n + len(ids) > args.memory_tokens:
-            break
-        passages.append(ids)
-        n += len(ids)
-    queries = [lm32.tokenize(t) for t in texts[-args.query_texts:]]
+    passages, n, queries = memory_and_queries(lm32, texts, args.memory_tokens, args.query_texts)
     mem, qs, secs = {}, {}, {}
     for name, lm in lms.items():
         lm.encode_passages(passages[:4])  # warm-up

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from benchmarks import harness
-from benchmarks.bf16_keys import recall, topk
+from benchmarks.bf16_keys import memory_and_queries, recall, topk
 from benchmarks.harness.prompts import SAMPLE_LEADS as SAMPLE
 from nest_integrations.config import NestConfig
 from nest_integrations.core.mixture import knn_weights, rrc_ratio, rrc_weight
@@ -127,14 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             lm = load(backend_name, source, args.dtype)
             if lm is None:
                 break
-            passages, n = [], 0
-            for text in texts[: -args.query_texts]:
-                ids = lm.tokenize(text)
-                if n + len(ids) > args.memory_tokens:
-                    break
-                passages.append(ids)
-                n += len(ids)
-            queries = [lm.tokenize(t) for t in texts[-args.query_texts:]]
+            passages, n, queries = memory_and_queries(lm, texts, args.memory_tokens,
+                                                      args.query_texts)
             res[(backend_name, source)] = measure(lm, passages, queries, cfg, r)
             if backend_name == "llama.cpp":
                 llama[source] = lm
