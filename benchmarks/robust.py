@@ -24,9 +24,11 @@ citation, ROUGE-L and degenerate answers for open-ended prompts, tokens per seco
 
     python -m benchmarks.quality --set robust --split dev --sets entities,open \\
         --n-closed 24 --n-open 16 --systems rag,default,default@first --stem robust_dev
-    python -m benchmarks.quality --set robust --split dev --systems default,llama.cpp:default \
+    python -m benchmarks.quality --set robust --split dev --systems default,llama.cpp:default \\
         --reference default --stem robust_dev_llama_cpp
-    python -m benchmarks.quality --set robust --split dev --systems default,default~final_norm \
+    python -m benchmarks.quality --set robust --split test --sets entities,open,completions \\
+        --systems default,llama.cpp:default --reference default --stem robust_test_llama_cpp
+    python -m benchmarks.quality --set robust --split dev --systems default,default~final_norm \\
         --reference default --stem robust_dev_keys
     python -m benchmarks.quality --set robust --split test \\
         --sets entities,open,completions,profiles,faq,fr-es --stem robust_test

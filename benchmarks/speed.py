@@ -72,6 +72,9 @@ ROWS: dict[str, Row] = {r.name: r for r in (
         engine="peer", backend="llama.cpp", reference="hf-greedy"),
     Row("llama.cpp+psg", f"llama.cpp greedy, {_PSG} (llama.cpp RAG)", engine="peer",
         backend="llama.cpp", retrieve=True),
+    Row("llama.cpp+rag", "llama.cpp greedy, RAG's prompt (the top 3 retrieved passages, as "
+        "`rag` in the quality benchmarks)", engine="peer", backend="llama.cpp", retrieve=True,
+        prompt="rag"),
     Row("llama.cpp-lookup+psg", f"llama.cpp's own prompt lookup, {_PSG}", "prompt-lookup",
         engine="peer", backend="llama.cpp", retrieve=True, reference="llama.cpp+psg",
         lossless=True),
@@ -121,6 +124,13 @@ ROWS: dict[str, Row] = {r.name: r for r in (
         lossless=True),
     Row("llama.cpp:grounded", "`grounded` (the default) on llama.cpp", None,
         backend="llama.cpp", retrieve=True, reference="llama.cpp+psg"),
+    # NEST's span length on llama.cpp (8 is `backend_config`'s since the cap)
+    Row("llama.cpp:grounded-s16", "`grounded` on llama.cpp, max_span 16", None,
+        backend="llama.cpp", retrieve=True, reference="llama.cpp+psg",
+        config=(("max_span", 16),)),
+    Row("llama.cpp:grounded-s8", "`grounded` on llama.cpp, max_span 8", None,
+        backend="llama.cpp", retrieve=True, reference="llama.cpp+psg",
+        config=(("max_span", 8),)),
 )}
 #: ``--rows`` shorthands.
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -135,7 +145,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "presets": ("grounded", "paper", "paper-ra", "nest-lossless"),
     # issue 35: llama.cpp's own decoding, ours on llama.cpp, and the torch rows they must beat
     "llama.cpp": ("rag-greedy", "greedy", "rag-copy", "grounded", "llama.cpp", "llama.cpp+psg",
-                  "llama.cpp-lookup+psg", "llama.cpp:greedy", "llama.cpp:prompt-lookup+psg",
+                  "llama.cpp+rag", "llama.cpp-lookup+psg", "llama.cpp:greedy", "llama.cpp:prompt-lookup+psg",
                   "llama.cpp:rag-copy", "llama.cpp:rag-copy+cost", "llama.cpp:dresd",
                   "llama.cpp:grounded"),
 }
@@ -350,6 +360,11 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         at = f"@{sfx}" if sfx else ""
         add(f"`llama.cpp:grounded{at}` >= 1.3x llama.cpp greedy RAG on grounded QA (qa)",
             get(qa, f"llama.cpp:grounded{at}", "vs_ref"), 1.3)
+        if f"llama.cpp+rag{at}" in systems:  # the same target against RAG's own prompt
+            add(f"`llama.cpp:grounded{at}` >= 1.3x llama.cpp greedy RAG on grounded QA (qa; "
+                "RAG's own prompt: the top 3 passages)",
+                ratio(get(qa, f"llama.cpp:grounded{at}", "tokens_per_s"),
+                      get(qa, f"llama.cpp+rag{at}", "tokens_per_s")), 1.3)
         add(f"`llama.cpp:grounded{at}` >= 2.5x our torch `grounded` on grounded QA (qa)",
             ratio(get(qa, f"llama.cpp:grounded{at}", "tokens_per_s"),
                   get(qa, "grounded", "tokens_per_s")), 2.5)

@@ -46,6 +46,8 @@ def test_a_row_names_a_known_engine_backend_and_weights():
         Row("x", "x", backend="onnx")
     with pytest.raises(ValueError, match="threads"):
         Row("x", "x", threads=0)
+    with pytest.raises(ValueError, match="prompt must be one of"):
+        Row("x", "x", prompt="top-3")
 
 
 def test_a_new_backend_is_one_registered_runner(monkeypatch):
@@ -191,9 +193,11 @@ def test_llama_cpp_rows_and_targets(records):
                                       r["llama.cpp+psg"]["seconds"] / (2 if fast else 0.8),
                                       [3, 4], verify_steps=1, accepted=3, forwards=5)
         r["llama.cpp:grounded"] = run(10 if fast else 20, 0.25 if fast else 4.0, [3, 5])
+        r["llama.cpp+rag"] = run(10, 0.5, [3, 6])  # RAG's own prompt: 20/s
     res = result_of(records)
     res["systems"] = {n: speed.vars_of(r) for n, r in speed.resolve_rows(
-        ["greedy", "grounded", "llama.cpp:rag-copy", "llama.cpp:grounded"]).items()}
+        ["greedy", "grounded", "llama.cpp:rag-copy", "llama.cpp:grounded",
+         "llama.cpp+rag"]).items()}
     t = {x["target"]: x for x in speed.derive(res)["targets"]}
     worst = t["`llama.cpp:rag-copy` >= 1.0x llama.cpp greedy on every set (vs `llama.cpp+psg`; "
               "worst: held-out)"]
@@ -207,6 +211,10 @@ def test_llama_cpp_rows_and_targets(records):
         "measured"] == pytest.approx(2.0)
     assert t["`llama.cpp:grounded` >= 1.3x llama.cpp greedy RAG on grounded QA (qa)"][
         "measured"] == pytest.approx(4.0)
+    assert t["`llama.cpp:grounded` >= 1.3x llama.cpp greedy RAG on grounded QA (qa; RAG's own "
+             "prompt: the top 3 passages)"]["measured"] == pytest.approx(2.0)
+    assert speed.ROWS["llama.cpp+rag"].prompt == "rag" and speed.ROWS["llama.cpp+psg"].prompt \
+        == "policy"
     assert t["`llama.cpp:prompt-lookup+psg` >= 1.2x llama.cpp greedy RAG on grounded QA (qa)"][
         "met"] is None  # not run
     assert "| ours on llama.cpp: `rag-copy`, the policy's RA passages in prompt |" in speed.markdown(res)

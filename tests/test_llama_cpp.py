@@ -706,12 +706,15 @@ def test_speed_only_drafters_plan_with_the_cached_curve_on_llama_cpp(
 
 
 def test_engine_spec_backend_switch_and_refusals():
-    """``EngineSpec(backend="llama.cpp")`` takes the preset's key source to final_norm and its
-    look-ahead off (a multi-token pass costs about a step per token there), and refuses what
-    llama.cpp cannot run, naming why."""
+    """``EngineSpec(backend="llama.cpp")`` takes the preset's key source to final_norm, its
+    look-ahead off and its spans to 8 tokens (a multi-token pass costs about a step per token
+    there), and refuses what llama.cpp cannot run, naming why."""
     spec = assembly.EngineSpec(backend="llama.cpp")
     assert spec.backend == "llama.cpp" and spec.config.key_source == "final_norm"
     assert spec.config.lookahead == 0 < NestConfig.from_preset("grounded").lookahead
+    assert spec.config.max_span == 8 < NestConfig.from_preset("grounded").max_span
+    kept = assembly.EngineSpec(backend="llama.cpp", config=NestConfig(max_span=16))
+    assert kept.config.max_span == 16  # an explicit span length is the user's
     assert assembly.EngineSpec(backend="llamacpp").backend == "llama.cpp"
     assert assembly.EngineSpec().backend == "torch"
     assert assembly.EngineSpec().config.key_source == "ffn_input"

@@ -33,6 +33,7 @@ from benchmarks.harness.prompts import messages
 ENGINES = ("nest", "peer")
 BACKENDS = ("torch", "llama.cpp")
 WEIGHTS = ("engine", "transformers")
+PROMPTS = ("policy", "rag")
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,10 @@ class Row:
             in-domain DReSD datastore.
         weights: torch peers only: ``"engine"`` (our model object: prepacked bf16 linears,
             row-wise verify attention) or ``"transformers"`` (as transformers loads it).
+        prompt: which RA passages a retrieving peer reads: ``"policy"`` (the answer policy's,
+            ``engine.plan``: the prompt our RA rows decode from) or ``"rag"`` (a plain
+            ``AnswerPolicy()``'s: the top ``ra_passages`` retrieved, the quality benchmarks'
+            ``rag`` system).
         reference: the row whose outputs this one's are compared with.
         lossless: equal to greedy decoding of the same model, prompt and dtype by construction
             (these and ``greedy`` rows run without the policy's repeat guard, which would cut
@@ -77,11 +82,13 @@ class Row:
     config: tuple[tuple[str, Any], ...] = ()
     options: tuple[tuple[str, Any], ...] = ()
     weights: str = "engine"
+    prompt: str = "policy"
     reference: str | None = None
     lossless: bool = False
 
     def __post_init__(self) -> None:
-        for name, allowed in (("engine", ENGINES), ("backend", BACKENDS), ("weights", WEIGHTS)):
+        for name, allowed in (("engine", ENGINES), ("backend", BACKENDS), ("weights", WEIGHTS),
+                              ("prompt", PROMPTS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Row {self.name!r}: {name} must be one of {allowed}, "
                                  f"not {getattr(self, name)!r}")
@@ -307,9 +314,11 @@ def peer_prompt_ids(parts: Parts, row: Row, q: dict[str, Any], engine: Any = Non
                     ) -> tuple[list[int], float]:
     """(prompt ids as our engine builds them, seconds): when the row retrieves, with the RA
     passages the engine's answer policy puts in the prompt (``engine.plan``: the same prompt
-    our RA rows decode from; retrieval and planning timed, as our RA methods' times include
-    them). ``engine``: whose tokenizer, retriever and policy (default: the torch engine's)."""
+    our RA rows decode from), or with ``row.prompt == "rag"`` a plain ``AnswerPolicy()``'s
+    (retrieval and planning timed, as our RA methods' times include them). ``engine``: whose
+    tokenizer, retriever and policy (default: the torch engine's)."""
     from nest_integrations.decoding.prompts import query_of
+    from nest_integrations.policy import AnswerPolicy
 
     engine = engine or parts.engine()
     p = messages(q)
@@ -318,7 +327,8 @@ def peer_prompt_ids(parts: Parts, row: Row, q: dict[str, Any], engine: Any = Non
     if row.retrieve:
         question = query_of(p)
         passages = engine.retrieve(question, engine.config.n_passages)
-        ra = engine.plan(question, passages).prompt_passages
+        policy = AnswerPolicy() if row.prompt == "rag" else None
+        ra = engine.plan(question, passages, policy=policy).prompt_passages
     ids = engine.prompt_ids(p, ra)
     return ids, time.perf_counter() - t0
 
