@@ -409,7 +409,6 @@ def test_a_closed_model_raises_instead_of_crashing():
             call()
 
 
-
 def test_threads_default_to_nest_threads_not_torchs(monkeypatch):
     """Without ``threads=``, llama.cpp runs on ``$NEST_THREADS`` (then on the CLI's
     ``--threads`` once ``configure_threads`` ran), not on torch's thread count, which a script
@@ -429,6 +428,7 @@ def test_threads_default_to_nest_threads_not_torchs(monkeypatch):
         model.close()
     finally:
         torch.set_num_threads(before)
+
 
 @pytest.mark.parametrize("source", ["ffn_input", "final_norm"])
 def test_keys_are_the_torch_backends_keys_of_the_same_layer(source):

@@ -140,7 +140,8 @@ class LlamaCppLanguageModel:
     def __init__(self, runtime: LlamaCppRuntime, *, name: str) -> None:
         self.runtime = runtime
         self.name = name
-        self.key_source = "ffn_input" if runtime.capture is not None else KEY_SOURCE
+        layer = runtime.capture.layer if runtime.capture is not None else None
+        self.key_source = next(k for k, v in KEY_LAYERS.items() if v == layer)
         self.device = torch.device("cpu")
         #: the GGUF's weight type (``"Q4_1"``): a cost curve's and a key store's label
         self.quantization = runtime.quantization

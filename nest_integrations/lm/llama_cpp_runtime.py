@@ -88,8 +88,9 @@ class KeyCapture:
     named ``name`` and copies its rows (``(rows, n_embd)`` fp32) into ``rows`` after each graph
     computes it; off, it asks for nothing (the scheduler then computes the graph in one piece)."""
 
-    def __init__(self, lib: Any, name: str, width: int) -> None:
-        self.name, self.width = name.encode(), width
+    def __init__(self, lib: Any, layer: str, index: int, width: int) -> None:
+        self.layer = layer  #: the tensor's name in every layer (``"ffn_norm"``)
+        self.name, self.width = f"{layer}-{index}".encode(), width
         self.on = False
         self.rows: list[np.ndarray] = []
         self.error: str | None = None
@@ -187,7 +188,7 @@ class LlamaCppRuntime:
         capture = None
         if key_layer is not None:
             last = int(lib.llama_model_n_layer(model)) - 1
-            capture = KeyCapture(lib, f"{key_layer}-{last}", int(lib.llama_model_n_embd(model)))
+            capture = KeyCapture(lib, key_layer, last, int(lib.llama_model_n_embd(model)))
             cparams.cb_eval = capture.fn
         ctx = lib.llama_init_from_model(model, cparams)
         if not ctx:
