@@ -116,9 +116,9 @@ ROWS: dict[str, Row] = {r.name: r for r in (
         lossless=True),
     Row("llama.cpp:rag-copy", f"ours on llama.cpp: `rag-copy`, {_PSG}", "rag-copy",
         backend="llama.cpp", retrieve=True, reference="llama.cpp+psg", lossless=True),
-    Row("llama.cpp:rag-copy+cost", f"ours on llama.cpp: `rag-copy`, {_PSG}, cost-model "
-        "draft lengths", "rag-copy", backend="llama.cpp", retrieve=True,
-        options=(("cost_model", "auto"),), reference="llama.cpp+psg", lossless=True),
+    Row("llama.cpp:rag-copy-fixed", f"ours on llama.cpp: `rag-copy`, {_PSG}, fixed-rule "
+        "drafts (`cost_model=\"off\"`)", "rag-copy", backend="llama.cpp", retrieve=True,
+        options=(("cost_model", "off"),), reference="llama.cpp+psg", lossless=True),
     Row("llama.cpp:dresd", "ours on llama.cpp: `dresd` (in-domain datastore)", "dresd",
         backend="llama.cpp", options=(("datastore", "in-domain"),), reference="llama.cpp",
         lossless=True),
@@ -146,7 +146,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # issue 35: llama.cpp's own decoding, ours on llama.cpp, and the torch rows they must beat
     "llama.cpp": ("rag-greedy", "greedy", "rag-copy", "grounded", "llama.cpp", "llama.cpp+psg",
                   "llama.cpp+rag", "llama.cpp-lookup+psg", "llama.cpp:greedy", "llama.cpp:prompt-lookup+psg",
-                  "llama.cpp:rag-copy", "llama.cpp:rag-copy+cost", "llama.cpp:dresd",
+                  "llama.cpp:rag-copy", "llama.cpp:rag-copy-fixed", "llama.cpp:dresd",
                   "llama.cpp:grounded"),
 }
 PROFILE_PARTS = ("retrieval", "keys", "prefill", "verify", "knn", "draft", "other")

@@ -274,3 +274,23 @@ def test_raw_records_are_read_plain_or_gzipped(tmp_path):
     assert harness.read_jsonl(tmp_path / "r.jsonl") == rows  # only the .gz exists
     (tmp_path / "p.jsonl").write_text(text)
     assert harness.read_jsonl(tmp_path / "p.jsonl") == rows
+
+
+def test_an_engine_in_a_second_dtype_keeps_the_default_engine_s_policy(tiny_lm, monkeypatch):
+    """``grounded@fp32`` must be the default in fp32: the same answer policy (rag-copy for chat
+    questions), not a bare engine's NEST."""
+    from nest_integrations import NestEngine
+    from nest_integrations.config import NestConfig
+    from nest_integrations.index.in_memory_store import InMemoryKeyStore
+    from nest_integrations.policy.answer import AnswerPolicy
+
+    parts = systems.Parts("bf16", 1)
+    first = NestEngine(tiny_lm, None, InMemoryKeyStore(),
+                       NestConfig(key_source=tiny_lm.key_source),
+                       policy=AnswerPolicy.from_preset("grounded"), string_prompts="chat")
+    parts._engines["bf16"] = first
+    monkeypatch.setattr(parts, "lm", lambda dtype=None, weights="engine": tiny_lm)
+    other = parts.engine("fp32")
+    assert other is not first and other.policy == first.policy
+    assert other.policy.method().name == "rag-copy"
+    assert other.string_prompts == first.string_prompts

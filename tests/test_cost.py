@@ -118,3 +118,35 @@ def test_measure_curve_shape(tiny_lm):
     curve = cost.measure_curve(tiny_lm, tokens=(1, 3), repeats=1, context=16)
     assert curve.tokens == (1, 3) and all(s > 0 for s in curve.seconds)
     assert curve.meta["model"] == tiny_lm.fingerprint and curve.meta["context"] == 16
+
+
+def test_plain_steps_feed_the_planner_so_copying_resumes_drafts():
+    """A copy drafter whose planner skipped drafting still learns from plain steps: each
+    committed token that equals the draft it would have made counts as accepted, a different
+    one as a rejection, so a long verbatim copy turns drafting back on and a miss turns it off."""
+    from nest_integrations.config import NestConfig
+    from nest_integrations.drafters.base import DecodeState
+    from nest_integrations.drafters.prompt_lookup import PromptLookupDrafter
+
+    drafter = PromptLookupDrafter(max_ngram=2, min_ngram=1, num_tokens=8)
+    steep = CostCurve.from_ratios([1.0, 2.7, 3.0, 3.4, 3.9, 4.3, 4.7, 5.1, 5.5, 5.9])
+    drafter.planner = DraftPlanner(steep, max_len=8)
+    drafter.num_tokens = drafter.planner.length()
+    assert drafter.num_tokens == 0  # the prior's acceptance does not pay on this curve
+    text = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
+    state = DecodeState(prompt_ids=text + [99], out_ids=[5], budget=50, config=NestConfig(),
+                        eos=frozenset(), passages=[], offsets=[], lm=None, cache=None,
+                        choose_token=lambda row: 0)
+    plain = 0
+    for tok in text[1:]:  # the output copies the prompt's text token by token
+        if drafter.num_tokens > 0:
+            break
+        assert drafter.propose(state) is None  # no draft: a plain step
+        assert drafter.cite(state, tok) is None  # prompt lookup has no passage to cite
+        state.out_ids.append(tok)
+        plain += 1
+    assert 1 < plain < len(text) - 1 and drafter.num_tokens > 0, plain
+    assert drafter.propose(state).tokens[0] == text[plain + 1]  # drafting the copy again
+    before = drafter.planner.alpha
+    drafter.cite(state, 1234)  # the model leaves the copy
+    assert drafter.planner.alpha < before

@@ -538,7 +538,7 @@ def oracle_cases(lm: Any, llm: Any, tok: Any, questions: list[str], n: int, root
             "prompt-lookup": [Case("prompt-lookup", [{"role": "user", "content": q2}],
                                    chat_ids(llm, tok, q2), options={"cost_model": "off"})],
             "rag-copy": [Case("rag-copy", msgs, chat_ids(llm, tok, q, passages),
-                              passages=passages)],
+                              passages=passages, options={"cost_model": "off"})],
             "rest": [Case("rest", msgs, i, options={**store, "shape": "chain"})],
             "rest-tree": [Case("rest-tree", msgs, i, options={**store, "shape": "tree"})],
             # every draft verified (no cost model, no score floor): the oracle sees rejections
@@ -673,10 +673,11 @@ def test_cost_curve_and_planned_drafts_on_llama_cpp(lm, llama, hf_tokenizer, tmp
     assert drafted["steep"] == 0 < drafted["flat"]
 
 
-@pytest.mark.parametrize("label", ("dresd", "prompt-lookup"))
-def test_speed_only_drafters_plan_with_the_cached_curve_on_llama_cpp(
+@pytest.mark.parametrize("label", ("dresd", "prompt-lookup", "rag-copy"))
+def test_drafters_plan_with_the_cached_curve_on_llama_cpp(
         lm, llama, hf_tokenizer, tmp_path, monkeypatch, label):
-    """DReSD's and prompt lookup's ``cost_model`` defaults to the measured curve on llama.cpp:
+    """DReSD's, prompt lookup's and rag-copy's ``cost_model`` defaults to the measured curve on
+    llama.cpp:
     with a steep cached curve they draft nothing, with a flat one they draft, ``"off"``
     restores fixed-length drafts; the output equals ``Llama``'s greedy decoding every time."""
     from nest_integrations.lm import cost
@@ -700,6 +701,34 @@ def test_speed_only_drafters_plan_with_the_cached_curve_on_llama_cpp(
         assert_equals_llama(out.mismatches)
         drafted[name] = out.drafted[label]
     assert drafted["steep"] == 0 < drafted["flat"] and drafted["off"] > 0
+
+
+def test_rag_copy_cites_the_copies_it_did_not_draft(lm, llama, hf_tokenizer, tmp_path,
+                                                   monkeypatch):
+    """With a curve on which no draft pays, rag-copy on llama.cpp decodes in plain steps, equals
+    ``Llama``'s greedy decoding, and still cites what it copied from its passage: every token
+    a fixed-length draft would have had accepted (and so cited) is cited, exactly."""
+    monkeypatch.setenv("NEST_HOME", str(tmp_path))
+    cases, refs = oracle_cases(lm, llama, hf_tokenizer, QUESTIONS[:3], N, None, ("rag-copy",))
+    engine = NestEngine(lm, None, InMemoryKeyStore(), NestConfig(key_source="final_norm"))
+    cited = accepted = 0
+    for case in cases:
+        runs = {}
+        for name, option in (("plain", [1.0, 2.5, 3.5, 4.5, 5.5]), ("drafts", "off")):
+            runs[name] = engine.generate(case.prompt, max_new_tokens=N, decoding="rag-copy",
+                                         passages=case.passages,
+                                         drafter_options={"cost_model": option})
+            assert runs[name].token_ids == refs[tuple(case.ids)], name
+            cited_text_matches_source(runs[name])
+            citations_cover_copied_tokens(runs[name])
+        plain, drafts = runs["plain"], runs["drafts"]
+        assert plain.stats.verify_steps == 0
+        accepted += drafts.stats.accepted_tokens
+        by_draft = {i for i, s in enumerate(drafts.token_sources) if s is not None}
+        by_step = {i for i, s in enumerate(plain.token_sources) if s is not None}
+        assert by_draft <= by_step, (plain.text, sorted(by_draft - by_step))
+        cited += len(plain.citations)
+    assert cited > 0 and accepted > 0
 
 
 # ------------------------------------------------------------------ one switch everywhere

@@ -148,7 +148,9 @@ class Parts:
 
     def engine(self, dtype: str | None = None) -> Any:
         """The default engine (``from_defaults``: the sample store, ``grounded``) in ``dtype``;
-        other dtypes share the first one's retriever, key store and config."""
+        other dtypes share the first one's retriever, key store, config and answer policy (a
+        `grounded@fp32` row once ran without the policy: NEST for QA, where the default
+        decodes chat questions with rag-copy)."""
         from nest_integrations import NestEngine
 
         dtype = dtype or self.dtype
@@ -159,7 +161,10 @@ class Parts:
                     raise SystemExit("the default store is empty: run `nest ingest --sample`")
             else:
                 first = next(iter(self._engines.values()))
-                eng = NestEngine(self.lm(dtype), first.retriever, first.key_store, first.config)
+                eng = NestEngine(self.lm(dtype), first.retriever, first.key_store, first.config,
+                                 policy=first.policy, decoding=first.decoding,
+                                 drafter_options=first.drafter_options,
+                                 string_prompts=first.string_prompts)
             self._engines[dtype] = eng
             self._lms.setdefault((dtype, "engine"), eng.lm)
         return self._engines[dtype]

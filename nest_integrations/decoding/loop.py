@@ -241,6 +241,12 @@ class DecodeLoop:
                           None if draft.q is None else draft.q[:budget], None, draft.chosen_first)
         return draft
 
+    def cite(self, token: int) -> Source:
+        """The source of a token a plain step commits: the drafter's ``cite`` when it has one
+        (a copy drafter whose draft this token would have been), else None."""
+        cite = getattr(self.drafter, "cite", None)
+        return None if cite is None else cite(self.state, token)
+
     def count_draft(self, draft: Draft) -> None:
         """Count a draft the target is about to verify."""
         d = self.stats.drafting
@@ -346,7 +352,7 @@ class DecodeLoop:
                 p = self.target_rows(logits, keys)
                 _, c = v.verify_and_correct(p, no_draft.to(p.device), None)
                 self.state.hidden = keys[-1] if len(keys) else None
-                yield from self.commit([c], [None])
+                yield from self.commit([c], [self.cite(c)], copied=True)
                 pending = c
                 continue
             self.count_draft(draft)

@@ -147,7 +147,9 @@ class Drafter(Protocol):
     (no extra forward pass). One that never reads ``DecodeState.hidden`` may set
     ``wants_hidden = False``: the prefill then skips the prompt's last key vector where it
     costs a pass of its own (llama.cpp, ``forward_logits``), and ``hidden`` is None until the
-    first step.
+    first step. A copy drafter may define ``cite(state, token) -> Source``: the loop asks it
+    for the source of each token a plain step commits (the lossless schedule), so a copy the
+    drafter did not draft (its cost model skipped the verify pass) is still cited.
     """
 
     def propose(self, state: DecodeState) -> Draft | None:

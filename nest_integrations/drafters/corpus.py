@@ -92,8 +92,8 @@ class NgramOptions:
         max_ngram: longest context suffix looked up.
         min_ngram: shortest one.
         num_tokens: longest draft; the length adapts to acceptance below it (``adapt_length``).
-        cost_model: None (default): ``adapt_length``'s fixed rule (prompt lookup on llama.cpp:
-            ``"auto"``, ``lm.cost.BACKEND_COST_MODEL``); ``"off"``: the fixed rule. ``"auto"``, a
+        cost_model: None (default): ``adapt_length``'s fixed rule (on llama.cpp: ``"auto"``,
+            ``lm.cost.BACKEND_COST_MODEL``); ``"off"``: the fixed rule. ``"auto"``, a
             ``lm.cost.CostCurve``, its JSON dict or a list of c(T)/c(1) ratios: each draft's
             length is the one the measured verify cost pays for at the acceptance measured
             so far in the generation (``lm.cost.DraftPlanner``; 0 = a plain step).
@@ -129,6 +129,38 @@ class AdaptiveLength:
         self.planner = cost.planner_for(option, lm, self.options.num_tokens)
         if self.planner is not None:
             self.num_tokens = self.planner.length()
+
+    def continuation(self, state: DecodeState, n_draft: int) -> Draft | None:
+        """The method's draft of at most ``n_draft`` tokens at ``state`` (the n-gram lookup),
+        or None when nothing matches."""
+        raise NotImplementedError
+
+    def propose(self, state: DecodeState) -> Draft | None:
+        n_draft = min(self.num_tokens, state.budget)
+        if n_draft < 1:
+            return None
+        draft = self.continuation(state, n_draft)
+        self._looked = (len(state.out_ids), draft)
+        return draft
+
+    def cite(self, state: DecodeState, token: int) -> Source:
+        """A plain step's token (the loop verified no draft): its source when it is the token
+        this drafter would have drafted here, else None. A copy is then cited without paying
+        for a verify pass (on llama.cpp the cost model often skips drafts, ``lm.cost``), and
+        with a cost model the match counts toward the acceptance estimate, so drafting
+        resumes where the copying would pay."""
+        looked, self._looked = getattr(self, "_looked", None), None
+        if looked is not None and looked[0] == len(state.out_ids):
+            guess = looked[1]  # propose() looked up this position and found nothing
+        else:
+            guess = self.continuation(state, 1)
+        if guess is None or not guess.tokens:
+            return None
+        hit = guess.tokens[0] == token
+        if self.planner is not None:
+            self.planner.observe(1, int(hit))
+            self.num_tokens = self.planner.length()
+        return guess.sources[0] if hit and guess.sources else None
 
     def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:
         if self.planner is not None:

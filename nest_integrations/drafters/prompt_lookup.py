@@ -38,10 +38,7 @@ class PromptLookupDrafter(corpus.AdaptiveLength):
         drafter.use_cost_model(ctx.lm, backend_default=True)  # on llama.cpp: the cost model
         return drafter
 
-    def propose(self, state: DecodeState) -> Draft | None:
-        n_draft = min(self.num_tokens, state.budget)
-        if n_draft < 1:
-            return None
+    def continuation(self, state: DecodeState, n_draft: int) -> Draft | None:
         ctx = state.context_ids
         opts = self.options
         for n in range(min(opts.max_ngram, len(ctx) - 1), opts.min_ngram - 1, -1):

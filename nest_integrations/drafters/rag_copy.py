@@ -50,7 +50,7 @@ class RagCopyDrafter(AdaptiveLength):
     def __init__(self, ctx: DrafterContext) -> None:
         self.options = parse_options(RagCopyOptions, ctx.options, METHOD.name)
         self.num_tokens = self.options.num_tokens
-        self.use_cost_model(ctx.lm)
+        self.use_cost_model(ctx.lm, backend_default=True)  # on llama.cpp: the cost model
         n_ra = ctx.config.ra_passages or METHOD.ra_passages
         self.passages = (list(ctx.prompt_passages) if ctx.prompt_passages is not None
                          else list(ctx.passages[:n_ra]))
@@ -65,12 +65,11 @@ class RagCopyDrafter(AdaptiveLength):
             self._index.append(_set_offsets(state, p, offsets))
             self._tokens.append(list(ids))
 
-    def propose(self, state: DecodeState) -> Draft | None:
+    def continuation(self, state: DecodeState, n_draft: int) -> Draft | None:
         if self._tokens is None:
             self._prepare(state)
-        n_draft = min(self.num_tokens, state.budget)
         ctx = state.context_ids
-        if n_draft < 1 or not state.out_ids:
+        if not state.out_ids:
             return None
         opts = self.options
         for n in range(min(opts.max_ngram, len(state.out_ids)), opts.min_ngram - 1, -1):
