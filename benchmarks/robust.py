@@ -11,6 +11,9 @@ French and Spanish Wikipedia leads. Systems answer the same prompts back to back
 - ``default``: the ``grounded`` preset (``--policy k=v`` changes its policy, e.g.
   ``title_context=only``);
 - ``copy``: the ``copy`` preset (NEST's relaxed span copying), when asked for;
+- ``default-fixed``: ``default`` without a cost model (``drafter_options={"cost_model":
+  "off"}``: NEST's spans of ``max_span`` and rag-copy's fixed-length drafts), to pair the
+  cost-planned drafts of llama.cpp's default with the fixed ones;
 - ``llama.cpp:NAME``: any of them on the llama.cpp backend (the embedded model as Q8_0), over
   stores ingested with that backend (``store-llama.cpp``), to pair its answers with torch's
   (``--reference default``);
@@ -294,10 +297,12 @@ def system_spec(name: str, collection: str, root: Path) -> assembly.EngineSpec:
     if base == "rag":
         return assembly.EngineSpec.for_store(collection, config=config("grounded"),
                                              policy=AnswerPolicy(), decoding="greedy", **common)
-    if base == "default":
+    if base in ("default", "default-fixed"):
         policy = AnswerPolicy.from_preset("grounded")
         if variant:
             policy = policy.replace(title_context=variant)
+        if base == "default-fixed":  # no cost model: fixed spans and fixed rag-copy drafts
+            common["drafter_options"] = {"cost_model": "off"}
         return assembly.EngineSpec.for_store(collection, config=config("grounded"),
                                              policy=policy, **common)
     if base == "copy":

@@ -124,6 +124,9 @@ ROWS: dict[str, Row] = {r.name: r for r in (
         lossless=True),
     Row("llama.cpp:grounded", "`grounded` (the default) on llama.cpp", None,
         backend="llama.cpp", retrieve=True, reference="llama.cpp+psg"),
+    Row("llama.cpp:grounded-fixed", "`grounded` on llama.cpp without the cost model (spans of "
+        "8, fixed-rule rag-copy: `cost_model=\"off\"`)", None, backend="llama.cpp",
+        retrieve=True, options=(("cost_model", "off"),), reference="llama.cpp+psg"),
     # NEST's span length on llama.cpp (8 is `backend_config`'s since the cap)
     Row("llama.cpp:grounded-s16", "`grounded` on llama.cpp, max_span 16", None,
         backend="llama.cpp", retrieve=True, reference="llama.cpp+psg",

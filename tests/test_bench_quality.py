@@ -85,3 +85,8 @@ def test_a_robust_system_names_its_backend_key_source_and_stores(tmp_path):
     assert plain.config.key_source == "ffn_input" and other.config.key_source == "final_norm"
     assert other.policy == plain.policy and other.policy.title_context == "first"
     assert other.config.replace(key_source="ffn_input") == plain.config
+    fixed = robust.system_spec("llama.cpp:default-fixed", "entities", tmp_path)
+    planned = robust.system_spec("llama.cpp:default", "entities", tmp_path)
+    assert robust.store_id("llama.cpp:default-fixed") == "llama.cpp"
+    assert dict(fixed.drafter_options) == {"cost_model": "off"} and not planned.drafter_options
+    assert fixed.policy == planned.policy and fixed.config == planned.config

@@ -648,6 +648,36 @@ def test_nest_citations_are_exact_slices_on_llama_cpp(lm):
     cited_text_matches_source(res, {p.doc_id: p.text for p in passages})
 
 
+def test_nest_spans_follow_the_cost_curve_on_llama_cpp(lm, monkeypatch):
+    """NEST's span length on llama.cpp comes from the cost curve: with a steep curve no pass
+    verifies more than one token, yet the copy goes on row by row and is cited exactly; with a
+    flat curve spans are verified in multi-token passes."""
+    from nest_integrations.decoding.loop import DecodeLoop
+    from nest_integrations.retrieval.in_memory import InMemoryRetriever
+
+    widths: list[int] = []
+    real = DecodeLoop.forward
+
+    def counting(self, ids, *a, **kw):
+        widths.append(len(ids))
+        return real(self, ids, *a, **kw)
+
+    monkeypatch.setattr(DecodeLoop, "forward", counting)
+    passages = PASSAGES[:2]
+    engine = NestEngine(lm, InMemoryRetriever(passages), InMemoryKeyStore(),
+                        NestConfig(key_source="final_norm", min_citation_tokens=1))
+    widest = {}
+    for name, ratios in (("steep", [1.0, 3.0, 5.0, 7.0]), ("flat", [1.0, 1.05, 1.1, 1.15])):
+        widths.clear()
+        res = engine.generate(PASSAGES[0].text[:40], max_new_tokens=24, passages=passages,
+                              drafter_options={"cost_model": ratios})
+        assert res.citations and res.stats.attribution_ratio > 0.5, (name, res.text)
+        cited_text_matches_source(res, {p.doc_id: p.text for p in passages})
+        citations_cover_copied_tokens(res)
+        widest[name] = max(widths[1:], default=0)  # widths[0]: the prompt's prefill
+    assert widest["steep"] == 1 < widest["flat"], widest
+
+
 def test_cost_curve_and_planned_drafts_on_llama_cpp(lm, llama, hf_tokenizer, tmp_path,
                                                     monkeypatch):
     """The cost curve of a llama.cpp verify pass is measured and cached per quantisation and

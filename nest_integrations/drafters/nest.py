@@ -9,6 +9,13 @@ At each decision point, with p_M at the next position known:
   so the draft's first token is committed without a check (``chosen_first``);
 - else emit w alone ("token mode"), cited to the nearest neighbour when it carries w (§8).
 
+Span length: ``NestConfig.max_span``, or, with a cost model (``drafter_options={"cost_model":
+...}``; on llama.cpp ``"auto"`` by default, ``lm.cost.BACKEND_COST_MODEL``), at most one more
+than the draft length the measured verify cost pays for at the acceptance seen so far
+(``lm.cost.DraftPlanner``). A span cut to one token is copied on row by row: its next row is
+proposed at the next step and checked against p_M before any forward pass, so the copy and
+its citation go on, and that check feeds the acceptance estimate.
+
 Accepted rows are masked so the same keys are never proposed again (unless strict acceptance
 keeps p_M history-free for the lossless preset).
 
@@ -40,6 +47,10 @@ class NestDrafter:
         self._lock = ctx.guards.lock_document and not self.config.strict_acceptance
         self.document: str | None = None  # the answer's document, once a copy fixes it
         self._allowed: torch.Tensor | None = None  # (passages,) bool: that document's passages
+        from nest_integrations.lm import cost
+
+        option = cost.backend_default(ctx.options.get("cost_model"), ctx.lm)
+        self.planner = cost.planner_for(option, ctx.lm, max(1, self.config.max_span - 1))
         doc_of = {p.id: p.doc_id for p in ctx.passages}
         ids = self.memory.passage_ids if self.memory is not None else []
         self._doc_of = [doc_of.get(pid) for pid in ids]  # per memory passage index
@@ -49,6 +60,8 @@ class NestDrafter:
         if memory is None:
             return None
         limit = min(cfg.max_span, state.budget)
+        if self.planner is not None:  # the first token is decided: a span verifies the rest
+            limit = min(limit, 1 + self.planner.length())
         if self._stream_row is not None:  # continuation of the last fully accepted span
             rows = span_draft(memory, self._stream_row, limit, state.eos)
             self._stream_row = None
@@ -74,6 +87,9 @@ class NestDrafter:
         rows, memory = self._rows, self.memory
         if rows is None:
             return
+        if self.planner is not None:  # a chosen first token was not a draft token
+            first = 1 if draft.chosen_first else 0
+            self.planner.observe(len(rows) - first, max(0, n_accepted - first))
         if not self.config.strict_acceptance:  # strict mode keeps p_M history-free (lossless)
             memory.mask(rows[:n_accepted])
         if self._lock and self.document is None:
