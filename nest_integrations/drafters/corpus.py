@@ -110,13 +110,15 @@ class NgramOptions:
 
 
 class AdaptiveLength:
-    """``update`` of the n-gram drafters: ``num_tokens`` follows ``adapt_length`` up to
-    ``options.num_tokens``, or the cost model's choice when ``options.cost_model`` is set
-    (``use_cost_model``)."""
+    """``propose``, ``cite`` and ``update`` of the n-gram drafters (each defines
+    ``continuation``): ``num_tokens`` follows ``adapt_length`` up to ``options.num_tokens``, or
+    the cost model's choice when ``options.cost_model`` is set (``use_cost_model``)."""
 
     options: NgramOptions
     num_tokens: int
     planner: Any = None
+    #: ``(len(out_ids), draft or None)`` of ``propose``'s last lookup, reused by ``cite``
+    _looked: tuple[int, Draft | None] | None = None
 
     def use_cost_model(self, lm: Any, backend_default: bool = False) -> None:
         """Plan draft lengths with ``options.cost_model`` (no-op when it is None; with
@@ -149,7 +151,7 @@ class AdaptiveLength:
         for a verify pass (on llama.cpp the cost model often skips drafts, ``lm.cost``), and
         with a cost model the match counts toward the acceptance estimate, so drafting
         resumes where the copying would pay."""
-        looked, self._looked = getattr(self, "_looked", None), None
+        looked, self._looked = self._looked, None
         if looked is not None and looked[0] == len(state.out_ids):
             guess = looked[1]  # propose() looked up this position and found nothing
         else:

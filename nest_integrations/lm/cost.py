@@ -287,13 +287,15 @@ def curve_from(option: Any, lm: Any) -> CostCurve | None:
                      "its JSON dict or a list of ratios c(T)/c(1) for T = 1, 2, ...")
 
 
-#: ``cost_model`` where a drafter (prompt lookup, rag-copy, DReSD) leaves it None, by backend.
+#: ``cost_model`` where a drafter (prompt lookup, rag-copy, DReSD, NEST's span length) leaves it
+#: None, by backend.
 #: On llama.cpp a verify pass of T tokens costs about T one-token steps (c(9)/c(1) 5-6, Q8_0,
 #: AMD EPYC, 1 thread; torch bf16: about 1.2-2), so fixed-length drafts lost to plain greedy
 #: there (speed benchmark, the same prompts: prompt lookup 0.75-0.90x, DReSD 0.65x llama.cpp
 #: greedy, ``docs/llama_cpp.md``): they draft only where the measured curve and the acceptance
 #: so far pay. rag-copy too: a copy it does not draft is still cited, token by token, from the
-#: plain steps (``AdaptiveLength.cite``), whose matches also feed the acceptance estimate.
+#: plain steps (``AdaptiveLength.cite``), whose matches also feed the acceptance estimate; and
+#: NEST's spans, whose copy goes on row by row when a span is cut to one token.
 BACKEND_COST_MODEL: dict[str, Any] = {"llama.cpp": "auto"}
 
 
