@@ -134,6 +134,10 @@ ROWS: dict[str, Row] = {r.name: r for r in (
     Row("llama.cpp:grounded-s8", "`grounded` on llama.cpp, max_span 8", None,
         backend="llama.cpp", retrieve=True, reference="llama.cpp+psg",
         config=(("max_span", 8),)),
+    Row("llama.cpp:grounded-s63", "`grounded` on llama.cpp, max_span 63 (the cost planner "
+        "alone decides span lengths; 64, the preset's, is capped to 8)", None,
+        backend="llama.cpp", retrieve=True, reference="llama.cpp+psg",
+        config=(("max_span", 63),)),
 )}
 #: ``--rows`` shorthands.
 GROUPS: dict[str, tuple[str, ...]] = {

@@ -8,7 +8,8 @@ test):
   drafts partly accepted and partly rejected; a loop that accepts one wrong token fails it;
 - a prefill's logits equal ``Llama``'s prompt processing bit for bit, and the rows of a T-token
   verify equal T one-token steps (also at 2 threads past 256 cached positions, where ggml splits
-  a one-token step's attention over threads unless ``exact_steps`` keeps it on one);
+  a one-token step's attention over threads over an F16 KV cache unless ``exact_steps`` keeps it
+  on one; over a BF16 cache on both threads);
 - prompts, tokens, offsets and end tokens equal the Hugging Face tokenizer's;
 - token trees equal their paths run as chains; NEST citations are exact slices.
 
@@ -274,45 +275,77 @@ def test_a_cache_dropped_after_a_token_tree_gives_back_its_branches(lm):
 @pytest.mark.slow
 def test_two_threads_need_exact_steps_past_256_positions():
     """At 2 threads a one-token step past 256 cached positions splits its attention over the
-    threads (ggml's split-KV flash attention) and rounds differently from a verify row; with
-    ``exact_steps`` (the default) one-token steps run on one thread and the rows are exact."""
+    threads (ggml's split-KV flash attention, F16 and F32 caches only) and rounds differently
+    from a verify row; with ``exact_steps`` (the default) one-token steps run on one thread and
+    the rows are exact. With a BF16 KV cache the steps run on both threads and are exact."""
     lm2 = LlamaCppLanguageModel.from_default(threads=2)
+    bf16 = LlamaCppLanguageModel.from_default(threads=2, kv_type="bf16")
     try:
         ids = lm2.tokenize("The Eiffel Tower is a wrought-iron lattice tower in Paris. " * 30)
         context, new = ids[:300], ids[300:309]
-        assert lm2.runtime.exact_steps
+        assert lm2.runtime.kv_type == "F16" and lm2.runtime.exact_steps
         assert _rows_vs_steps(lm2, context, new) == 0.0
+        assert lm2.runtime._step_threads == 1
         with lm2.inexact_rows():  # what relaxed decoding gets: every thread, inexact rows
             assert _rows_vs_steps(lm2, context, new) > 0.0
         assert _rows_vs_steps(lm2, ids[:40], ids[40:49]) == 0.0
+        assert bf16.runtime.kv_type == "BF16"
+        assert _rows_vs_steps(bf16, context, new) == 0.0
+        assert bf16.runtime._step_threads == 2  # the steps ran on both threads
     finally:
         lm2.close()
+        bf16.close()
+
+
+def test_an_unknown_kv_cache_type_is_a_clear_error():
+    from nest_integrations.lm.llama_cpp_runtime import kv_cache_type
+
+    assert kv_cache_type(None) == "F16" and kv_cache_type("bf16") == "BF16"
+    with pytest.raises(ValueError, match="kv_type='Q8_0' is not supported"):
+        LlamaCppLanguageModel.from_default(threads=1, kv_type="Q8_0")
 
 
 @pytest.mark.slow
 def test_greedy_at_two_threads_steps_as_llama_does():
     """Greedy decoding with no drafter has no verify rows to match, so its steps run on every
     thread, as ``Llama.generate``'s: at 2 threads, past 256 cached positions, it equals
-    ``Llama.generate`` at 2 threads token for token, and its steps used both threads."""
+    ``Llama.generate`` at 2 threads token for token, and its steps used both threads. With a
+    BF16 KV cache prompt lookup does too, drafts accepted, its one-token steps on both
+    threads."""
     import llama_cpp
 
     from nest_integrations.decoding.loop import decode_ids
     from nest_integrations.drafters import get_method
+    from nest_integrations.drafters.base import DrafterContext
+    from nest_integrations.lm.llama_cpp_runtime import KV_TYPES
+    from nest_integrations.types import NestStats
 
-    lm2 = LlamaCppLanguageModel.from_default(threads=2)
-    llm2 = llama_cpp.Llama(model_path=str(default_gguf()), n_ctx=4096, n_threads=2,
-                           n_threads_batch=2, flash_attn=True, verbose=False, seed=0)
-    try:
-        ids = [1] + lm2.tokenize("The Eiffel Tower is a wrought-iron lattice tower in Paris. "
-                                 "It was named after the engineer Gustave Eiffel. " * 14)
-        assert len(ids) > 256
-        out, _ = decode_ids(lm2, get_method("greedy"), ids, N, eos=frozenset())
-        assert lm2.runtime._step_threads == 2  # the last step ran on both threads
-        assert out == llama_generate_n(llm2, ids, N)
-        assert lm2.runtime.exact_steps  # restored for lossless methods
-    finally:
-        lm2.close()
-        llm2.close()
+    ids = None
+    for kv in ("F16", "BF16"):
+        lm2 = LlamaCppLanguageModel.from_default(threads=2, kv_type=kv)
+        llm2 = llama_cpp.Llama(model_path=str(default_gguf()), n_ctx=4096, n_threads=2,
+                               n_threads_batch=2, flash_attn=True, verbose=False, seed=0,
+                               type_k=KV_TYPES[kv], type_v=KV_TYPES[kv])
+        try:
+            ids = ids or [1] + lm2.tokenize("The Eiffel Tower is a wrought-iron lattice tower in "
+                                            "Paris. It was named after the engineer Gustave "
+                                            "Eiffel. " * 14)
+            assert len(ids) > 256
+            out, _ = decode_ids(lm2, get_method("greedy"), ids, N, eos=frozenset())
+            assert lm2.runtime._step_threads == 2  # the last step ran on both threads
+            assert out == llama_generate_n(llm2, ids, N), kv
+            assert lm2.runtime.exact_steps  # restored for lossless methods
+            if kv == "BF16":
+                method, stats = get_method("prompt-lookup"), NestStats()
+                drafter = method.make_drafter(DrafterContext(
+                    lm2, NestConfig(), ids, [], stats=stats, options={"cost_model": "off"}))
+                pl, st = decode_ids(lm2, method, ids, N, eos=frozenset(), drafter=drafter,
+                                    stats=stats)
+                assert st.accepted_tokens > 0 and lm2.runtime._step_threads == 2
+                assert pl == out
+        finally:
+            lm2.close()
+            llm2.close()
 
 
 def llama_generate_n(llm: Any, ids: list[int], n: int) -> list[int]:

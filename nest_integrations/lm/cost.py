@@ -130,10 +130,11 @@ class CostCurve:
 def _lm_dtype(lm: Any) -> str:
     """The weights' dtype, ``+packed`` when ``lm.packing`` prepacked them and ``+rowwise`` with
     ``lm.rowwise_attention`` (other kernels, another curve); ``gguf-<quantisation>`` on the
-    llama.cpp backend."""
+    llama.cpp backend (``+kvBF16`` with a BF16 KV cache: its steps run on every thread)."""
     quantization = getattr(lm, "quantization", None)
     if quantization:
-        return f"gguf-{quantization}"
+        kv = getattr(getattr(lm, "runtime", None), "kv_type", "F16")
+        return f"gguf-{quantization}" + ("" if kv == "F16" else f"+kv{kv}")
     model = getattr(lm, "model", None)
     dtype = getattr(model, "dtype", None)
     name = str(dtype).replace("torch.", "") if dtype is not None else "unknown"

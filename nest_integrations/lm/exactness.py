@@ -83,9 +83,11 @@ def verdict(lm: Any) -> bool:
 
 def checked(lm: Any) -> bool:
     """``row_exact.check_rows`` on any LM port implementation (the llama.cpp backend's rows
-    come from its own kernels), cached per fingerprint, LM class and thread count."""
-    threads = torch.get_num_threads()
-    key = f"{lm.fingerprint}|{type(lm).__name__}|t{threads}"
+    come from its own kernels), cached per fingerprint, LM class, thread count (the LM's own
+    where it has one, as llama.cpp's) and KV cache type where it is not F16."""
+    threads = getattr(lm, "threads", None) or torch.get_num_threads()
+    kv = getattr(getattr(lm, "runtime", None), "kv_type", "F16")
+    key = f"{lm.fingerprint}|{type(lm).__name__}|t{threads}" + ("" if kv == "F16" else f"|kv{kv}")
     return bool(VERDICTS.get(key, lambda: check_rows(lm)))
 
 

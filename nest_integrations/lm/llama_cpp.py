@@ -20,9 +20,10 @@ Q8_0) on llama-cpp-python.
   in the cache's own sequence and drops the branches.
 
 Exactness (measured, ``docs/llama_cpp.md``): the rows of a T-token decode (T < 64) equal T
-one-token steps bit for bit, so lossless methods equal greedy decoding. For that, one-token
-steps run on one thread (``exact_steps``); relaxed decoding (NEST) lifts it through
-``inexact_rows``, as with the torch backend.
+one-token steps bit for bit, so lossless methods equal greedy decoding. For that, with the
+default F16 KV cache one-token steps run on one thread (``exact_steps``), which relaxed decoding
+(NEST) lifts through ``inexact_rows``, as with the torch backend; with ``kv_type="BF16"`` they
+run on every thread and stay exact.
 
 KNN-SSD is not available: llama.cpp has no API to skip layers (no ``forward_skip``;
 ``layer_skip_unsupported`` says why where it is asked for).
@@ -159,6 +160,7 @@ class LlamaCppLanguageModel:
     def from_gguf(
         cls, path: str | os.PathLike[str], *, threads: int | None = None,
         n_ctx: int | None = None, name: str | None = None, key_source: str = KEY_SOURCE,
+        kv_type: str | None = None,
     ) -> "LlamaCppLanguageModel":
         """Load a GGUF file.
 
@@ -169,6 +171,9 @@ class LlamaCppLanguageModel:
             n_ctx: KV cells shared by all live caches (default: the model's training context).
             name: the model's name (default: the file name without ``.gguf``).
             key_source: ``"final_norm"`` or ``"ffn_input"`` (``KEY_LAYERS``).
+            kv_type: the KV cache type, ``"F16"`` (default, llama.cpp's) or ``"BF16"``: exact
+                one-token steps on every thread, but slower prompts
+                (``llama_cpp_runtime.kv_cache_type``).
         """
         if key_source not in KEY_LAYERS:
             raise ValueError(f"key_source={key_source!r} is not available on the llama.cpp "
@@ -185,7 +190,7 @@ class LlamaCppLanguageModel:
             threads = configured_threads()
         threads = int(threads)
         runtime = LlamaCppRuntime.load(path, threads=threads, n_ctx=n_ctx,
-                                       key_layer=KEY_LAYERS[key_source])
+                                       key_layer=KEY_LAYERS[key_source], kv_type=kv_type)
         return cls(runtime, name=name or path.name.removesuffix(".gguf"))
 
     @classmethod

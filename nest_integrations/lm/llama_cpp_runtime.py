@@ -16,9 +16,13 @@ llama-cpp-python's low-level API (``llama_cpp.llama_decode`` and friends; no C o
 - flash attention on and llama.cpp's extra weight buffers (AMX, repacked layouts) off: with
   them, row i of a T-token decode (T < 64) equals a one-token step bit for bit
   (``docs/llama_cpp.md``);
-- one thread for one-token decodes while ``exact_steps`` is set (and ``threads`` for
-  batches): ggml's flash attention splits a one-token decode's KV cells across threads once
-  the cache spans 512 cells, which rounds differently from a verify row.
+- a KV cache of ``kv_type`` (``kv_cache_type``): F16, llama.cpp's default, or BF16. ggml's
+  flash attention splits a one-token decode's KV cells across threads once the cache spans 512
+  cells, but only for an F16 or F32 cache, and the merged partial softmaxes round differently
+  from a verify row. So with F16 at 2+ threads, one-token decodes run on one thread while
+  ``exact_steps`` is set (and ``threads`` for batches); with BF16 every one-token step takes the
+  row path on every thread (bit-exact with verify rows, measured at 2 threads and 600 cached
+  positions), at the price of a slower prompt decode.
 
 Not thread-safe: ``LlamaCppLanguageModel`` locks around every call.
 """
@@ -44,6 +48,12 @@ MAX_SEQUENCES = 64
 #: Tokens per ``llama_decode`` (and per micro-batch): llama-cpp-python's ``Llama`` default, so
 #: a prompt is processed in the same batches as ``Llama.create_completion`` processes it.
 BATCH_TOKENS = 512
+#: ggml's ids of the KV cache types ``load`` accepts (llama-cpp-python 0.3.36 exports no
+#: ``GGML_TYPE_BF16``): ``enum ggml_type``.
+KV_TYPES = {"F16": 1, "BF16": 30}
+#: KV cache types whose one-token decodes ggml's flash attention splits over threads (its
+#: split-KV path, past 512 cells), so that they are exact only on one thread.
+SPLIT_KV_TYPES = frozenset({"F16"})
 #: llama.cpp's log levels (``enum ggml_log_level``) as ``logging`` levels, one lower (its
 #: errors are warnings here: the calls that fail raise their own errors); 5 continues a line.
 _LOG_LEVELS = {0: logging.CRITICAL, 1: logging.DEBUG, 2: logging.DEBUG, 3: logging.INFO,
@@ -51,6 +61,23 @@ _LOG_LEVELS = {0: logging.CRITICAL, 1: logging.DEBUG, 2: logging.DEBUG, 3: loggi
 _log_callback: Any = None  # kept alive while llama.cpp holds it
 _INIT_LOCK = threading.Lock()
 _initialised = False
+
+
+def kv_cache_type(kv_type: str | None) -> str:
+    """The KV cache type to run: ``kv_type``, or for None F16 (llama.cpp's default).
+
+    BF16 is the choice for lossless drafting on 2+ threads with short prompts: ggml splits a
+    one-token step's attention over threads only for an F16/F32 cache, so with BF16 exact steps
+    run on every thread. Measured on the AMD EPYC, Q8_0, 2 threads: a step at 700 cached
+    positions takes 10.8 ms against 12.6 ms for an exact F16 step (one thread), but a prompt
+    decodes 1.3-1.7x slower (ggml's tiled flash attention takes F16/F32 caches only: 700 tokens
+    in 1.62 s against 0.96 s), which outweighs it on retrieval-augmented prompts; on one thread
+    BF16 steps cost about 10% more. Perplexity is the same (``docs/llama_cpp.md``)."""
+    name = "F16" if kv_type is None else str(kv_type).upper()
+    if name not in KV_TYPES:
+        raise ValueError(f"kv_type={kv_type!r} is not supported: use "
+                         f"{' or '.join(map(repr, KV_TYPES))}")
+    return name
 
 
 def llama_cpp_module() -> Any:
@@ -134,8 +161,9 @@ class LlamaCppRuntime:
     """A loaded GGUF model and its context (``load`` does the I/O; see the module docstring)."""
 
     def __init__(self, lib: Any, model: Any, ctx: Any, *, path: Path, threads: int,
-                 capture: KeyCapture | None = None) -> None:
+                 capture: KeyCapture | None = None, kv_type: str = "F16") -> None:
         self.lib, self.model, self.ctx, self.path, self.threads = lib, model, ctx, path, threads
+        self.kv_type = kv_type  # the context's KV cache type (``KV_TYPES``)
         #: copies the key tensor out of a decode (None: keys are the embeddings output)
         self.capture = capture
         self.vocab = lib.llama_model_get_vocab(model)
@@ -162,9 +190,12 @@ class LlamaCppRuntime:
 
     @classmethod
     def load(cls, path: Path, *, threads: int, n_ctx: int | None = None,
-             flash_attn: bool = True, key_layer: str | None = None) -> "LlamaCppRuntime":
+             flash_attn: bool = True, key_layer: str | None = None,
+             kv_type: str | None = None) -> "LlamaCppRuntime":
         """Open ``path``. ``key_layer``: None (keys are the final norm's output) or
-        ``"ffn_norm"`` (keys are the last layer's ``ffn_norm`` tensor, through ``KeyCapture``)."""
+        ``"ffn_norm"`` (keys are the last layer's ``ffn_norm`` tensor, through ``KeyCapture``).
+        ``kv_type``: the KV cache type (``kv_cache_type``; None: F16)."""
+        kv = kv_cache_type(kv_type)
         lib = llama_cpp_module()
         _init(lib)
         mparams = lib.llama_model_default_params()
@@ -184,6 +215,7 @@ class LlamaCppRuntime:
         cparams.n_threads = cparams.n_threads_batch = int(threads)
         cparams.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                                    else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        cparams.type_k = cparams.type_v = KV_TYPES[kv]
         cparams.no_perf = True
         capture = None
         if key_layer is not None:
@@ -194,9 +226,10 @@ class LlamaCppRuntime:
         if not ctx:
             lib.llama_model_free(model)
             raise RuntimeError(f"llama.cpp could not create a context for {path}")
-        runtime = cls(lib, model, ctx, path=path, threads=int(threads), capture=capture)
-        LOG.info("llama.cpp: loaded %s (%s, %d threads, flash attention %s)", path.name,
-                 runtime.quantization, threads, "on" if flash_attn else "off")
+        runtime = cls(lib, model, ctx, path=path, threads=int(threads), capture=capture,
+                      kv_type=kv)
+        LOG.info("llama.cpp: loaded %s (%s, %d threads, flash attention %s, %s KV cache)",
+                 path.name, runtime.quantization, threads, "on" if flash_attn else "off", kv)
         return runtime
 
     def close(self) -> None:
@@ -262,7 +295,7 @@ class LlamaCppRuntime:
             self._embeddings = on
 
     def _set_step_threads(self) -> None:
-        step = 1 if self.exact_steps else self.threads
+        step = 1 if self.exact_steps and self.kv_type in SPLIT_KV_TYPES else self.threads
         if step != self._step_threads:
             self.lib.llama_set_n_threads(self.ctx, step, self.threads)
             self._step_threads = step
@@ -440,5 +473,5 @@ def quantize(src: Path, dst: Path, qtype: str, threads: int) -> None:
         raise RuntimeError(f"llama_model_quantize {src} -> {qtype} failed ({rc})")
 
 
-__all__ = ["BATCH_TOKENS", "MAX_SEQUENCES", "LlamaCppRuntime", "llama_cpp_module", "quantize",
+__all__ = ["BATCH_TOKENS", "KV_TYPES", "MAX_SEQUENCES", "kv_cache_type", "LlamaCppRuntime", "llama_cpp_module", "quantize",
            "quantization_name"]
