@@ -711,6 +711,72 @@ def test_nest_spans_follow_the_cost_curve_on_llama_cpp(lm, monkeypatch):
     assert widest["steep"] == 1 < widest["flat"], widest
 
 
+@pytest.mark.slow
+def test_nest_plans_with_the_curve_of_its_own_steps_at_two_threads(tmp_path, monkeypatch):
+    """At 2 threads over an F16 cache, exact one-token steps run on one thread and NEST's
+    (relaxed, inside ``inexact_rows``) on both, so their cost curves are cached apart, and
+    NEST's drafter plans with the one of its own steps; strict acceptance keeps the exact one."""
+    from nest_integrations.drafters.base import DrafterContext
+    from nest_integrations.drafters.nest import NestDrafter
+    from nest_integrations.lm import cost
+
+    monkeypatch.setenv("NEST_HOME", str(tmp_path))
+    lm2 = LlamaCppLanguageModel.from_default(threads=2)
+    try:
+        exact = cost.curve_path(lm2)
+        with lm2.inexact_rows():
+            inexact = cost.curve_path(lm2)
+        assert exact != inexact and "inexact" in inexact.name
+        for path, ratios in ((exact, [1.0, 1.05, 1.1, 1.15]), (inexact, [1.0, 3.0, 5.0, 7.0])):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(cost.CostCurve.from_ratios(ratios).to_json()),
+                            encoding="utf-8")
+        relaxed = NestDrafter(DrafterContext(lm2, NestConfig(key_source="final_norm"), [], []))
+        assert relaxed.planner.curve.ratio(2) == pytest.approx(3.0)
+        strict = NestDrafter(DrafterContext(
+            lm2, NestConfig(key_source="final_norm", strict_acceptance=True), [], []))
+        assert strict.planner.curve.ratio(2) == pytest.approx(1.05)
+        assert lm2.runtime.exact_steps  # the drafter's measurement context was left
+    finally:
+        lm2.close()
+
+
+def test_torch_runs_on_one_thread_while_llama_cpp_decodes(lm, monkeypatch):
+    """A generation on llama.cpp runs torch's ops on one thread (its idle workers spun on the
+    cores llama.cpp's threads use: the default engine at 2 threads ran 42-45 tok/s with torch
+    on 2 threads, 51-57 on one), and gives torch its thread count back after, also when a
+    stream is closed early; nested sessions share it."""
+    from nest_integrations.decoding.loop import DecodeLoop
+    from nest_integrations.lm.backend import torch_on_one_thread
+    from nest_integrations.retrieval.in_memory import InMemoryRetriever
+
+    seen: list[int] = []
+    real = DecodeLoop.forward
+
+    def recording(self, ids, *a, **kw):
+        seen.append(torch.get_num_threads())
+        return real(self, ids, *a, **kw)
+
+    monkeypatch.setattr(DecodeLoop, "forward", recording)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        engine = NestEngine(lm, InMemoryRetriever(PASSAGES[:2]), InMemoryKeyStore(),
+                            NestConfig(key_source="final_norm"))
+        engine.generate(PASSAGES[0].text[:40], max_new_tokens=6, passages=PASSAGES[:2])
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 2
+        stream = engine.stream(PASSAGES[1].text[:40], max_new_tokens=6, passages=PASSAGES[:2])
+        next(stream)
+        with torch_on_one_thread():  # a second session inside the first
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 1  # the stream's session is still open
+        stream.close()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_cost_curve_and_planned_drafts_on_llama_cpp(lm, llama, hf_tokenizer, tmp_path,
                                                     monkeypatch):
     """The cost curve of a llama.cpp verify pass is measured and cached per quantisation and

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -232,29 +233,33 @@ class NestEngine:
         question = query_of(prompt)
         if not question.strip():
             raise ValueError("the prompt is empty: pass a non-empty string or user message")
-        t_start, stats = time.perf_counter(), NestStats()
-        if passages is None:
-            passages = self.retrieve(query or question, cfg.n_passages, cfg)
-        plan = self.plan(query or question, passages, config=cfg, policy=policy,
-                         decoding=decoding)
-        stats.timing.retrieval = time.perf_counter() - t_start
-        request = _Request(self, prompt, plan, cfg, stats, [s for s in (stop or []) if s],
-                           {**self.drafter_options, **(drafter_options or {})})
-        as_chat = string_as_chat(self.lm, prompt, self.string_prompts)
-        loop = request.loop(as_chat, max_new_tokens)
-        yield from loop.run()
-        ended_at_once = not loop.out.ids and stats.finish_reason == "stop" and not loop.out.stopped
-        if not as_chat and chat_retry(self.lm, prompt, self.string_prompts, ended_at_once):
-            stats.finish_reason = ""  # "auto": a completion that ended at once is a question
-            loop = request.loop(True, max_new_tokens)
+        # an LM with its own thread pool (llama.cpp) keeps torch's few ops per step on one
+        # thread while it decodes (``lm.backend.torch_on_one_thread``)
+        session = getattr(self.lm, "decoding_session", None)
+        with session() if session is not None else nullcontext():
+            t_start, stats = time.perf_counter(), NestStats()
+            if passages is None:
+                passages = self.retrieve(query or question, cfg.n_passages, cfg)
+            plan = self.plan(query or question, passages, config=cfg, policy=policy,
+                             decoding=decoding)
+            stats.timing.retrieval = time.perf_counter() - t_start
+            request = _Request(self, prompt, plan, cfg, stats, [s for s in (stop or []) if s],
+                               {**self.drafter_options, **(drafter_options or {})})
+            as_chat = string_as_chat(self.lm, prompt, self.string_prompts)
+            loop = request.loop(as_chat, max_new_tokens)
             yield from loop.run()
-        loop.done = True  # flush text held back for stop strings or partial characters
-        copied = bool(loop.out.sources) and loop.out.sources[-1] is not None
-        yield from self._deltas(loop, copied, (), request.live)
-        result = self._result(loop, loop.method.uses_memory, request.live)
-        stats.timing.total = time.perf_counter() - t_start
-        stats.mean_lambda = loop.lam_sum / loop.lam_n if loop.lam_n else 1.0
-        yield StreamChunk(text="", result=result)
+            ended_at_once = not loop.out.ids and stats.finish_reason == "stop" and not loop.out.stopped
+            if not as_chat and chat_retry(self.lm, prompt, self.string_prompts, ended_at_once):
+                stats.finish_reason = ""  # "auto": a completion that ended at once is a question
+                loop = request.loop(True, max_new_tokens)
+                yield from loop.run()
+            loop.done = True  # flush text held back for stop strings or partial characters
+            copied = bool(loop.out.sources) and loop.out.sources[-1] is not None
+            yield from self._deltas(loop, copied, (), request.live)
+            result = self._result(loop, loop.method.uses_memory, request.live)
+            stats.timing.total = time.perf_counter() - t_start
+            stats.mean_lambda = loop.lam_sum / loop.lam_n if loop.lam_n else 1.0
+            yield StreamChunk(text="", result=result)
 
     # ----------------------------------------------------------------- results
     def _deltas(

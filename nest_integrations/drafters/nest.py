@@ -28,6 +28,7 @@ music article).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 
 import torch
 
@@ -50,7 +51,12 @@ class NestDrafter:
         from nest_integrations.lm import cost
 
         option = cost.backend_default(ctx.options.get("cost_model"), ctx.lm)
-        self.planner = cost.planner_for(option, ctx.lm, max(1, self.config.max_span - 1))
+        # relaxed decoding runs its passes inside the LM's inexact_rows (the loop's), so its
+        # curve is the one measured there (llama.cpp at 2+ threads: steps on every thread)
+        inexact = getattr(ctx.lm, "inexact_rows", None)
+        with (inexact() if inexact is not None and not self.config.strict_acceptance
+              else nullcontext()):
+            self.planner = cost.planner_for(option, ctx.lm, max(1, self.config.max_span - 1))
         doc_of = {p.id: p.doc_id for p in ctx.passages}
         ids = self.memory.passage_ids if self.memory is not None else []
         self._doc_of = [doc_of.get(pid) for pid in ids]  # per memory passage index

@@ -130,11 +130,14 @@ class CostCurve:
 def _lm_dtype(lm: Any) -> str:
     """The weights' dtype, ``+packed`` when ``lm.packing`` prepacked them and ``+rowwise`` with
     ``lm.rowwise_attention`` (other kernels, another curve); ``gguf-<quantisation>`` on the
-    llama.cpp backend (``+kvBF16`` with a BF16 KV cache: its steps run on every thread)."""
+    llama.cpp backend (``+kvBF16`` with a BF16 KV cache, whose exact steps run on every thread;
+    ``+inexact`` inside ``inexact_rows`` where that moves one-token steps from one thread to all:
+    ``split_steps``)."""
     quantization = getattr(lm, "quantization", None)
     if quantization:
         kv = getattr(getattr(lm, "runtime", None), "kv_type", "F16")
-        return f"gguf-{quantization}" + ("" if kv == "F16" else f"+kv{kv}")
+        return (f"gguf-{quantization}" + ("" if kv == "F16" else f"+kv{kv}")
+                + ("+inexact" if getattr(lm, "split_steps", False) else ""))
     model = getattr(lm, "model", None)
     dtype = getattr(model, "dtype", None)
     name = str(dtype).replace("torch.", "") if dtype is not None else "unknown"

@@ -62,7 +62,12 @@ import torch
 
 from nest_integrations.lm.backend import KNN_SSD_UNSUPPORTED
 from nest_integrations.lm.hf_text import END_TOKENS, tile
-from nest_integrations.lm.llama_cpp_runtime import MAX_SEQUENCES, LlamaCppRuntime, quantize
+from nest_integrations.lm.llama_cpp_runtime import (
+    MAX_SEQUENCES,
+    SPLIT_KV_TYPES,
+    LlamaCppRuntime,
+    quantize,
+)
 
 LOG = logging.getLogger(__name__)
 
@@ -313,6 +318,22 @@ class LlamaCppLanguageModel:
                 yield
             finally:
                 self.runtime.exact_steps = before
+
+    def decoding_session(self) -> Any:
+        """The context of one generation (the engine enters it around retrieval and decoding):
+        torch's ops between llama.cpp's decodes run on one thread, so its idle workers do not
+        spin on the cores llama.cpp's threads use (``lm.backend.torch_on_one_thread``)."""
+        from nest_integrations.lm.backend import torch_on_one_thread
+
+        return torch_on_one_thread()
+
+    @property
+    def split_steps(self) -> bool:
+        """Whether one-token steps now run on every thread where an exact one would run on one
+        (inside ``inexact_rows`` at 2+ threads over an F16 cache): a cost curve measured so is
+        kept apart (``lm.cost``)."""
+        rt = self.runtime
+        return rt.threads > 1 and rt.kv_type in SPLIT_KV_TYPES and not rt.exact_steps
 
     def steps_only(self) -> Any:
         """The context of a decoding with no verify pass (greedy without a drafter): no row is
