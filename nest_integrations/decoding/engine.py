@@ -248,7 +248,8 @@ class NestEngine:
             as_chat = string_as_chat(self.lm, prompt, self.string_prompts)
             loop = request.loop(as_chat, max_new_tokens)
             yield from loop.run()
-            ended_at_once = not loop.out.ids and stats.finish_reason == "stop" and not loop.out.stopped
+            ended_at_once = (not loop.out.ids and stats.finish_reason == "stop"
+                             and not loop.out.stopped)
             if not as_chat and chat_retry(self.lm, prompt, self.string_prompts, ended_at_once):
                 stats.finish_reason = ""  # "auto": a completion that ended at once is a question
                 loop = request.loop(True, max_new_tokens)

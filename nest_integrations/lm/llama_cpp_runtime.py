@@ -473,5 +473,14 @@ def quantize(src: Path, dst: Path, qtype: str, threads: int) -> None:
         raise RuntimeError(f"llama_model_quantize {src} -> {qtype} failed ({rc})")
 
 
-__all__ = ["BATCH_TOKENS", "KV_TYPES", "MAX_SEQUENCES", "kv_cache_type", "LlamaCppRuntime", "llama_cpp_module", "quantize",
-           "quantization_name"]
+__all__ = [
+    "BATCH_TOKENS",
+    "KV_TYPES",
+    "MAX_SEQUENCES",
+    "SPLIT_KV_TYPES",
+    "LlamaCppRuntime",
+    "kv_cache_type",
+    "llama_cpp_module",
+    "quantization_name",
+    "quantize",
+]
