@@ -135,7 +135,7 @@ def _lm_dtype(lm: Any) -> str:
     ``split_steps``)."""
     quantization = getattr(lm, "quantization", None)
     if quantization:
-        kv = getattr(getattr(lm, "runtime", None), "kv_type", "F16")
+        kv = getattr(lm, "kv_type", "F16")
         return (f"gguf-{quantization}" + ("" if kv == "F16" else f"+kv{kv}")
                 + ("+inexact" if getattr(lm, "split_steps", False) else ""))
     model = getattr(lm, "model", None)

@@ -86,7 +86,7 @@ def checked(lm: Any) -> bool:
     come from its own kernels), cached per fingerprint, LM class, thread count (the LM's own
     where it has one, as llama.cpp's) and KV cache type where it is not F16."""
     threads = getattr(lm, "threads", None) or torch.get_num_threads()
-    kv = getattr(getattr(lm, "runtime", None), "kv_type", "F16")
+    kv = getattr(lm, "kv_type", "F16")
     key = f"{lm.fingerprint}|{type(lm).__name__}|t{threads}" + ("" if kv == "F16" else f"|kv{kv}")
     return bool(VERDICTS.get(key, lambda: check_rows(lm)))
 

@@ -328,6 +328,12 @@ class LlamaCppLanguageModel:
         return torch_on_one_thread()
 
     @property
+    def kv_type(self) -> str:
+        """The context's KV cache type, ``"F16"`` or ``"BF16"`` (exactness verdicts and cost
+        curves of another type are kept apart)."""
+        return self.runtime.kv_type
+
+    @property
     def split_steps(self) -> bool:
         """Whether one-token steps now run on every thread where an exact one would run on one
         (inside ``inexact_rows`` at 2+ threads over an F16 cache): a cost curve measured so is
