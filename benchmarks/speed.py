@@ -111,6 +111,8 @@ ROWS: dict[str, Row] = {r.name: r for r in (
     # ours on llama.cpp (``NAME@Q4_1``: on the shipped Q4_1 file; ``@Q4_0``: requantised)
     Row("llama.cpp:greedy", "ours on llama.cpp: `greedy`", backend="llama.cpp",
         reference="llama.cpp", lossless=True),
+    Row("llama.cpp:greedy+psg", f"ours on llama.cpp: `greedy`, {_PSG}", backend="llama.cpp",
+        retrieve=True, reference="llama.cpp+psg", lossless=True),
     Row("llama.cpp:prompt-lookup+psg", f"ours on llama.cpp: `prompt-lookup`, {_PSG}",
         "prompt-lookup", backend="llama.cpp", retrieve=True, reference="llama.cpp+psg",
         lossless=True),
@@ -389,7 +391,8 @@ def derive(result: dict[str, Any]) -> dict[str, Any]:
     result["by_set"] = {s: summarize([r for r in recs if r["set"] == s], systems, base)
                         for s in SETS if any(r["set"] == s for r in recs)}
     result["profile"] = {n: profile(recs, n) for n in ("grounded", "rag-greedy", "greedy",
-                                                        "llama.cpp:grounded", "llama.cpp:rag-copy")
+                                                        "llama.cpp:grounded", "llama.cpp:rag-copy",
+                                                        "llama.cpp:greedy+psg")
                          if n in systems}
     result["targets"] = targets(result)
     return result

@@ -73,6 +73,23 @@ def test_the_planner_learns_the_generation_s_acceptance():
         DraftPlanner(FP32, max_len=0)
 
 
+def test_the_planner_takes_the_curve_of_the_step_it_runs_next():
+    """With a second curve (llama.cpp over an F16 cache at 2+ threads: exact steps on every
+    thread while the cache is short, on one past it), the planner plans each draft with the
+    curve ``fast_now`` names at that moment."""
+    flat, steep = CostCurve.from_ratios([1.0, 1.2, 1.4, 1.6]), CostCurve.from_ratios(
+        [1.0, 3.0, 5.0, 7.0])
+    short = [True]
+    planner = DraftPlanner(flat, max_len=3, fast=steep, fast_now=lambda: short[0])
+    planner.observe(40, 40)
+    assert planner.length() == 0  # the steep curve: no draft pays
+    short[0] = False
+    assert planner.length() == 3
+    alone = DraftPlanner(flat, max_len=3)  # one curve: used whatever the cache
+    alone.observe(40, 40)
+    assert alone.length() == 3
+
+
 def test_option_values(tiny_lm, tmp_path, monkeypatch):
     monkeypatch.setenv("NEST_HOME", str(tmp_path))
     assert cost.curve_from(None, tiny_lm) is None and cost.curve_from("off", tiny_lm) is None

@@ -297,6 +297,85 @@ def test_two_threads_need_exact_steps_past_256_positions():
         bf16.close()
 
 
+@pytest.mark.slow
+def test_exact_steps_run_on_every_thread_while_the_cache_is_short(tmp_path, monkeypatch):
+    """ggml splits a one-token step's attention over threads only when the KV view spans 512
+    cells, and llama.cpp pads the view to 256: so over an F16 cache at 2 threads an exact step
+    runs on both threads while no cell past the 256th is in use, and on one thread past it.
+    The runtime keeps an upper bound of the cells in use: exact at the boundary, lowered when
+    the one sequence laid out from cell 0 is cropped (and by a scratch decode of keys that
+    leaves the layout as it was), only raised when another sequence holds cells. Rows equal
+    steps on both sides of the boundary; prompt lookup with drafts accepted on a short prompt
+    equals ``Llama.generate`` at 2 threads, steps on both threads; a drafter's planner takes
+    the curve of the regime its next step runs in."""
+    import llama_cpp
+
+    from nest_integrations.decoding.loop import decode_ids
+    from nest_integrations.drafters import get_method
+    from nest_integrations.drafters.base import DrafterContext
+    from nest_integrations.lm import cost
+    from nest_integrations.types import NestStats
+
+    monkeypatch.setenv("NEST_HOME", str(tmp_path))
+    lm2 = LlamaCppLanguageModel.from_default(threads=2)
+    llm2 = llama_cpp.Llama(model_path=str(default_gguf()), n_ctx=4096, n_threads=2,
+                           n_threads_batch=2, flash_attn=True, verbose=False, seed=0)
+    rt = lm2.runtime
+    try:
+        ids = lm2.tokenize("The Eiffel Tower is a wrought-iron lattice tower in Paris. " * 30)
+        for n_ctx, t, threads in ((40, 9, 2), (223, 33, 2), (240, 17, 1)):
+            assert _rows_vs_steps(lm2, ids[:n_ctx], ids[n_ctx:n_ctx + t]) == 0.0, (n_ctx, t)
+            assert rt._step_threads == threads, (n_ctx, t)  # the last step's threads
+        cache = lm2.new_cache()
+        lm2.forward(ids[:300], cache, last=1)
+        assert lm2.steps_on_every_thread() is False
+        lm2.crop_cache(cache, 100)  # the tail's cells are free again
+        assert rt.cells_bound == 100 and lm2.steps_on_every_thread()
+        lm2.forward(ids[100:105], cache, last=2)  # keys of the last 2 rows: a scratch decode
+        assert rt.cells_bound == 105 and lm2.steps_on_every_thread()
+        other = lm2.new_cache()  # laid out after the first cache's cells
+        lm2.forward_logits(ids[:200], other, last=1)
+        assert rt.cells_bound == 305 and not lm2.steps_on_every_thread()
+        lm2.crop_cache(other, 0)
+        assert rt.cells_bound == 305  # not the sole sequence: the bound stays
+        del cache, other
+        with lm2.inexact_rows():
+            assert lm2.steps_on_every_thread()
+
+        # lossless drafting on a short prompt: both threads, equal to Llama.generate's steps
+        prompt = [1] + lm2.tokenize("The Eiffel Tower is a wrought-iron lattice tower in Paris. "
+                                    "It was named after the engineer Gustave Eiffel. " * 4)
+        assert len(prompt) + N <= 256
+        method, stats = get_method("prompt-lookup"), NestStats()
+        drafter = method.make_drafter(DrafterContext(
+            lm2, NestConfig(), prompt, [], stats=stats, options={"cost_model": "off"}))
+        out, st = decode_ids(lm2, method, prompt, N, eos=frozenset(), drafter=drafter,
+                             stats=stats)
+        assert st.accepted_tokens > 0 and rt._step_threads == 2
+        assert out == llama_generate_n(llm2, prompt, N)
+
+        # the planner's two curves: steps on every thread while the cache is short
+        assert lm2.step_regimes and lm2.exact_curve_context > 256
+        exact = cost.curve_path(lm2)
+        with lm2.inexact_rows():
+            fast = cost.curve_path(lm2)
+        for path, ratios in ((exact, [1.0, 1.2, 1.4, 1.6]), (fast, [1.0, 3.0, 5.0, 7.0])):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(cost.CostCurve.from_ratios(ratios).to_json()),
+                            encoding="utf-8")
+        planner = cost.planner_for("auto", lm2, 3)
+        planner.observe(40, 40)  # acceptance near 1: a draft pays on the flat curve only
+        cache = lm2.new_cache()
+        lm2.forward(ids[:40], cache, last=1)
+        assert planner.length() == 0
+        lm2.forward(ids[40:300], cache, last=1)
+        assert planner.length() == 3
+        del cache
+    finally:
+        lm2.close()
+        llm2.close()
+
+
 def test_an_unknown_kv_cache_type_is_a_clear_error():
     from nest_integrations.lm.llama_cpp_runtime import kv_cache_type
 

@@ -13,6 +13,11 @@ machine, the dtype and the thread count as much as on the method.
   ``$NEST_HOME/cost/<model fingerprint>/<dtype>-t<threads>-<machine>.json`` and reloads it next
   time: one measurement per (model, dtype, threads, machine). ``refresh=True`` (or deleting the
   file, or ``nest_integrations.lm.cost`` run as a script with ``--refresh``) measures again.
+- An LM whose one-token steps change thread count with the cache's length (llama.cpp over an
+  F16 cache at 2+ threads: exact steps run on every thread while no cell past the 256th is in
+  use, on one thread past it) has two curves: ``planner_for`` gives its planner the curve of
+  steps on every thread (measured inside ``inexact_rows``) for the steps that run so
+  (``steps_on_every_thread``), and the exact curve (measured past those cells) for the others.
 - ``DraftPlanner`` picks the draft length: with the acceptance rate ``a`` measured so far in the
   generation (accepted draft tokens over accepted tokens plus rejections, after a small prior),
   a draft of k tokens is expected to commit ``E(k) = 1 + a + ... + a^k`` tokens for
@@ -178,6 +183,9 @@ def measure_curve(lm: Any, tokens: Sequence[int] = DEFAULT_TOKENS, repeats: int 
     tokens = sorted(set(int(t) for t in tokens) | {1})
     if tokens[0] < 1 or repeats < 1:
         raise ValueError("token counts and repeats must be >= 1")
+    # an LM whose exact steps change with the cache's length (llama.cpp, F16, 2+ threads) says
+    # where the curve of its exact steps is measured: past the cells where they go on one thread
+    context = max(int(context), int(getattr(lm, "exact_curve_context", 0) or 0))
     vocab = int(lm.vocab_size)
     prompt = [(1000 + i) % vocab for i in range(context)]
     cache = lm.new_cache()
@@ -248,10 +256,14 @@ class DraftPlanner:
     def __init__(
         self, curve: CostCurve, *, max_len: int, draft_cost: float = 0.0,
         prior: tuple[float, float] = (PRIOR_ACCEPTED, PRIOR_REJECTED),
+        fast: CostCurve | None = None, fast_now: Any = None,
     ) -> None:
         if max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {max_len}")
         self.curve = curve
+        #: the curve of steps on every thread, used while ``fast_now()`` says the next step
+        #: runs so (None: ``curve`` always)
+        self.fast, self.fast_now = fast, fast_now
         self.max_len = int(max_len)
         self.draft_cost = float(draft_cost)
         self.accepted, self.rejected = float(prior[0]), float(prior[1])
@@ -264,7 +276,10 @@ class DraftPlanner:
     def length(self, max_len: int | None = None) -> int:
         """The draft length to use now (0 = a plain step)."""
         cap = self.max_len if max_len is None else min(self.max_len, max_len)
-        return best_length(self.curve, self.alpha, cap, self.draft_cost) if cap >= 1 else 0
+        if cap < 1:
+            return 0
+        curve = self.fast if self.fast is not None and self.fast_now() else self.curve
+        return best_length(curve, self.alpha, cap, self.draft_cost)
 
     def observe(self, drafted: int, accepted: int) -> None:
         """A verified draft: ``accepted`` of its ``drafted`` tokens were taken; a draft cut
@@ -318,7 +333,12 @@ def planner_for(option: Any, lm: Any, max_len: int, draft_cost: float = 0.0
     curve = curve_from(option, lm)
     if curve is None:
         return None
-    return DraftPlanner(curve, max_len=max_len, draft_cost=draft_cost * curve.cost(1))
+    fast = None
+    if (option is True or option == "auto") and getattr(lm, "step_regimes", False):
+        with lm.inexact_rows():  # steps on every thread: what short caches' exact steps run as
+            fast = load_or_measure(lm)
+    return DraftPlanner(curve, max_len=max_len, draft_cost=draft_cost * curve.cost(1),
+                        fast=fast, fast_now=getattr(lm, "steps_on_every_thread", None))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

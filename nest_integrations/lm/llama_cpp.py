@@ -21,9 +21,10 @@ Q8_0) on llama-cpp-python.
 
 Exactness (measured, ``docs/llama_cpp.md``): the rows of a T-token decode (T < 64) equal T
 one-token steps bit for bit, so lossless methods equal greedy decoding. For that, with the
-default F16 KV cache one-token steps run on one thread (``exact_steps``), which relaxed decoding
-(NEST) lifts through ``inexact_rows``, as with the torch backend; with ``kv_type="BF16"`` they
-run on every thread and stay exact.
+default F16 KV cache at 2+ threads, one-token steps run on one thread (``exact_steps``) once a
+KV cell past the 256th may be in use (short caches' steps are exact on every thread:
+``runtime.step_threads``), which relaxed decoding (NEST) lifts through ``inexact_rows``, as
+with the torch backend; with ``kv_type="BF16"`` they run on every thread and stay exact.
 
 KNN-SSD is not available: llama.cpp has no API to skip layers (no ``forward_skip``;
 ``layer_skip_unsupported`` says why where it is asked for).
@@ -64,6 +65,7 @@ from nest_integrations.lm.backend import KNN_SSD_UNSUPPORTED
 from nest_integrations.lm.hf_text import END_TOKENS, tile
 from nest_integrations.lm.llama_cpp_runtime import (
     MAX_SEQUENCES,
+    SPLIT_FREE_CELLS,
     SPLIT_KV_TYPES,
     LlamaCppRuntime,
     quantize,
@@ -341,6 +343,26 @@ class LlamaCppLanguageModel:
         rt = self.runtime
         return rt.threads > 1 and rt.kv_type in SPLIT_KV_TYPES and not rt.exact_steps
 
+    @property
+    def step_regimes(self) -> bool:
+        """Whether exact one-token steps change thread count with the cache's length (2+
+        threads, an F16 cache, outside ``inexact_rows``): on every thread while no KV cell past
+        ``SPLIT_FREE_CELLS`` is in use, on one past it. A drafter's planner then keeps a curve
+        for each (``lm.cost.planner_for``)."""
+        rt = self.runtime
+        return rt.threads > 1 and rt.kv_type in SPLIT_KV_TYPES and rt.exact_steps
+
+    @property
+    def exact_curve_context(self) -> int:
+        """Cached positions the curve of exact steps is measured after (``lm.cost``): past the
+        cells where they move to one thread when ``step_regimes``, else 0 (the default)."""
+        return SPLIT_FREE_CELLS + 64 if self.step_regimes else 0
+
+    def steps_on_every_thread(self) -> bool:
+        """Whether the next one-token step runs on every thread (``runtime.step_threads``)."""
+        rt = self.runtime
+        return rt.step_threads(1) == rt.threads
+
     def steps_only(self) -> Any:
         """The context of a decoding with no verify pass (greedy without a drafter): no row is
         compared with a step, so steps use every thread, as ``Llama.generate`` runs them (the
@@ -390,14 +412,7 @@ class LlamaCppLanguageModel:
     def _scratch_keys(self, seq: int, ids: list[int], pos: list[int]) -> np.ndarray:
         """Final-norm states of ``ids`` at ``pos`` after ``seq``'s earlier positions, from a
         decode in a scratch sequence (``seq`` itself is left as it is)."""
-        rt = self.runtime
-        scratch = rt.take_sequence()
-        try:
-            rt.copy(seq, scratch, 0, pos[0])
-            return rt.decode(ids, [(scratch,)] * len(ids), pos, keys=True, want_logits=False)[1]
-        finally:
-            rt.remove(scratch, 0)
-            rt.give_back(scratch)
+        return self.runtime.scratch_states(seq, ids, pos)
 
     def _check_no_tree(self, cache: LlamaCppCache, tree_ok: bool = False) -> None:
         if cache.released:

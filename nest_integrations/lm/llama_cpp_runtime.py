@@ -19,10 +19,12 @@ llama-cpp-python's low-level API (``llama_cpp.llama_decode`` and friends; no C o
 - a KV cache of ``kv_type`` (``kv_cache_type``): F16, llama.cpp's default, or BF16. ggml's
   flash attention splits a one-token decode's KV cells across threads once the cache spans 512
   cells, but only for an F16 or F32 cache, and the merged partial softmaxes round differently
-  from a verify row. So with F16 at 2+ threads, one-token decodes run on one thread while
-  ``exact_steps`` is set (and ``threads`` for batches); with BF16 every one-token step takes the
-  row path on every thread (bit-exact with verify rows, measured at 2 threads and 600 cached
-  positions), at the price of a slower prompt decode.
+  from a verify row. So with F16 at 2+ threads, while ``exact_steps`` is set, one-token decodes
+  run on one thread once a cell past the 256th may be in use (``SPLIT_FREE_CELLS``; the runtime
+  keeps an upper bound of the cells in use, ``cells_bound``), and on every thread below that
+  (short prompts: the view is 256 cells, never split); batches always run on ``threads``. With
+  BF16 every one-token step takes the row path on every thread (bit-exact with verify rows,
+  measured at 2 threads and 600 cached positions), at the price of a slower prompt decode.
 
 Not thread-safe: ``LlamaCppLanguageModel`` locks around every call.
 """
@@ -54,6 +56,11 @@ KV_TYPES = {"F16": 1, "BF16": 30}
 #: KV cache types whose one-token decodes ggml's flash attention splits over threads (its
 #: split-KV path, past 512 cells), so that they are exact only on one thread.
 SPLIT_KV_TYPES = frozenset({"F16"})
+#: KV cells in use up to which a one-token decode never takes that split path: llama.cpp pads
+#: the attended view to a multiple of 256 cells (``llama_kv_cache::get_n_kv``) and ggml splits
+#: views of 512 or more (``use_split_kv_path`` in ``ggml-cpu/ops.cpp``), so while no cell past
+#: the 256th is in use, exact one-token steps run on every thread too.
+SPLIT_FREE_CELLS = 256
 #: llama.cpp's log levels (``enum ggml_log_level``) as ``logging`` levels, one lower (its
 #: errors are warnings here: the calls that fail raise their own errors); 5 continues a line.
 _LOG_LEVELS = {0: logging.CRITICAL, 1: logging.DEBUG, 2: logging.DEBUG, 3: logging.INFO,
@@ -181,6 +188,11 @@ class LlamaCppRuntime:
         self._released: list[int] = []  # sequences of collected caches, cleared on next use
         self._embeddings: bool | None = None
         self._step_threads = 0
+        #: an upper bound of the KV cells in use (one past the highest: llama.cpp's
+        #: ``used_max_p1``), and the one sequence that holds them at cells equal to its
+        #: positions from cell 0, when one does (None: laid out otherwise, the bound only grows)
+        self.cells_bound = 0
+        self._sole: int | None = None
         self._formatters: dict[str, Any] = {}  # chat template text -> compiled formatter
         self._pieces: dict[tuple[int, bool], bytes] = {}  # (token, special) -> its bytes
         #: one-token decodes on one thread (bit-exact with verify rows; see the module doc)
@@ -251,6 +263,7 @@ class LlamaCppRuntime:
                                "caches, tree branches): drop unused caches")
         if self.live_sequences() == 0:  # every cell free and the head at cell 0, as when fresh
             self.lib.llama_memory_clear(self.mem, False)
+            self.cells_bound, self._sole = 0, None
         seq = self._free.pop()
         self.remove(seq, 0)
         return seq
@@ -280,12 +293,31 @@ class LlamaCppRuntime:
         self._check_open()
         if not self.lib.llama_memory_seq_rm(self.mem, seq, int(start), -1):
             raise RuntimeError(f"llama.cpp could not remove positions {start}.. of sequence {seq}")
+        if seq == self._sole:  # its cells from ``start`` on are free, and llama.cpp's head there
+            self.cells_bound = min(self.cells_bound, max(0, int(start)))
 
     def copy(self, src: int, dst: int, start: int, end: int) -> None:
         """Add ``dst`` to the cells of ``src`` at positions ``[start, end)`` (no data copied:
         the cache is unified)."""
         if end > start:
             self.lib.llama_memory_seq_cp(self.mem, src, dst, int(start), int(end))
+            self._sole = None  # cells held by two sequences: removing one's tail frees none
+
+    def scratch_states(self, seq: int, tokens: Sequence[int], pos: Sequence[int]) -> np.ndarray:
+        """Final-norm states of ``tokens`` at ``pos`` after ``seq``'s earlier positions, from a
+        decode in a scratch sequence dropped afterwards: ``seq`` and the cells' layout are left
+        as they were (the scratch's cells were the free ones after them: ``cells_bound``)."""
+        sole, bound = self._sole, self.cells_bound
+        scratch = self.take_sequence()
+        try:
+            self.copy(seq, scratch, 0, pos[0])
+            return self.decode(tokens, [(scratch,)] * len(tokens), pos, keys=True,
+                               want_logits=False)[1]
+        finally:
+            self.remove(scratch, 0)
+            self.give_back(scratch)
+            if sole == seq:
+                self._sole, self.cells_bound = sole, bound
 
     # ----------------------------------------------------------------------------- decoding
 
@@ -294,8 +326,32 @@ class LlamaCppRuntime:
             self.lib.llama_set_embeddings(self.ctx, on)
             self._embeddings = on
 
+    def _place(self, seqs: Sequence[Sequence[int]], pos: Sequence[int]) -> None:
+        """Update ``cells_bound`` for a decode of these tokens. llama.cpp places each new token
+        in the first free cell at or after its head (or from cell 0), and its head never passes
+        the highest cell in use + 1, so a decode of n tokens raises that cell by at most n;
+        the one sequence laid out from cell 0 with no other cell in use (``_sole``) takes the
+        cells equal to its positions, and removing its tail frees them (``remove``)."""
+        n = len(pos)
+        sole = seqs[0][0] if n and len(seqs[0]) == 1 else None
+        contiguous = (sole is not None and self._sole in (None, sole)
+                      and (self._sole is not None or self.cells_bound == 0)
+                      and all(len(s) == 1 and s[0] == sole for s in seqs)
+                      and list(pos) == list(range(self.cells_bound, self.cells_bound + n)))
+        self._sole = sole if contiguous else None
+        self.cells_bound += n
+
+    def step_threads(self, n: int = 1) -> int:
+        """The threads a one-token decode runs on after ``n`` more tokens are placed: one for an
+        exact step over an F16 cache at 2+ threads once a cell past ``SPLIT_FREE_CELLS`` may be
+        in use (ggml's split path; see the module docstring), else ``threads``."""
+        if (self.exact_steps and self.kv_type in SPLIT_KV_TYPES
+                and self.cells_bound + n > SPLIT_FREE_CELLS):
+            return 1
+        return self.threads
+
     def _set_step_threads(self) -> None:
-        step = 1 if self.exact_steps and self.kv_type in SPLIT_KV_TYPES else self.threads
+        step = self.step_threads(0)
         if step != self._step_threads:
             self.lib.llama_set_n_threads(self.ctx, step, self.threads)
             self._step_threads = step
@@ -316,6 +372,7 @@ class LlamaCppRuntime:
         lib, batch, n = self.lib, self.batch, len(tokens)
         capture = self.capture if keys else None
         self._set_embeddings(keys and capture is None)
+        self._place(seqs, pos)
         self._set_step_threads()
         first_out = 0 if keys else n - logits_last
         logits, states = [], []
@@ -477,6 +534,7 @@ __all__ = [
     "BATCH_TOKENS",
     "KV_TYPES",
     "MAX_SEQUENCES",
+    "SPLIT_FREE_CELLS",
     "SPLIT_KV_TYPES",
     "LlamaCppRuntime",
     "kv_cache_type",
