@@ -896,9 +896,19 @@ def test_drafters_plan_with_the_cached_curve_on_llama_cpp(
     engine = NestEngine(lm, None, InMemoryKeyStore(), NestConfig(key_source="final_norm"))
     path = cost.curve_path(lm)
     path.parent.mkdir(parents=True, exist_ok=True)
-    drafted = {}
-    for name, ratios in (("steep", [1.0, 3.0, 5.0, 7.0]), ("flat", [1.0, 1.05, 1.1, 1.15]),
+    drafted, keyed = {}, {}
+    decode = lm.runtime.decode
+    calls: list[bool] = []
+
+    def spy(*args, **kwargs):  # which decodes returned key rows
+        calls.append(bool(kwargs.get("keys")))
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(lm.runtime, "decode", spy)
+    # flat first: the first lossless generation in a fresh home runs the exactness check
+    for name, ratios in (("flat", [1.0, 1.05, 1.1, 1.15]), ("steep", [1.0, 3.0, 5.0, 7.0]),
                          ("off", None)):
+        calls.clear()
         curve = cost.CostCurve.from_ratios(ratios or [1.0, 3.0, 5.0, 7.0])
         path.write_text(json.dumps(curve.to_json()), encoding="utf-8")
         options = {k: v for k, v in cases[0].options.items() if k != "cost_model"}
@@ -907,8 +917,10 @@ def test_drafters_plan_with_the_cached_curve_on_llama_cpp(
         case = Case(cases[0].label, cases[0].prompt, cases[0].ids, cases[0].passages, options)
         out = run_oracle(engine, [case], N, refs)
         assert_equals_llama(out.mismatches)
-        drafted[name] = out.drafted[label]
+        drafted[name], keyed[name] = out.drafted[label], sum(calls)
     assert drafted["steep"] == 0 < drafted["flat"] and drafted["off"] > 0
+    if label == "dresd":  # a drafter that will not draft asks for no keys (llama.cpp: cheaper)
+        assert keyed["steep"] == 0 < keyed["flat"]
 
 
 def test_rag_copy_cites_the_copies_it_did_not_draft(lm, llama, hf_tokenizer, tmp_path,

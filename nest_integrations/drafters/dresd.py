@@ -122,6 +122,13 @@ class DresdDrafter:
                 break
         return out
 
+    @property
+    def wants_hidden(self) -> bool:
+        """Whether the loop's next pass returns the key vector ``propose`` searches with: not
+        while the cost planner drafts nothing (on llama.cpp a step then runs without keys, and
+        the prompt's pass without the scratch decode of its last key)."""
+        return self.planner is None or self.planner.length() > 0
+
     def propose(self, state: DecodeState) -> Draft | None:
         if state.hidden is None:
             return None
