@@ -66,7 +66,6 @@ from nest_integrations.lm.hf_text import END_TOKENS, tile
 from nest_integrations.lm.llama_cpp_runtime import (
     MAX_SEQUENCES,
     SPLIT_FREE_CELLS,
-    SPLIT_KV_TYPES,
     LlamaCppRuntime,
     quantize,
 )
@@ -340,8 +339,7 @@ class LlamaCppLanguageModel:
         """Whether one-token steps now run on every thread where an exact one would run on one
         (inside ``inexact_rows`` at 2+ threads over an F16 cache): a cost curve measured so is
         kept apart (``lm.cost``)."""
-        rt = self.runtime
-        return rt.threads > 1 and rt.kv_type in SPLIT_KV_TYPES and not rt.exact_steps
+        return self.runtime.steps_can_split and not self.runtime.exact_steps
 
     @property
     def step_regimes(self) -> bool:
@@ -349,8 +347,7 @@ class LlamaCppLanguageModel:
         threads, an F16 cache, outside ``inexact_rows``): on every thread while no KV cell past
         ``SPLIT_FREE_CELLS`` is in use, on one past it. A drafter's planner then keeps a curve
         for each (``lm.cost.planner_for``)."""
-        rt = self.runtime
-        return rt.threads > 1 and rt.kv_type in SPLIT_KV_TYPES and rt.exact_steps
+        return self.runtime.steps_can_split and self.runtime.exact_steps
 
     @property
     def exact_curve_context(self) -> int:
@@ -404,15 +401,10 @@ class LlamaCppLanguageModel:
                 logits, rows = rt.decode(ids, [(seq,)] * n, pos, keys=True)
             else:
                 logits, _ = rt.decode(ids, [(seq,)] * n, pos, keys=False, logits_last=k)
-                rows = (self._scratch_keys(seq, ids[n - k:], pos[n - k:]) if keys
+                rows = (rt.scratch_states(seq, ids[n - k:], pos[n - k:]) if keys
                         else np.empty((0, self.key_dim), dtype=np.float32))
             cache.length = start + n
         return torch.from_numpy(logits), torch.from_numpy(rows)
-
-    def _scratch_keys(self, seq: int, ids: list[int], pos: list[int]) -> np.ndarray:
-        """Final-norm states of ``ids`` at ``pos`` after ``seq``'s earlier positions, from a
-        decode in a scratch sequence (``seq`` itself is left as it is)."""
-        return self.runtime.scratch_states(seq, ids, pos)
 
     def _check_no_tree(self, cache: LlamaCppCache, tree_ok: bool = False) -> None:
         if cache.released:

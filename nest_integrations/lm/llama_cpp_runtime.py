@@ -341,12 +341,18 @@ class LlamaCppRuntime:
         self._sole = sole if contiguous else None
         self.cells_bound += n
 
+    @property
+    def steps_can_split(self) -> bool:
+        """Whether ggml may split a one-token step's attention over threads here (2+ threads,
+        an F16 cache: ``SPLIT_KV_TYPES``), so that exact steps past ``SPLIT_FREE_CELLS`` run on
+        one thread."""
+        return self.threads > 1 and self.kv_type in SPLIT_KV_TYPES
+
     def step_threads(self, n: int = 1) -> int:
         """The threads a one-token decode runs on after ``n`` more tokens are placed: one for an
         exact step over an F16 cache at 2+ threads once a cell past ``SPLIT_FREE_CELLS`` may be
         in use (ggml's split path; see the module docstring), else ``threads``."""
-        if (self.exact_steps and self.kv_type in SPLIT_KV_TYPES
-                and self.cells_bound + n > SPLIT_FREE_CELLS):
+        if self.exact_steps and self.steps_can_split and self.cells_bound + n > SPLIT_FREE_CELLS:
             return 1
         return self.threads
 
