@@ -208,6 +208,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="bf16", help="weights of rows without their own dtype")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads (default: $NEST_THREADS, else the physical cores)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time every row on each prompt this many times, each round in its own "
+                    "rotated order, and keep its fastest run (default 1)")
     ap.add_argument("--n-train", type=int, default=48,
                     help="DReSD in-domain datastore: train prompts (default 48)")
     ap.add_argument("--cost-repeats", type=int, default=5,
@@ -244,8 +247,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.set_list = [s.strip() for s in args.sets.split(",") if s.strip()]
     if set(args.set_list) - set(SETS):
         ap.error(f"unknown set(s) {sorted(set(args.set_list) - set(SETS))}: choose from {SETS}")
-    if args.per_set < 1 or args.max_new_tokens < 1:
-        ap.error("--per-set and --max-new-tokens must be >= 1")
+    if args.per_set < 1 or args.max_new_tokens < 1 or args.rounds < 1:
+        ap.error("--per-set, --max-new-tokens and --rounds must be >= 1")
     return args
 
 
@@ -401,6 +404,21 @@ def derive(result: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------- markdown
 
 
+def rounds_text(result: dict[str, Any]) -> str:
+    """How many rounds each prompt was timed in, and what that did (empty for one round)."""
+    n = result.get("rounds") or 1
+    if n == 1:
+        return ""
+    runs = [x for r in result["records"] for k, x in r.items() if isinstance(x, dict)
+            and x.get("rounds")]
+    spreads = sorted(x["spread"] for x in runs if x.get("spread"))
+    changed = sum(not x.get("same_output", True) for x in runs)
+    return (f"; {n} rounds per prompt, each in its own rotated order, the fastest run of each "
+            f"row kept (slowest / fastest round: median {statistics.median(spreads):.2f}, "
+            f"max {spreads[-1]:.2f}; runs whose rounds gave other tokens: {changed})"
+            if spreads else f"; {n} rounds per prompt, the fastest run of each row kept")
+
+
 def markdown(result: dict[str, Any]) -> str:
     systems, base = result["systems"], result["baseline"]
     lines = [
@@ -411,8 +429,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"{result['n_passages']}; RA prompt = the `grounded` preset's passages. "
         f"{result['per_set']} prompts per set x {result['max_new_tokens']} new tokens max, "
         "greedy, batch 1; every row on each prompt back to back in rotating order, after an "
-        f"untimed warm-up. Held-out: {result['heldout_source']}. DReSD datastore: "
-        f"{result['datastore']}. llama.cpp: {result['llama_cpp'].get('status', '-')}.", "",
+        f"untimed warm-up{rounds_text(result)}. Held-out: {result['heldout_source']}. "
+        f"DReSD datastore: {result['datastore']}. llama.cpp: {result['llama_cpp'].get('status', '-')}.", "",
         f"Columns: tok/s pooled over the set; **×base** = over `{base}` (geo-mean of "
         "per-prompt ratios in brackets); **×ref** = over the row's reference on the same "
         "prompts; **== ref** = outputs identical to the reference; **R-L ref** / **R-L base** / "
@@ -776,8 +794,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     records = []
     for i, q in enumerate(prompts):
         r: dict[str, Any] = {k: q[k] for k in ("set", "id", "prompt", "reference")}
-        for name in harness.rotated(list(systems), i):
-            r[name] = run_row(parts, systems[name], q, args.max_new_tokens)
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+        for k in range(args.rounds):
+            for name in harness.rotated(list(systems), i + k):
+                runs[name].append(run_row(parts, systems[name], q, args.max_new_tokens))
+        for name, done in runs.items():
+            r[name] = done[0] if args.rounds == 1 else harness.fastest(done)
         score(r, systems, args.baseline, scorer)
         records.append(r)
         say(f"prompt {i + 1}/{len(prompts)} ({q['set']}): "
@@ -791,6 +813,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "model": engine.lm.fingerprint, "dtype": args.dtype, "device": str(engine.lm.device),
         "threads": threads, "passages": len(passages), "n_passages": engine.config.n_passages,
         "per_set": args.per_set, "max_new_tokens": args.max_new_tokens, "sets": args.set_list,
+        "rounds": args.rounds,
         "heldout_source": held_source, "baseline": args.baseline,
         "datastore": (f"{args.n_train} \"Tell me about {{title}}.\" prompts' 128-token greedy "
                       "responses, titles disjoint from the prompts") if parts.datastore else "-",

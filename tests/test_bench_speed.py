@@ -33,7 +33,9 @@ def test_parse_args():
     assert args.dtype == "bf16" and args.set_list == ["grounded", "held-out", "qa"]
     assert not any(r.backend == "llama.cpp" for r in speed.parse_args(
         ["--rows", "llama.cpp", "--no-llama-cpp"]).systems.values())
-    for bad in (["--rows", "grounded,turbo"], ["--per-set", "0"], ["--sets", "qa,nope"]):
+    assert args.rounds == 1 and speed.parse_args(["--rounds", "3"]).rounds == 3
+    for bad in (["--rows", "grounded,turbo"], ["--per-set", "0"], ["--sets", "qa,nope"],
+                ["--rounds", "0"]):
         with pytest.raises(SystemExit):
             speed.parse_args(bad)
     assert command_line("benchmarks.speed", ["--per-set", "2", "--out", "a b"]) == (
@@ -75,6 +77,23 @@ def test_rotated_interleaving():
     assert [harness.rotated("abc", i) for i in range(4)] == [
         list("abc"), list("bca"), list("cab"), list("abc")]
     assert harness.geomean([2.0, 0.5]) == pytest.approx(1.0)
+
+
+def test_rounds_keep_each_row_s_fastest_run_and_say_how_far_apart():
+    runs = [{"tokens": 8, "seconds": 1.2, "ids": [1, 2]}, {"tokens": 8, "seconds": 1.0,
+                                                          "ids": [1, 2]},
+            {"tokens": 8, "seconds": 1.5, "ids": [1, 2]}]
+    best = harness.fastest(runs)
+    assert best["seconds"] == 1.0 and best["rounds"] == 3 and best["same_output"]
+    assert best["spread"] == pytest.approx(1.5)
+    assert not harness.fastest([*runs, {"tokens": 8, "seconds": 2.0, "ids": [1, 3]}])[
+        "same_output"]
+    with pytest.raises(ValueError):
+        harness.fastest([])
+    records = [{"set": "qa", "a": best, "b": {**best, "spread": 1.1}}]
+    text = speed.rounds_text({"rounds": 3, "records": records})
+    assert "3 rounds" in text and "max 1.50" in text and "other tokens: 0" in text
+    assert speed.rounds_text({"rounds": 1, "records": records}) == ""
 
 
 def run(tokens, seconds, ids, text="x", **extra):

@@ -14,12 +14,13 @@
 
 from benchmarks.harness.report import fmt, pct, read_jsonl, row, table, write_result
 from benchmarks.harness.run import REPO, RESULTS, Run, machine, parser, setup, start
-from benchmarks.harness.timing import geomean, pooled, rate, ratio, rotated
+from benchmarks.harness.timing import fastest, geomean, pooled, rate, ratio, rotated
 
 __all__ = [
     "REPO",
     "RESULTS",
     "Run",
+    "fastest",
     "fmt",
     "geomean",
     "machine",

@@ -34,6 +34,20 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
 
+def fastest(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The fastest of one row's runs on one prompt (repeated rounds), with ``rounds`` (how
+    many), ``spread`` (slowest / fastest seconds) and ``same_output`` (every round gave the
+    same ids: a deterministic row must): keeping the fastest drops the rounds a neighbour's
+    load slowed, which the rotation alone only spreads over every row."""
+    if not runs:
+        raise ValueError("fastest() needs at least one run")
+    best = min(runs, key=lambda x: x["seconds"])
+    slowest = max(x["seconds"] for x in runs)
+    return {**best, "rounds": len(runs),
+            "spread": slowest / best["seconds"] if best["seconds"] else None,
+            "same_output": all(x.get("ids") == best.get("ids") for x in runs)}
+
+
 def geomean(values: Sequence[float]) -> float | None:
     """The geometric mean of positive ``values``, None for none."""
     logs = [math.log(v) for v in values if v and v > 0]

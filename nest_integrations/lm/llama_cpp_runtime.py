@@ -147,8 +147,7 @@ class KeyCapture:
                           f"(rows, {self.width}) matrix (type {kind}, ne {list(ne)})")
             return True
         data = ctypes.c_void_p.from_address(t + _T_DATA).value
-        rows = (ctypes.c_float * (ne[0] * ne[1])).from_address(data)
-        self.rows.append(np.ctypeslib.as_array(rows).reshape(ne[1], ne[0]).copy())
+        self.rows.append(_floats(data, ne[1], ne[0]))
         return True
 
     def take(self, n: int) -> np.ndarray:
@@ -407,13 +406,11 @@ class LlamaCppRuntime:
                                    f"{': no free KV cells' if rc == 1 else ''}) for {b - a} "
                                    f"tokens (n_ctx {lib.llama_n_ctx(self.ctx)})")
             if n_out and want_logits:
-                ptr = lib.llama_get_logits(self.ctx)
-                logits.append(np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)).copy())
+                logits.append(_floats(lib.llama_get_logits(self.ctx), n_out, self.n_vocab))
             if capture is not None:
                 states.append(capture.take(n_out))
             elif n_out and keys:
-                ptr = lib.llama_get_embeddings(self.ctx)
-                states.append(np.ctypeslib.as_array(ptr, shape=(n_out, self.n_embd)).copy())
+                states.append(_floats(lib.llama_get_embeddings(self.ctx), n_out, self.n_embd))
         return _stack(logits, self.n_vocab), _stack(states, self.n_embd)
 
     # ----------------------------------------------------------------------------- vocabulary
@@ -501,7 +498,27 @@ class LlamaCppRuntime:
 
 
 def _stack(parts: list[np.ndarray], width: int) -> np.ndarray:
+    if len(parts) == 1:
+        return parts[0]  # already a copy of its own (``_floats``)
     return np.concatenate(parts) if parts else np.zeros((0, width), np.float32)
+
+
+_FLOAT_ARRAYS: dict[int, Any] = {}
+
+
+def _floats(ptr: Any, rows: int, width: int) -> np.ndarray:
+    """A copy of the ``(rows, width)`` float32 block at ``ptr`` (a ctypes float pointer or an
+    address). ``np.ctypeslib.as_array`` builds the same view through ctypes' buffer protocol,
+    about 70 us a call right after a decode (its format parsing is cold then): with a cached
+    array type and ``np.frombuffer`` the view costs a few, which counts on a 10 ms step."""
+    n = rows * width
+    kind = _FLOAT_ARRAYS.get(n)
+    if kind is None:
+        kind = _FLOAT_ARRAYS[n] = ctypes.c_float * n
+    address = ptr if isinstance(ptr, int) else ctypes.cast(ptr, ctypes.c_void_p).value
+    if not address:
+        raise RuntimeError("llama.cpp returned no output buffer")
+    return np.frombuffer(kind.from_address(address), dtype=np.float32).reshape(rows, width).copy()
 
 
 def _free(lib: Any, model: Any, ctx: Any, batch: Any) -> None:
