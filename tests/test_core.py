@@ -116,6 +116,29 @@ def test_mixture_is_distribution_property(seed, n, r):
     lambda_in_unit_interval(dist.lam)
 
 
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 60), r=st.integers(1, 40),
+       vocab=st.sampled_from([4, 12, V]), fixed=st.booleans(), temp=st.sampled_from([1.0, 0.7]))
+def test_p_m_equals_the_dense_formula_bit_for_bit(seed, n, r, vocab, fixed, temp):
+    """nest_distribution's p_M (computed with one vocabulary-wide temporary) equals Eq. 3 on the
+    dense p_kNN of Eq. 2, bit for bit, also where several neighbours share a token (a small
+    token range forces that) and with a fixed lambda or an LM temperature."""
+    g = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    mem = _memory([n], seed=seed, values=[rng.integers(3, vocab, size=n)])
+    logits = torch.randn(3, V, generator=g) * 3
+    q = torch.randn(3, 8, generator=g)
+    kw = {"fixed_lm_weight": 0.6} if fixed else {}
+    dist = nest_distribution(logits, q, mem, n_neighbors=r, alpha=0.3, tau=0.1,
+                             lm_temperature=temp, **kw)
+    p_lm = torch.softmax(logits / temp, dim=-1)
+    hits = mem.search(q, r)
+    lam = torch.full((3,), 0.6) if fixed else rrc_lambda(hits, 0.3, 0.1)
+    dense = mixture(p_lm, knn_distribution(hits, mem.values, V, 1 / math.sqrt(8)), lam)
+    assert torch.equal(dist.p, dense) and torch.equal(dist.p_lm, p_lm)
+    assert torch.equal(dist.lam, lam)
+
+
 def test_empty_memory_gives_p_lm():
     """With no keys, p_M equals p_LM exactly."""
     g = torch.Generator().manual_seed(4)
