@@ -32,6 +32,9 @@ Usage::
     python -m benchmarks.speed --per-set 1 --max-new-tokens 8 --quickstart-repeats 1 \\
         --quickstart-tokens 8 --out /tmp/speed                  # smoke run
     python -m benchmarks.speed --render-only --stem speed_all   # re-render from its JSON
+    NEST_THREADS=1 python -m benchmarks.speed --rows llama.cpp:greedy,llama.cpp:grounded \
+        --baseline llama.cpp --rounds 3 --threads 1 --no-curve --quickstart-repeats 0
+        # each prompt 3 times per row, the fastest kept: ratios of a few percent need it
 
 Writes ``<stem>.md`` and ``<stem>.json`` (``--out``, default ``benchmarks/results``).
 """
