@@ -433,7 +433,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"{result['per_set']} prompts per set x {result['max_new_tokens']} new tokens max, "
         "greedy, batch 1; every row on each prompt back to back in rotating order, after an "
         f"untimed warm-up{rounds_text(result)}. Held-out: {result['heldout_source']}. "
-        f"DReSD datastore: {result['datastore']}. llama.cpp: {result['llama_cpp'].get('status', '-')}.", "",
+        f"DReSD datastore: {result['datastore']}. "
+        f"llama.cpp: {result['llama_cpp'].get('status', '-')}.", "",
         f"Columns: tok/s pooled over the set; **×base** = over `{base}` (geo-mean of "
         "per-prompt ratios in brackets); **×ref** = over the row's reference on the same "
         "prompts; **== ref** = outputs identical to the reference; **R-L ref** / **R-L base** / "

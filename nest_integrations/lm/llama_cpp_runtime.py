@@ -503,7 +503,10 @@ def _stack(parts: list[np.ndarray], width: int) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros((0, width), np.float32)
 
 
+#: ctypes float array types by length, for the outputs of steps and verify passes (up to
+#: ``_CACHED_ROWS`` rows); a prompt's rarer, larger outputs make their type each time.
 _FLOAT_ARRAYS: dict[int, Any] = {}
+_CACHED_ROWS = 64
 
 
 def _floats(ptr: Any, rows: int, width: int) -> np.ndarray:
@@ -514,7 +517,9 @@ def _floats(ptr: Any, rows: int, width: int) -> np.ndarray:
     n = rows * width
     kind = _FLOAT_ARRAYS.get(n)
     if kind is None:
-        kind = _FLOAT_ARRAYS[n] = ctypes.c_float * n
+        kind = ctypes.c_float * n
+        if rows <= _CACHED_ROWS:
+            _FLOAT_ARRAYS[n] = kind
     address = ptr if isinstance(ptr, int) else ctypes.cast(ptr, ctypes.c_void_p).value
     if not address:
         raise RuntimeError("llama.cpp returned no output buffer")
