@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nest_integrations.config import Guards, NestConfig
+from nest_integrations.core.sampling import choose_token, top_of
 from nest_integrations.core.token_memory import Hits
 from nest_integrations.core.proposers import span_start
 from nest_integrations.core.verification import (
@@ -99,6 +102,34 @@ def test_eos_guard_ends_where_the_lm_ends_and_min_citation_filters():
     few = engine.generate(" alpha", max_new_tokens=8, passages=passages,
                           config=NestConfig(rrc_offset=10.0, min_citation_tokens=100))
     assert few.citations == [] and few.token_sources == paper.token_sources
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10_000), vocab=st.sampled_from([3, 6, 49_152]),
+       ends=st.sampled_from([[0], [0, 2], [0, 1, 2]]), token=st.integers(0, 2),
+       conf=st.sampled_from([None, 0.3, 0.9]), eos_guard=st.sampled_from([None, 0.2, 0.6]),
+       tie=st.booleans(), path=st.sampled_from(["fp32", "fp64", "grad"]))
+def test_guarded_token_equals_the_two_vetoes(seed, vocab, ends, token, conf, eos_guard, tie,
+                                              path):
+    """``guarded_token`` (one pass over the row, through numpy on a CPU row) makes the choice the
+    batch vetoes make: ``confident_lm_veto``'s top token where the LM is sure, then
+    ``eos_veto``'s most likely end token; ties take the first maximum, as ``torch.argmax``."""
+    g = torch.Generator().manual_seed(seed)
+    row = torch.softmax(torch.randn(vocab, generator=g) * 4, dim=-1)
+    if tie:  # two equal maxima: the first one is the top token
+        row[vocab - 1] = row[0] = row.max()
+    row = {"fp32": row, "fp64": row.double(), "grad": row.clone().requires_grad_()}[path]
+    with torch.no_grad():
+        expected = token
+        if conf is not None:
+            top = int(row.argmax())
+            if float(row[top]) > conf and top != token:
+                expected = top
+        if eos_guard is not None and bool(eos_veto(row[None], ends, eos_guard)[0]):
+            expected = ends[int(row[ends].argmax())]
+        assert guarded_token(token, row, ends, conf, eos_guard) == expected
+        assert top_of(row) == (int(row.argmax()), float(row.max()))
+        assert choose_token(row) == int(row.argmax())
 
 
 def test_guards_as_pure_functions():

@@ -10,6 +10,8 @@ from typing import Sequence
 
 import torch
 
+from nest_integrations.core.sampling import host_row, top_of
+
 
 def _leading_true(ok: torch.Tensor) -> int:
     """Length of the leading run of True values in a 1-D bool tensor."""
@@ -107,14 +109,17 @@ def guarded_token(
         p_lm_row: ``(V,)`` p_LM at the same position.
         eos_ids: the end tokens, sorted.
     """
-    if confidence_guard is not None:
-        top = p_lm_row.max(dim=-1)
-        if float(top.values) > confidence_guard and int(top.indices) != token:
-            token = int(top.indices)
-    if eos_guard is not None and eos_ids:
-        ends = list(eos_ids)
-        if bool(eos_veto(p_lm_row[None], ends, eos_guard)[0]):
-            token = ends[int(p_lm_row[ends].argmax())]
+    ends = list(eos_ids) if eos_guard is not None else []
+    if confidence_guard is None and not ends:
+        return token
+    top, top_p = top_of(p_lm_row)  # one pass over the row serves both guards
+    if confidence_guard is not None and top_p > confidence_guard and top != token:
+        token = top
+    if ends:  # eos_veto on this row: the end tokens' mass, read where the row lives
+        row = host_row(p_lm_row)
+        mass = row[ends] if row is not None else p_lm_row[ends]
+        if top in ends or float(mass.sum()) > eos_guard:
+            token = ends[int(mass.argmax())]
     return token
 
 
