@@ -96,6 +96,23 @@ def test_rounds_keep_each_row_s_fastest_run_and_say_how_far_apart():
     assert speed.rounds_text({"rounds": 1, "records": records}) == ""
 
 
+def test_the_decode_rate_leaves_out_the_prefill_and_pairs_prompts():
+    """``pooled_decode``: tokens after the first over the seconds after the first token, so a
+    row that stops earlier over the same prefill keeps its per-step rate; ``decode_ratio``
+    pairs the prompts where both rows timed their first token."""
+    peer = {"tokens": 11, "seconds": 3.0, "first_s": 2.0}  # 10 steps in 1 s after a 2 s prefill
+    short = {"tokens": 6, "seconds": 2.5, "first_s": 2.0}  # the same steps, stopped at 5
+    records = [{"peer": peer, "ours": short},
+               {"peer": {**peer, "first_s": None}, "ours": short},  # no first token: not paired
+               {"peer": {"tokens": 1, "seconds": 2.0, "first_s": 2.0}, "ours": short}]
+    assert harness.pooled([records[0]], "ours") < 0.7 * harness.pooled([records[0]], "peer")
+    assert harness.pooled_decode([records[0]], "ours") == pytest.approx(10.0)
+    assert harness.pooled_decode(records, "peer") == pytest.approx(10.0)
+    assert speed.decode_ratio(records, "ours", "peer") == pytest.approx(1.0)
+    assert speed.decode_ratio(records, "ours", None) is None
+    assert harness.pooled_decode([{"peer": {**peer, "first_s": None}}], "peer") is None
+
+
 def run(tokens, seconds, ids, text="x", **extra):
     return {"tokens": tokens, "seconds": seconds, "ids": ids, "text": text, **extra}
 
@@ -191,7 +208,7 @@ def test_targets_and_markdown(records):
     assert "RA prefill (prompt forward) 40.0%" in md
     assert "llama.cpp: not importable: x." in md
     assert ("| `grounded` (the default: RA-NEST + guards) | 12.0 | 0.80 (1.00) | "
-            "1.60 (rag-greedy) | 1/2 |") in md
+            "1.60 (rag-greedy) | - | 1/2 |") in md
 
 
 def test_llama_cpp_rows_and_targets(records):

@@ -5,7 +5,8 @@
   and ``parser``/``start``, the opening of every benchmark's ``main``;
 - ``report``: the one result writer (Markdown + JSON, both headed by the run record), table
   helpers, and ``read_jsonl`` for raw records (plain or gzipped);
-- ``timing``: rotating interleaving of systems per prompt, pooled tokens/s and ratios;
+- ``timing``: rotating interleaving of systems per prompt, pooled tokens/s (whole answers, and
+  the decode after the first token) and ratios;
 - ``prompts``: the shared prompt sets (sample-corpus completions, held-out leads, QA,
   "Tell me about {title}." chat prompts);
 - ``systems``: ``Row``, the definition of one system under test (engine, backend, dtype, method,
@@ -14,7 +15,15 @@
 
 from benchmarks.harness.report import fmt, pct, read_jsonl, row, table, write_result
 from benchmarks.harness.run import REPO, RESULTS, Run, machine, parser, setup, start
-from benchmarks.harness.timing import fastest, geomean, pooled, rate, ratio, rotated
+from benchmarks.harness.timing import (
+    fastest,
+    geomean,
+    pooled,
+    pooled_decode,
+    rate,
+    ratio,
+    rotated,
+)
 
 __all__ = [
     "REPO",
@@ -27,6 +36,7 @@ __all__ = [
     "parser",
     "pct",
     "pooled",
+    "pooled_decode",
     "rate",
     "ratio",
     "read_jsonl",

@@ -18,7 +18,8 @@ model requantised once, ``lm.llama_cpp.resolve_gguf``), and its prompts are
 tokenized by llama.cpp, as a llama.cpp user's are.
 
 A run returns ``{"ids", "tokens", "seconds", "text", ...}`` (engine rows add their ``NestStats``
-counters and a time profile), or None when the system is not available here.
+counters and a time profile; engine and llama.cpp rows say in ``first_s`` when the decode began:
+the seconds to the first token), or None when the system is not available here.
 """
 
 from __future__ import annotations
@@ -301,8 +302,12 @@ def run_nest(parts: Parts, row: Row, q: dict[str, Any], max_new: int, engine: An
     parts.prefill.take()
     r = engine.generate(messages(q), max_new_tokens=max_new, decoding=row.method, **kwargs)
     st = r.stats
+    prefill = parts.prefill.take()
     return {
         "ids": list(r.token_ids), "tokens": st.new_tokens, "seconds": st.time_total,
+        # the work before the decode, as a peer's first token: retrieval and the answer
+        # policy's plan, the keys, the prompt's forward
+        "first_s": st.time_retrieval + st.time_keys + prefill,
         "text": r.text, "prompt_tokens": st.prompt_tokens, "attributed": st.attributed_tokens,
         "verify_steps": st.verify_steps, "accepted": st.accepted_tokens,
         "drafted": st.drafted_tokens, "forwards": st.forward_passes,
@@ -310,7 +315,7 @@ def run_nest(parts: Parts, row: Row, q: dict[str, Any], max_new: int, engine: An
         "decoding": getattr(st, "decoding", None),
         "ahead_fed": getattr(st, "ahead_fed", 0), "ahead_reused": getattr(st, "ahead_tokens", 0),
         "time": {"retrieval": st.time_retrieval, "keys": st.time_keys,
-                 "prefill": parts.prefill.take(), "lm": st.time_lm, "knn": st.time_knn,
+                 "prefill": prefill, "lm": st.time_lm, "knn": st.time_knn,
                  "draft": st.time_draft, "total": st.time_total},
     }
 
@@ -358,8 +363,9 @@ def run_peer_llama_cpp(parts: Parts, row: Row, q: dict[str, Any], max_new: int
         return None
     lm = engine.lm
     ids, prep = peer_prompt_ids(parts, row, q, engine)
-    out, seconds = llama_generate(llm, ids, max_new, lm.eos_token_ids)
+    out, seconds, first = llama_generate(llm, ids, max_new, lm.eos_token_ids)
     return {"ids": out, "tokens": len(out), "seconds": seconds + prep,
+            "first_s": None if first is None else first + prep,
             "text": lm.detokenize(out), "prompt_tokens": len(ids), "attributed": None}
 
 
@@ -481,16 +487,20 @@ def load_llama(threads: int, extra_bufts: bool = False, *, path: str | None = No
 
 
 def llama_generate(llm: Any, ids: list[int], max_new: int, eos: frozenset[int]
-                   ) -> tuple[list[int], float]:
-    """Greedy (temperature 0) from token ids, a fresh context each call: (ids, seconds)."""
+                   ) -> tuple[list[int], float, float | None]:
+    """Greedy (temperature 0) from token ids, a fresh context each call: (ids, seconds,
+    seconds until the first token was ready: the prompt's decode; None when there was none)."""
     out: list[int] = []
+    first: float | None = None
     t0 = time.perf_counter()
     llm.reset()
     for tok in llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
                             reset=True):
+        if first is None:
+            first = time.perf_counter() - t0
         if tok in eos or len(out) >= max_new:
             break
         out.append(tok)
         if len(out) >= max_new:
             break
-    return out, time.perf_counter() - t0
+    return out, time.perf_counter() - t0, first

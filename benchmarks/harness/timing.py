@@ -29,6 +29,20 @@ def pooled(rows: Sequence[dict[str, Any]], name: str) -> float | None:
     return tokens / seconds if res and seconds else None
 
 
+def pooled_decode(rows: Sequence[dict[str, Any]], name: str) -> float | None:
+    """The decode's own rate of system ``name`` across ``rows``: tokens after the first over
+    the seconds after the first token, pooled. A run says when its first token was ready in
+    ``first_s`` (the work before the decode: retrieval, keys, the prompt's forward); runs
+    without it, or with fewer than two tokens, are left out. Unlike ``pooled`` this rate does
+    not move when a row prefills the same prompt and stops earlier (a repeat guard): it
+    compares the steps."""
+    res = [r[name] for r in rows if r.get(name) and r[name].get("first_s") is not None
+           and r[name]["tokens"] > 1]
+    tokens = sum(x["tokens"] - 1 for x in res)
+    seconds = sum(x["seconds"] - x["first_s"] for x in res)
+    return tokens / seconds if res and seconds > 0 else None
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     """``a / b``, None when either is missing or zero."""
     return a / b if a and b else None
