@@ -167,3 +167,90 @@ def test_plain_steps_feed_the_planner_so_copying_resumes_drafts():
     before = drafter.planner.alpha
     drafter.cite(state, 1234)  # the model leaves the copy
     assert drafter.planner.alpha < before
+
+
+#: llama.cpp's Q8_0 curve on the AMD EPYC (docs/llama_cpp.md): a 2-row pass costs 2.7 steps.
+STEEP = CostCurve.from_ratios([1.0, 2.68, 3.15, 3.8, 4.45, 4.8, 5.1, 5.45, 5.78])
+
+
+def test_a_draft_shorter_than_planned_is_verified_only_where_its_length_pays():
+    """``pays(k)``: a draft of exactly k tokens beats a plain step (best_length's test for each
+    k). Where acceptance is high the planner sizes long drafts, but 1 or 2 tokens never pay on
+    llama.cpp's steep first step."""
+    p = DraftPlanner(STEEP, max_len=8)
+    for _ in range(8):
+        p.observe(drafted=8, accepted=8)
+    assert p.length() == 8 and p.pays(8)
+    assert not p.pays(1) and not p.pays(2) and not p.pays(0)
+    for a in (0.3, 0.8, 0.9, 0.97):
+        rates = [expected_tokens(a, k) / STEEP.cost(k + 1) for k in range(9)]
+        assert [cost.pays(STEEP, a, k) for k in range(9)] == [
+            k > 0 and rates[k] > rates[0] * (1 + 1e-9) for k in range(9)]
+    assert all(cost.pays(BF16, 0.9, k) for k in range(1, 9))  # a flat curve: any draft pays
+
+
+def _span_drafter(curve):
+    """NEST's drafter over one 10-token passage, its planner on ``curve`` and sure of copies."""
+    import numpy as np
+
+    from nest_integrations.config import NestConfig
+    from nest_integrations.core.token_memory import TokenMemory
+    from nest_integrations.drafters.base import DecodeState, DrafterContext
+    from nest_integrations.drafters.nest import NestDrafter
+    from nest_integrations.types import Passage, PassageKeys
+
+    ids = np.arange(100, 110)
+    keys = PassageKeys("p0", np.zeros((10, 4), np.float16), ids, np.zeros((10, 2), np.int32))
+    memory = TokenMemory([keys])
+    cfg = NestConfig(max_span=8)
+    ctx = DrafterContext(None, cfg, [], [Passage("p0", "x", "d0")], memory=memory,
+                         options={"cost_model": curve})
+    drafter = NestDrafter(ctx)
+    for _ in range(8):
+        drafter.planner.observe(8, 8)
+    state = DecodeState(prompt_ids=[1], out_ids=[], budget=50, config=cfg, eos=frozenset(),
+                        passages=[], offsets=[], lm=None, cache=None, choose_token=lambda r: 0)
+    return drafter, state
+
+
+@pytest.mark.parametrize("row, expected", [(2, 8), (8, 1), (7, 1), (5, 5)])
+def test_nest_copies_a_span_too_short_to_pay_row_by_row(row, expected):
+    """A copy that goes on from row ``row`` of a 10-row passage has 10 - row rows left (at most
+    the planned 8). On the steep curve a 2- or 3-row verify pass costs more steps than it saves:
+    the drafter then proposes only the next row (checked against p_M before any pass), and the
+    copy goes on row by row. On a flat curve the short span is verified as it is."""
+    drafter, state = _span_drafter(list(STEEP.ratio(t) for t in range(1, 10)))
+    drafter._stream_row = row  # a fully accepted span ended at row - 1
+    draft = drafter.propose(state)
+    assert draft.tokens == list(range(100 + row, 100 + row + expected))
+    assert not draft.chosen_first
+    flat, state = _span_drafter([1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.35, 1.4])
+    flat._stream_row = row
+    assert len(flat.propose(state)) == min(8, 10 - row)
+
+
+def test_a_short_ngram_match_is_a_plain_step_that_still_feeds_the_planner():
+    """Prompt lookup planned 8 tokens but the match near the prompt's end offers one: on the
+    steep curve a 1-token draft loses, so ``propose`` gives none, and the plain step's token is
+    still checked against that match (``cite``), which feeds the acceptance estimate."""
+    from nest_integrations.config import NestConfig
+    from nest_integrations.drafters.base import DecodeState
+    from nest_integrations.drafters.prompt_lookup import PromptLookupDrafter
+
+    drafter = PromptLookupDrafter(max_ngram=2, min_ngram=1, num_tokens=8)
+    drafter.planner = DraftPlanner(STEEP, max_len=8)
+    for _ in range(8):
+        drafter.planner.observe(8, 8)
+    drafter.num_tokens = drafter.planner.length()
+    assert drafter.num_tokens == 8
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
+    state = DecodeState(prompt_ids=prompt + [40, 40], out_ids=[], budget=50,
+                        config=NestConfig(), eos=frozenset(), passages=[], offsets=[], lm=None,
+                        cache=None, choose_token=lambda row: 0)
+    assert drafter.continuation(state, 8).tokens == [40]  # "40" matches one token from the end
+    assert drafter.propose(state) is None
+    before = drafter.planner.accepted
+    drafter.cite(state, 40)
+    assert drafter.planner.accepted == before + 1
+    state.prompt_ids = prompt + [40, 8]  # "8" matches with 8 tokens to copy: drafted
+    assert drafter.propose(state).tokens == list(range(9, 17))

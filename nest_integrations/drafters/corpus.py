@@ -143,6 +143,8 @@ class AdaptiveLength:
             return None
         draft = self.continuation(state, n_draft)
         self._looked = (len(state.out_ids), draft)
+        if draft is not None and self.planner is not None and not self.planner.pays(len(draft)):
+            return None  # a match shorter than planned does not pay: a plain step, cite() reads it
         return draft
 
     def cite(self, state: DecodeState, token: int) -> Source:

@@ -12,9 +12,10 @@ At each decision point, with p_M at the next position known:
 Span length: ``NestConfig.max_span``, or, with a cost model (``drafter_options={"cost_model":
 ...}``; on llama.cpp ``"auto"`` by default, ``lm.cost.BACKEND_COST_MODEL``), at most one more
 than the draft length the measured verify cost pays for at the acceptance seen so far
-(``lm.cost.DraftPlanner``). A span cut to one token is copied on row by row: its next row is
-proposed at the next step and checked against p_M before any forward pass, so the copy and
-its citation go on, and that check feeds the acceptance estimate.
+(``lm.cost.DraftPlanner``); a span that ends before that length is verified only where its
+own length pays (``DraftPlanner.pays``). A span cut to one token is copied on row by row: its
+next row is proposed at the next step and checked against p_M before any forward pass, so the
+copy and its citation go on, and that check feeds the acceptance estimate.
 
 Accepted rows are masked so the same keys are never proposed again (unless strict acceptance
 keeps p_M history-free for the lossless preset).
@@ -69,7 +70,7 @@ class NestDrafter:
         if self.planner is not None:  # the first token is decided: a span verifies the rest
             limit = min(limit, 1 + self.planner.length())
         if self._stream_row is not None:  # continuation of the last fully accepted span
-            rows = span_draft(memory, self._stream_row, limit, state.eos)
+            rows = self._paying(span_draft(memory, self._stream_row, limit, state.eos))
             self._stream_row = None
             if rows:
                 return self._draft(rows, chosen_first=False)
@@ -81,6 +82,7 @@ class NestDrafter:
             start = span_start(dist.hits, memory, w, max_passage=cfg.span_passages,
                                allowed=self._allowed)
         rows = span_draft(memory, start, limit, state.eos) if start is not None else []
+        rows = self._paying(rows)
         if not rows or w in state.eos:  # token mode: w alone, cited when its neighbour carries it
             self._rows = None
             src = self._token_source(dist, w)
@@ -88,6 +90,16 @@ class NestDrafter:
                 memory.mask([int(dist.hits.rows[0, 0])])
             return Draft([w], [src], chosen_first=True)
         return self._draft(rows, chosen_first=True)
+
+    def _paying(self, rows: list[int]) -> list[int]:
+        """``rows``, or only the first where a cost model says their verify pass does not pay:
+        a span the planner sized but that ends sooner (at its passage's end, before an end
+        token) has fewer rows than planned, and a short verify pass can cost more steps than
+        it saves (on llama.cpp here a 2-row pass costs 2.7 steps). The copy then goes on row
+        by row, each checked against p_M before any pass."""
+        if self.planner is not None and len(rows) > 1 and not self.planner.pays(len(rows) - 1):
+            return rows[:1]
+        return rows
 
     def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:
         rows, memory = self._rows, self.memory

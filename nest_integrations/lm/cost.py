@@ -249,6 +249,17 @@ def best_length(curve: CostCurve, alpha: float, max_len: int, draft_cost: float 
     return best_k
 
 
+def pays(curve: CostCurve, alpha: float, k: int, draft_cost: float = 0.0) -> bool:
+    """Whether a draft of exactly ``k`` tokens beats a plain step at acceptance ``alpha`` (the
+    test ``best_length`` applies to each k). A drafter that planned a longer draft but found
+    fewer tokens (a copy that reaches its passage's end, an n-gram match near the context's
+    end) asks this before it spends a verify pass on them."""
+    if k < 1:
+        return False
+    rate = expected_tokens(alpha, k) / (curve.cost(k + 1) + k * draft_cost)
+    return rate > (1.0 / curve.cost(1)) * (1 + 1e-9)
+
+
 class DraftPlanner:
     """Draft lengths for one generation from a cost curve and the acceptance measured so far
     (see the module docstring). ``draft_cost`` is per drafted token, in the curve's units."""
@@ -278,8 +289,16 @@ class DraftPlanner:
         cap = self.max_len if max_len is None else min(self.max_len, max_len)
         if cap < 1:
             return 0
-        curve = self.fast if self.fast is not None and self.fast_now() else self.curve
-        return best_length(curve, self.alpha, cap, self.draft_cost)
+        return best_length(self._curve(), self.alpha, cap, self.draft_cost)
+
+    def pays(self, k: int) -> bool:
+        """Whether a draft of exactly ``k`` tokens pays now (``pays``): a draft shorter than
+        ``length()`` planned may not."""
+        return pays(self._curve(), self.alpha, k, self.draft_cost)
+
+    def _curve(self) -> CostCurve:
+        """The curve of the step that runs next (``fast`` while ``fast_now()`` says so)."""
+        return self.fast if self.fast is not None and self.fast_now() else self.curve
 
     def observe(self, drafted: int, accepted: int) -> None:
         """A verified draft: ``accepted`` of its ``drafted`` tokens were taken; a draft cut
