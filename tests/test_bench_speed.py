@@ -330,3 +330,24 @@ def test_an_engine_in_a_second_dtype_keeps_the_default_engine_s_policy(tiny_lm, 
     assert other is not first and other.policy == first.policy
     assert other.policy.method().name == "rag-copy"
     assert other.string_prompts == first.string_prompts
+
+
+def test_the_run_record_says_how_model_files_are_mapped(tmp_path):
+    """``model_mappings`` reads this process's maps of model files (size, and the part in 2 MB
+    pages), and the run line reports the share: a systematic shift between two rows of one run
+    can come from one model's weights sitting in 4 kB pages."""
+    import mmap
+    import sys
+
+    from benchmarks.harness.report import mapping_text
+    from benchmarks.harness.run import model_mappings
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads /proc/self/smaps")
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(b"\0" * (4 << 20))
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ):
+        maps = [x for x in model_mappings() if x["file"] == "tiny.gguf"]
+        assert len(maps) == 1 and maps[0]["kb"] >= 4096 and 0 <= maps[0]["pmd_kb"] <= maps[0]["kb"]
+    assert mapping_text([{"file": "a.gguf", "kb": 200, "pmd_kb": 50}]).endswith("a.gguf 25%.")
+    assert mapping_text([]) == "" and mapping_text(None) == ""

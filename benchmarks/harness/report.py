@@ -45,8 +45,19 @@ def run_lines(record: dict[str, Any]) -> list[str]:
         f"Run: {record['when']}, commit `{record['commit']}`, {record['wall_s']:.0f} s wall. "
         f"Machine: {m['cpu']}, {m['cpus']} CPUs{threads}{bf16}; load average "
         f"{record['load_start'][0]:.2f} at start, {record['load_end'][0]:.2f} at end (a shared "
-        "machine: compare ratios measured side by side, not absolute speeds).",
+        "machine: compare ratios measured side by side, not absolute speeds)."
+        + mapping_text(record.get("model_mappings")),
     ]
+
+
+def mapping_text(maps: list[dict[str, Any]] | None) -> str:
+    """`` Model files mapped: <file> 43% in 2 MB pages, ...`` for a run record's
+    ``model_mappings`` (empty when there are none)."""
+    if not maps:
+        return ""
+    return " Model files mapped (share in 2 MB pages, at the end of the run): " + ", ".join(
+        f"{m['file']} {100 * m['pmd_kb'] / m['kb']:.0f}%" if m["kb"] else m["file"]
+        for m in maps) + "."
 
 
 def write_result(out: str | Path, stem: str, result: dict[str, Any], markdown: str,

@@ -69,6 +69,31 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def model_mappings(suffix: str = ".gguf") -> list[dict[str, Any]]:
+    """The memory maps of model files (``suffix``) in this process, from ``/proc/self/smaps``:
+    file name, mapped kB, and kB mapped through 2 MB pages (``FilePmdMapped``; empty where the
+    kernel does not say). Two models that map the same file can differ here, and a model whose
+    weights sit in 4 kB pages pays TLB misses on every step: a run-to-run shift of several
+    percent between two rows of one run that no interleaving evens out."""
+    out: list[dict[str, Any]] = []
+    try:
+        text = Path("/proc/self/smaps").read_text()
+    except OSError:
+        return out
+    cur: dict[str, Any] | None = None
+    for line in text.splitlines():
+        head = line.split(None, 5)
+        if len(head) >= 5 and "-" in head[0] and ":" not in head[0]:  # a mapping's first line
+            name = head[5] if len(head) == 6 else ""
+            cur = {"file": Path(name).name, "kb": 0, "pmd_kb": 0} if name.endswith(suffix) \
+                else None
+            if cur is not None:
+                out.append(cur)
+        elif cur is not None and line.startswith(("Size:", "FilePmdMapped:")):
+            cur["kb" if line.startswith("Size:") else "pmd_kb"] = int(line.split()[1])
+    return out
+
+
 def load() -> list[float]:
     """The 1, 5 and 15 minute load averages."""
     return [round(x, 2) for x in os.getloadavg()]
@@ -98,6 +123,9 @@ class Run:
                 "load_start": self.load_start, "load_end": load(), "commit": self.commit,
                 "wall_s": round(time.perf_counter() - self.started, 1),
             }
+            maps = model_mappings()
+            if maps:
+                self.record["model_mappings"] = maps
         return self.record
 
 
