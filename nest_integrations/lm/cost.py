@@ -237,13 +237,19 @@ def expected_tokens(alpha: float, k: int) -> float:
     return sum(alpha**j for j in range(k + 1))
 
 
+def draft_rate(curve: CostCurve, alpha: float, k: int, draft_cost: float = 0.0) -> float:
+    """Expected tokens per second of a k-token draft, ``E(k) / (c(k + 1) + k * draft_cost)``
+    (k = 0: a plain step, ``1 / c(1)``). ``draft_cost`` is the seconds of drafting one token
+    (0 for copy drafters)."""
+    return expected_tokens(alpha, k) / (curve.cost(k + 1) + k * draft_cost)
+
+
 def best_length(curve: CostCurve, alpha: float, max_len: int, draft_cost: float = 0.0) -> int:
-    """The k in ``0..max_len`` with the most expected tokens per second,
-    ``E(k) / (c(k + 1) + k * draft_cost)``; ties go to the shorter draft. ``draft_cost`` is the
-    seconds of drafting one token (0 for copy drafters)."""
-    best_k, best_rate = 0, 1.0 / curve.cost(1)
+    """The k in ``0..max_len`` with the most expected tokens per second (``draft_rate``); ties
+    go to the shorter draft."""
+    best_k, best_rate = 0, draft_rate(curve, alpha, 0)
     for k in range(1, max_len + 1):
-        rate = expected_tokens(alpha, k) / (curve.cost(k + 1) + k * draft_cost)
+        rate = draft_rate(curve, alpha, k, draft_cost)
         if rate > best_rate * (1 + 1e-9):
             best_k, best_rate = k, rate
     return best_k
@@ -256,8 +262,7 @@ def pays(curve: CostCurve, alpha: float, k: int, draft_cost: float = 0.0) -> boo
     end) asks this before it spends a verify pass on them."""
     if k < 1:
         return False
-    rate = expected_tokens(alpha, k) / (curve.cost(k + 1) + k * draft_cost)
-    return rate > (1.0 / curve.cost(1)) * (1 + 1e-9)
+    return draft_rate(curve, alpha, k, draft_cost) > draft_rate(curve, alpha, 0) * (1 + 1e-9)
 
 
 class DraftPlanner:
