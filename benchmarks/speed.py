@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from benchmarks import harness
-from benchmarks.harness import fmt, pct, pooled, pooled_decode, rate, ratio, table
+from benchmarks.harness import decode_timed, fmt, pct, pooled, pooled_decode, rate, ratio, table
 from benchmarks.harness.prompts import SETS
 from benchmarks.harness.systems import Parts, Row, quant_name, run_row
 
@@ -326,9 +326,7 @@ def decode_ratio(records: list[dict[str, Any]], name: str, reference: str | None
     prompts where both timed their first token (paired)."""
     if not reference:
         return None
-    both = [r for r in records
-            if all(r.get(n) and r[n].get("first_s") is not None and r[n]["tokens"] > 1
-                   for n in (name, reference))]
+    both = [r for r in records if decode_timed(r, name) and decode_timed(r, reference)]
     return ratio(pooled_decode(both, name), pooled_decode(both, reference))
 
 

@@ -15,6 +15,7 @@ from nest_integrations.core.token_memory import Hits, TokenMemory
 from nest_integrations.core.mixture import (
     knn_distribution,
     mixture,
+    mixture_host,
     nest_distribution,
     rrc_lambda,
 )
@@ -119,10 +120,11 @@ def test_mixture_is_distribution_property(seed, n, r):
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(1, 60), r=st.integers(1, 40),
        vocab=st.sampled_from([4, 12, V]), fixed=st.booleans(), temp=st.sampled_from([1.0, 0.7]))
-def test_p_m_equals_the_dense_formula_bit_for_bit(seed, n, r, vocab, fixed, temp):
-    """nest_distribution's p_M (computed with one vocabulary-wide temporary) equals Eq. 3 on the
-    dense p_kNN of Eq. 2, bit for bit, also where several neighbours share a token (a small
-    token range forces that) and with a fixed lambda or an LM temperature."""
+def test_p_m_equals_the_dense_formula(seed, n, r, vocab, fixed, temp):
+    """nest_distribution's p_M (on a CPU: numpy, never writing p_kNN out) equals Eq. 3 on the
+    dense p_kNN of Eq. 2 with Eq. 4's lambda, computed in float64 from the same hits, to fp32
+    rounding; also where several neighbours share a token (a small token range forces that),
+    with a fixed lambda or an LM temperature. p_LM is the softmax itself, bit for bit."""
     g = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
     mem = _memory([n], seed=seed, values=[rng.integers(3, vocab, size=n)])
@@ -132,11 +134,40 @@ def test_p_m_equals_the_dense_formula_bit_for_bit(seed, n, r, vocab, fixed, temp
     dist = nest_distribution(logits, q, mem, n_neighbors=r, alpha=0.3, tau=0.1,
                              lm_temperature=temp, **kw)
     p_lm = torch.softmax(logits / temp, dim=-1)
+    assert torch.equal(dist.p_lm, p_lm)
     hits = mem.search(q, r)
-    lam = torch.full((3,), 0.6) if fixed else rrc_lambda(hits, 0.3, 0.1)
-    dense = mixture(p_lm, knn_distribution(hits, mem.values, V, 1 / math.sqrt(8)), lam)
-    assert torch.equal(dist.p, dense) and torch.equal(dist.p_lm, p_lm)
-    assert torch.equal(dist.lam, lam)
+    assert torch.equal(dist.hits.rows, hits.rows) and torch.equal(dist.hits.dist, hits.dist)
+    d = hits.dist.double()
+    lam = torch.full((3,), 0.6, dtype=torch.float64) if fixed else torch.sigmoid(
+        (d[:, 0] / d[:, -1] - 0.3) / 0.1)
+    w = torch.softmax(-d / math.sqrt(8), -1)
+    p_knn = torch.zeros(3, V, dtype=torch.float64).scatter_add_(1, mem.values[hits.rows], w)
+    dense = lam[:, None] * p_lm.double() + (1 - lam[:, None]) * p_knn
+    torch.testing.assert_close(dist.lam.double(), lam, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(dist.p.double(), dense, rtol=1e-5, atol=1e-7)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 60), r=st.integers(1, 80),
+       used=st.integers(0, 20))
+def test_the_host_and_device_paths_agree(seed, n, r, used):
+    """The CPU's numpy search and mixture (``_search_host``, ``mixture_host``) and the torch ops
+    a GPU runs (``_search_device``, ``rrc_lambda``, ``knn_distribution``, ``mixture``) give the
+    same neighbours, lambdas and p_M up to fp32 rounding, with masked keys too."""
+    g = torch.Generator().manual_seed(seed)
+    mem = _memory([n], seed=seed)
+    mem.mask(range(min(used, n - 1)))
+    q = torch.randn(2, 8, generator=g)
+    r_eff = min(r, mem.n_available)
+    host, device = mem._search_host(q, r_eff), mem._search_device(q, r_eff)
+    assert torch.equal(host.rows, device.rows)
+    torch.testing.assert_close(host.dist, device.dist, rtol=1e-5, atol=1e-5)
+    p_lm = torch.softmax(torch.randn(2, V, generator=g) * 3, -1)
+    p, lam = mixture_host(p_lm, host, mem.values_host, mu=0.25, alpha=0.3, tau=0.1)
+    lam_d = rrc_lambda(device, 0.3, 0.1)
+    p_d = mixture(p_lm, knn_distribution(device, mem.values, V, 0.25), lam_d)
+    torch.testing.assert_close(lam, lam_d, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(p, p_d, rtol=1e-4, atol=1e-6)
 
 
 def test_empty_memory_gives_p_lm():

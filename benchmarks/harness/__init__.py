@@ -16,6 +16,7 @@
 from benchmarks.harness.report import fmt, pct, read_jsonl, row, table, write_result
 from benchmarks.harness.run import REPO, RESULTS, Run, machine, parser, setup, start
 from benchmarks.harness.timing import (
+    decode_timed,
     fastest,
     geomean,
     pooled,
@@ -29,6 +30,7 @@ __all__ = [
     "REPO",
     "RESULTS",
     "Run",
+    "decode_timed",
     "fastest",
     "fmt",
     "geomean",

@@ -51,8 +51,8 @@ def run_lines(record: dict[str, Any]) -> list[str]:
 
 
 def mapping_text(maps: list[dict[str, Any]] | None) -> str:
-    """`` Model files mapped: <file> 43% in 2 MB pages, ...`` for a run record's
-    ``model_mappings`` (empty when there are none)."""
+    """`` Model files mapped (share in 2 MB pages, at the end of the run): <file> 43%, ...``
+    for a run record's ``model_mappings`` (empty when there are none)."""
     if not maps:
         return ""
     return " Model files mapped (share in 2 MB pages, at the end of the run): " + ", ".join(

@@ -29,6 +29,13 @@ def pooled(rows: Sequence[dict[str, Any]], name: str) -> float | None:
     return tokens / seconds if res and seconds else None
 
 
+def decode_timed(record: dict[str, Any], name: str) -> bool:
+    """Whether system ``name``'s run in ``record`` times a decode: ``first_s`` set and at
+    least two tokens (``pooled_decode`` counts the tokens after the first)."""
+    run = record.get(name)
+    return bool(run) and run.get("first_s") is not None and run["tokens"] > 1
+
+
 def pooled_decode(rows: Sequence[dict[str, Any]], name: str) -> float | None:
     """The decode's own rate of system ``name`` across ``rows``: tokens after the first over
     the seconds after the first token, pooled. A run says when its first token was ready in
@@ -36,8 +43,7 @@ def pooled_decode(rows: Sequence[dict[str, Any]], name: str) -> float | None:
     without it, or with fewer than two tokens, are left out. Unlike ``pooled`` this rate does
     not move when a row prefills the same prompt and stops earlier (a repeat guard): it
     compares the steps."""
-    res = [r[name] for r in rows if r.get(name) and r[name].get("first_s") is not None
-           and r[name]["tokens"] > 1]
+    res = [r[name] for r in rows if decode_timed(r, name)]
     tokens = sum(x["tokens"] - 1 for x in res)
     seconds = sum(x["seconds"] - x["first_s"] for x in res)
     return tokens / seconds if res and seconds > 0 else None

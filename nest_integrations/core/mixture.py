@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from nest_integrations.core.token_memory import Hits, TokenMemory
@@ -137,6 +138,10 @@ def nest_distribution(
         return StepDistribution(p_lm, ones, Hits(empty, empty.long()), p_lm)
     hits = memory.search(queries, n_neighbors)
     mu = mu if mu is not None else 1.0 / math.sqrt(queries.shape[-1])
+    if memory.device.type == "cpu" and p_lm.device.type == "cpu":
+        p, lam = mixture_host(p_lm, hits, memory.values_host, mu=mu, alpha=alpha, tau=tau,
+                              fixed_lm_weight=fixed_lm_weight)
+        return StepDistribution(p, lam, hits, p_lm)
     if fixed_lm_weight is not None:
         lam = torch.full((logits.shape[0],), float(fixed_lm_weight), device=logits.device)
     else:
@@ -152,3 +157,36 @@ def _mixture_into(p_lm: torch.Tensor, p_knn: torch.Tensor, lam: torch.Tensor) ->
     while the decode has evicted the caches."""
     lam = lam[:, None]
     return (lam * p_lm).add_(p_knn.mul_(1.0 - lam))
+
+
+def mixture_host(
+    p_lm: torch.Tensor, hits: Hits, values: np.ndarray, *, mu: float, alpha: float, tau: float,
+    fixed_lm_weight: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eqs. 2-4 in numpy on CPU rows: ``(p_M, lambda)`` from p_LM ``(T, V)``, hits with at
+    least one neighbour per row and the memory's values ``(N,)``.
+
+    The same formulas as ``rrc_lambda``, ``knn_weights`` and ``mixture``, equal to them up to
+    fp32 rounding: p_M is ``lambda * p_LM`` with each neighbour's ``(1 - lambda) * w_i`` added at
+    its token, so p_kNN is never written out over the vocabulary. Right after a decode (caches
+    evicted) the torch ops cost 10-50 us each; this path does the step's kNN part (search
+    excluded) in about a third of their time.
+    """
+    dist = hits.dist.numpy()  # (T, r) sorted nearest first
+    t = dist.shape[0]
+    if fixed_lm_weight is not None:
+        lam = np.full(t, fixed_lm_weight, dtype=np.float32)
+    else:
+        d_min, d_max = dist[:, 0], dist[:, -1]
+        ratio = np.ones(t, dtype=np.float32)
+        np.divide(d_min, d_max, out=ratio, where=d_max > 0)
+        lam = (1.0 / (1.0 + np.exp(-(ratio - np.float32(alpha)) / np.float32(tau)))).astype(
+            np.float32)
+    logit = dist * np.float32(-mu)
+    w = np.exp(logit - logit[:, :1])  # the nearest has the largest weight
+    w *= ((1.0 - lam) / w.sum(-1))[:, None]
+    p = p_lm.numpy() * lam[:, None]
+    tokens = values[hits.rows.numpy()]
+    for i in range(t):  # add.at on one row takes numpy's fast 1-D path
+        np.add.at(p[i], tokens[i], w[i])
+    return torch.from_numpy(p), torch.from_numpy(lam)

@@ -3,6 +3,11 @@
 The memory is the union of the keys of the b retrieved passages: N rows, each a key vector,
 its value token, and where that token sits (passage index, token position). Search is exact
 brute force in fp32 (N is at most about 40 x 200 = 8000), so no ANN index is involved.
+
+On a CPU the search runs in numpy (one BLAS product and a sort): a NEST step searches right
+after a decode has evicted the caches, where torch's matrix-vector product of the same keys took
+0.22 ms and numpy's 0.08 ms (900 keys of 576 dims, one thread, AMD EPYC). On another device it
+runs in torch; both give the same neighbours up to fp32 rounding of the distances.
 """
 
 from __future__ import annotations
@@ -67,16 +72,20 @@ class TokenMemory:
         ).to(self.device)  # (N,)
         self.used = torch.zeros(n, dtype=torch.bool, device=self.device)  # (N,)
         # Host mirrors: per-row lookups (source, value, used) never sync with a GPU.
-        self._values_list = values.astype(np.int64).tolist()
+        self.values_host = values.astype(np.int64)  # (N,) the values, in host memory
+        self._keys_host = self.keys.numpy() if self.device.type == "cpu" else None
+        self._key_sq_host = self.key_sq.numpy() if self.device.type == "cpu" else None
+        self._values_list = self.values_host.tolist()
         self._passage_list = np.repeat(np.arange(len(self.lengths)), self.lengths).tolist()
         self._used_host = np.zeros(n, dtype=bool)
+        self._n_used = 0  # keys masked so far (the count of _used_host, kept by mask)
 
     def __len__(self) -> int:
         return int(self.values.shape[0])
 
     @property
     def n_available(self) -> int:
-        return len(self) - int(self._used_host.sum())
+        return len(self) - self._n_used
 
     def source(self, row: int) -> tuple[int, int]:
         """(passage index, token position) of a row."""
@@ -91,6 +100,7 @@ class TokenMemory:
         if len(rows):
             self.used[torch.as_tensor(list(rows), dtype=torch.long, device=self.device)] = True
             self._used_host[list(rows)] = True
+            self._n_used = int(self._used_host.sum())
 
     def is_used(self, row: int) -> bool:
         """Whether ``row`` was masked (from the host mirror: no device sync)."""
@@ -107,11 +117,38 @@ class TokenMemory:
         if r_eff == 0:
             empty = torch.zeros((t, 0), device=self.device)
             return Hits(empty, empty.long())
+        if self._keys_host is not None:
+            return self._search_host(queries, r_eff)
+        return self._search_device(queries, r_eff)
+
+    def _search_host(self, queries: torch.Tensor, r_eff: int) -> Hits:
+        """``search`` in numpy (a CPU memory). Equal distances are ordered by row."""
+        q = queries.detach().cpu().float().numpy()
+        # ||q - k||^2 = -2 q.k + ||k||^2 + ||q||^2, in fp32, clamped (cancellation can go < 0);
+        # in place: each fresh buffer costs on caches a decode has just evicted.
+        dist = q @ self._keys_host.T  # (T, N)
+        dist *= -2.0
+        dist += self._key_sq_host
+        dist += (q * q).sum(-1, keepdims=True)
+        np.maximum(dist, 0.0, out=dist)
+        if self._n_used:
+            dist[:, self._used_host] = np.inf
+        if r_eff < dist.shape[1]:
+            rows = np.sort(np.argpartition(dist, r_eff - 1, axis=1)[:, :r_eff], axis=1)
+            near = np.take_along_axis(dist, rows, 1)
+            order = np.argsort(near, axis=1, kind="stable")
+            rows, near = np.take_along_axis(rows, order, 1), np.take_along_axis(near, order, 1)
+        else:
+            rows = np.argsort(dist, axis=1, kind="stable")
+            near = np.take_along_axis(dist, rows, 1)
+        return Hits(torch.from_numpy(near), torch.from_numpy(rows.astype(np.int64, copy=False)))
+
+    def _search_device(self, queries: torch.Tensor, r_eff: int) -> Hits:
+        """``search`` in torch, on the memory's device (a GPU)."""
         q = queries.to(self.device, torch.float32)
-        # ||q - k||^2 = ||q||^2 + ||k||^2 - 2 q.k, in fp32, clamped (cancellation can go < 0).
         dist = (q * q).sum(-1, keepdim=True) + self.key_sq[None, :] - 2.0 * (q @ self.keys.T)
         dist = dist.clamp_min_(0.0)  # (T, N)
-        if self._used_host.any():
+        if self._n_used:
             dist = dist.masked_fill(self.used[None, :], float("inf"))
         top = torch.topk(dist, r_eff, dim=-1, largest=False, sorted=True)
         return Hits(top.values, top.indices)
