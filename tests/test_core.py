@@ -19,7 +19,12 @@ from nest_integrations.core.mixture import (
     nest_distribution,
     rrc_lambda,
 )
-from nest_integrations.core.proposers import span_draft, span_start, use_span
+from nest_integrations.core.proposers import (
+    _span_start_device,
+    span_draft,
+    span_start,
+    use_span,
+)
 from nest_integrations.core.sampling import choose_token
 from nest_integrations.core.verification import (
     relaxed_accept_count,
@@ -208,6 +213,27 @@ def test_sampled_acceptance_bounds():
     p = torch.tensor([[0.0, 1.0], [0.5, 0.5]])
     assert sampled_accept_count(p, torch.tensor([0, 0]), 0.5, g) == 0
     assert sampled_accept_count(p, torch.tensor([1, 0]), 0.5, g) == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), lengths=st.lists(st.integers(1, 12), min_size=1, max_size=5),
+       r=st.integers(1, 40), token=st.integers(3, 8), max_passage=st.sampled_from([None, 1, 2]),
+       lock=st.booleans())
+def test_span_start_is_the_first_hit_that_carries_the_token(seed, lengths, r, token,
+                                                             max_passage, lock):
+    """Eq. 5 on the host path and on the torch path a GPU runs: the nearest hit whose value is
+    the token, within the first ``max_passage`` passages and the ``allowed`` ones (a brute-force
+    scan of the hits is the reference)."""
+    rng = np.random.default_rng(seed)
+    mem = _memory(lengths, seed=seed, values=[rng.integers(3, 9, size=m) for m in lengths])
+    hits = mem.search(torch.from_numpy(rng.normal(size=(1, 8)).astype(np.float32)), r)
+    allowed = torch.from_numpy(rng.random(len(lengths)) < 0.5) if lock else None
+    want = next((row for row in hits.rows[0].tolist()
+                 if mem.value(row) == token
+                 and (max_passage is None or mem.source(row)[0] < max_passage)
+                 and (allowed is None or bool(allowed[mem.source(row)[0]]))), None)
+    assert span_start(hits, mem, token, max_passage=max_passage, allowed=allowed) == want
+    assert _span_start_device(hits, mem, token, 0, max_passage, allowed) == want
 
 
 def test_span_start_is_nearest_carrier_and_span_stays_in_passage():

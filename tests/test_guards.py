@@ -6,6 +6,7 @@ Each knob defaults to the paper's behaviour (off); these tests pin what each one
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -19,6 +20,7 @@ from nest_integrations.core.verification import (
     confident_lm_veto,
     eos_veto,
     guard_veto,
+    guarded_accept_count,
     guarded_token,
     relaxed_accept_count,
 )
@@ -32,6 +34,7 @@ class _Mem:
     def __init__(self, values, passage_of):
         self.values = torch.tensor(values)
         self.passage_of = torch.tensor(passage_of)
+        self.values_host, self.passage_host = self.values.numpy(), self.passage_of.numpy()
 
 
 def test_span_start_can_be_restricted_to_top_passages():
@@ -130,6 +133,42 @@ def test_guarded_token_equals_the_two_vetoes(seed, vocab, ends, token, conf, eos
         assert guarded_token(token, row, ends, conf, eos_guard) == expected
         assert top_of(row) == (int(row.argmax()), float(row.max()))
         assert choose_token(row) == int(row.argmax())
+
+
+@settings(max_examples=120, deadline=None)
+@given(seed=st.integers(0, 10_000), rows=st.integers(1, 6), vocab=st.sampled_from([4, 9, 49_152]),
+       gamma=st.sampled_from([5e-2, 0.5, 1.0]), ends=st.sampled_from([[], [0], [0, 2], [0, 1, 2]]),
+       conf=st.sampled_from([None, 0.3, 0.9]), eos_guard=st.sampled_from([None, 0.2, 0.6]),
+       edge=st.sampled_from(["none", "bar", "sure", "mass"]))
+def test_guarded_accept_count_equals_the_batch_functions(seed, rows, vocab, gamma, ends, conf,
+                                                         eos_guard, edge):
+    """``guarded_accept_count`` (row by row through numpy) counts what ``relaxed_accept_count``
+    with ``guard_veto`` counts, also where a draft token's probability sits exactly on Eq. 7's
+    bar, the LM's top exactly on the confidence threshold, or the end tokens' mass exactly on
+    the end guard's (fp32 comparisons, as torch makes them)."""
+    g = torch.Generator().manual_seed(seed)
+    p = torch.softmax(torch.randn(rows, vocab, generator=g) * 3, dim=-1)
+    p_lm = torch.softmax(torch.randn(rows, vocab, generator=g) * 3, dim=-1)
+    top = p.argmax(-1)
+    pick = torch.randint(0, vocab, (rows,), generator=g)
+    draft = torch.where(torch.rand(rows, generator=g) < 0.7, top, pick)
+    for i in range(rows):
+        w = int(draft[i])
+        if edge == "bar" and w != int(top[i]):  # exactly on the bar: rejected (">" fails)
+            p[i, w] = float(np.float32(0.5 * gamma) * p[i].max().numpy())
+        if edge == "sure" and conf is not None:  # the LM's top exactly at the threshold
+            p_lm[i] *= conf / float(p_lm[i].max())
+            p_lm[i, int(p_lm[i].argmax())] = float(np.float32(conf))
+        if edge == "mass" and eos_guard is not None and ends:  # the end tokens' mass on it
+            p_lm[i] *= 0.5 * eos_guard / float(p_lm[i].max())
+            p_lm[i, ends] = 0.0
+            p_lm[i, ends[0]] = float(np.float32(eos_guard))
+    veto = guard_veto(p_lm, draft, ends, conf, eos_guard)
+    expected = relaxed_accept_count(p, draft, gamma, veto)
+    got = guarded_accept_count(p, p_lm, draft.tolist(), gamma, ends, conf, eos_guard)
+    assert got == expected
+    assert guarded_accept_count(p.double(), p_lm, draft.tolist(), gamma, ends, conf,
+                                eos_guard) is None  # not fp32 rows: the batch functions
 
 
 def test_guards_as_pure_functions():

@@ -112,6 +112,7 @@ def test_span_start_can_be_restricted_to_allowed_passages():
     class _Mem:
         values = torch.tensor([7, 7, 7])
         passage_of = torch.tensor([1, 0, 2])
+        values_host, passage_host = values.numpy(), passage_of.numpy()
 
     hits = Hits(torch.tensor([[0.1, 0.2, 0.3]]), torch.tensor([[0, 1, 2]]))
     assert span_start(hits, _Mem(), 7) == 0

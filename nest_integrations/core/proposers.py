@@ -26,6 +26,23 @@ def span_start(
     ``allowed`` (a bool per passage index) only neighbours in the passages it marks."""
     if hits.empty:
         return None
+    if hits.rows.device.type == "cpu":  # host arrays: a handful of numpy ops, no torch dispatch
+        rows = hits.rows[row].numpy()
+        ok = memory.values_host[rows] == token
+        if max_passage is not None or allowed is not None:
+            passage = memory.passage_host[rows]
+            if max_passage is not None:
+                ok &= passage < max_passage
+            if allowed is not None:
+                ok &= allowed.cpu().numpy()[passage]
+        first = int(ok.argmax())
+        return int(rows[first]) if ok[first] else None
+    return _span_start_device(hits, memory, token, row, max_passage, allowed)
+
+
+def _span_start_device(hits: Hits, memory: TokenMemory, token: int, row: int,
+                       max_passage: int | None, allowed: torch.Tensor | None) -> int | None:
+    """``span_start`` in torch ops, on the hits' device (a GPU)."""
     cand = hits.rows[row]
     ok = memory.values[cand] == token
     if max_passage is not None:

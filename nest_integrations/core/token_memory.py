@@ -70,14 +70,17 @@ class TokenMemory:
         self.passage_of = torch.repeat_interleave(
             torch.arange(len(self.lengths)), torch.tensor(self.lengths, dtype=torch.long)
         ).to(self.device)  # (N,)
-        self.used = torch.zeros(n, dtype=torch.bool, device=self.device)  # (N,)
         # Host mirrors: per-row lookups (source, value, used) never sync with a GPU.
         self.values_host = values.astype(np.int64)  # (N,) the values, in host memory
         self._keys_host = self.keys.numpy() if self.device.type == "cpu" else None
         self._key_sq_host = self.key_sq.numpy() if self.device.type == "cpu" else None
         self._values_list = self.values_host.tolist()
-        self._passage_list = np.repeat(np.arange(len(self.lengths)), self.lengths).tolist()
+        self.passage_host = np.repeat(np.arange(len(self.lengths)), self.lengths)  # (N,)
+        self._passage_list = self.passage_host.tolist()
         self._used_host = np.zeros(n, dtype=bool)
+        # (N,) bool: the device's copy, or on a CPU the host mirror itself (one write per mask)
+        self.used = (torch.from_numpy(self._used_host) if self.device.type == "cpu"
+                     else torch.zeros(n, dtype=torch.bool, device=self.device))
         self._n_used = 0  # keys masked so far (the count of _used_host, kept by mask)
 
     def __len__(self) -> int:
@@ -98,8 +101,10 @@ class TokenMemory:
     def mask(self, rows: Sequence[int]) -> None:
         """Mark keys as used so they are never retrieved again in this generation."""
         if len(rows):
-            self.used[torch.as_tensor(list(rows), dtype=torch.long, device=self.device)] = True
-            self._used_host[list(rows)] = True
+            rows = list(rows)
+            self._used_host[rows] = True
+            if self.device.type != "cpu":
+                self.used[torch.as_tensor(rows, dtype=torch.long, device=self.device)] = True
             self._n_used = int(self._used_host.sum())
 
     def is_used(self, row: int) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from nest_integrations.core.sampling import host_row, top_of
@@ -43,6 +44,46 @@ def relaxed_accept_count(
     p_w = p.gather(1, draft[:, None]).squeeze(1)  # (L,)
     ok = p_w > eq7_threshold(p, gamma)
     return _leading_true(ok & ~veto if veto is not None else ok)
+
+
+def guarded_accept_count(
+    p: torch.Tensor,
+    p_lm: torch.Tensor,
+    draft: Sequence[int],
+    gamma: float,
+    eos_ids: Sequence[int],
+    confidence_guard: float | None,
+    eos_guard: float | None,
+) -> int | None:
+    """``relaxed_accept_count(p, draft, gamma, guard_veto(p_lm, draft, ...))``, row by row
+    through numpy on CPU fp32 rows, stopping at the first rejected row; None for other rows
+    (then use the batch functions).
+
+    The same count bit for bit: the bar and the guards' thresholds are fp32, as torch compares
+    an fp32 tensor with a Python number. Most NEST checks are one row (the next token of a copy,
+    checked before any pass), where the batch functions' five torch reductions over the
+    vocabulary cost about 0.4 ms right after a decode; a leading run also stops reading rows at
+    its first rejection.
+    """
+    a, b = host_row(p), host_row(p_lm)
+    if a is None or b is None or a.dtype != np.float32 or b.dtype != np.float32:
+        return None
+    half = np.float32(0.5 * gamma)
+    sure = None if confidence_guard is None else np.float32(confidence_guard)
+    ends = list(eos_ids) if eos_guard is not None else []
+    end_mass = np.float32(eos_guard) if ends else None
+    for i, w in enumerate(draft):
+        row = a[i]
+        if not row[w] > half * row.max():  # Eq. 7
+            return i
+        if sure is not None or ends:
+            lm = b[i]
+            top = int(lm.argmax())
+            if sure is not None and lm[top] > sure and top != w:  # confident_lm_veto
+                return i
+            if ends and (top in ends or lm[ends].sum() > end_mass):  # eos_veto
+                return i
+    return len(draft)
 
 
 def confident_lm_veto(p_lm: torch.Tensor, draft: torch.Tensor, threshold: float) -> torch.Tensor:

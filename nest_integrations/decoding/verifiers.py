@@ -109,6 +109,10 @@ class RelaxedVerifier(Verifier):
         if self.sampling:  # Eq. 7 as a random test, on the distribution tokens are drawn from
             return verification.sampled_accept_count(self.target(dist.p), draft, cfg.relaxation,
                                                      self.generator)
+        n = verification.guarded_accept_count(dist.p, dist.p_lm, draft.tolist(), cfg.relaxation,
+                                              self.eos_ids, g.confidence_guard, g.eos_guard)
+        if n is not None:
+            return n
         veto = verification.guard_veto(dist.p_lm, draft, self.eos_ids, g.confidence_guard,
                                        g.eos_guard)
         return verification.relaxed_accept_count(dist.p, draft, cfg.relaxation, veto)
