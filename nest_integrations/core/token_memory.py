@@ -138,14 +138,13 @@ class TokenMemory:
         np.maximum(dist, 0.0, out=dist)
         if self._n_used:
             dist[:, self._used_host] = np.inf
-        if r_eff < dist.shape[1]:
+        if r_eff >= self.n_available:  # every unmasked key: one sort, masked ones (inf) last
+            rows = np.argsort(dist, axis=1, kind="stable")[:, :r_eff]
+        else:  # the r_eff nearest, then sorted by distance (equal ones by row)
             rows = np.sort(np.argpartition(dist, r_eff - 1, axis=1)[:, :r_eff], axis=1)
-            near = np.take_along_axis(dist, rows, 1)
-            order = np.argsort(near, axis=1, kind="stable")
-            rows, near = np.take_along_axis(rows, order, 1), np.take_along_axis(near, order, 1)
-        else:
-            rows = np.argsort(dist, axis=1, kind="stable")
-            near = np.take_along_axis(dist, rows, 1)
+            rows = np.take_along_axis(rows, np.argsort(np.take_along_axis(dist, rows, 1), axis=1,
+                                                       kind="stable"), 1)
+        near = dist[0, rows] if len(dist) == 1 else np.take_along_axis(dist, rows, 1)
         return Hits(torch.from_numpy(near), torch.from_numpy(rows.astype(np.int64, copy=False)))
 
     def _search_device(self, queries: torch.Tensor, r_eff: int) -> Hits:

@@ -26,6 +26,7 @@ import torch
 
 from nest_integrations.config import Guards, NestConfig
 from nest_integrations.core.mixture import Distribution, LMDistribution, nest_distribution
+from nest_integrations.core.sampling import host_row
 from nest_integrations.core.token_memory import TokenMemory
 from nest_integrations.core.verification import greedy_tree_path
 from nest_integrations.core.topic import citation_words
@@ -196,7 +197,8 @@ class DecodeLoop:
                 tau=cfg.rrc_scale, lm_temperature=cfg.lm_temperature, mu=cfg.knn_temperature,
                 fixed_lm_weight=cfg.fixed_lm_weight,
             )  # fmt: skip
-            self.lam_sum += float(dist.lam.sum())
+            lam = host_row(dist.lam)  # a numpy view on a CPU: no torch reduction per step
+            self.lam_sum += float(lam.sum() if lam is not None else dist.lam.sum())
             self.lam_n += int(dist.lam.numel())
         self.stats.timing.knn += time.perf_counter() - t0
         return dist
