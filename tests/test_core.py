@@ -175,6 +175,17 @@ def test_the_host_and_device_paths_agree(seed, n, r, used):
     torch.testing.assert_close(p, p_d, rtol=1e-4, atol=1e-6)
 
 
+def test_host_lambda_saturates_like_torch_sigmoid(recwarn):
+    """A tiny tau drives Eq. 4's exponent past fp32's range: lambda is 0 (and 1 on the other
+    side) as ``torch.sigmoid`` gives, with no overflow warning from numpy."""
+    hits = Hits(torch.tensor([[0.0, 1e6], [1e6, 1e6]]), torch.tensor([[0, 1], [0, 1]]))
+    p_lm = torch.softmax(torch.zeros(2, 5), -1)
+    p, lam = mixture_host(p_lm, hits, np.array([1, 2]), mu=1.0, alpha=0.9, tau=1e-3)
+    assert torch.equal(lam, rrc_lambda(hits, 0.9, 1e-3)) and lam.tolist() == [0.0, 1.0]
+    assert torch.allclose(p.sum(-1), torch.ones(2))
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
 def test_empty_memory_gives_p_lm():
     """With no keys, p_M equals p_LM exactly."""
     g = torch.Generator().manual_seed(4)

@@ -169,8 +169,8 @@ def mixture_host(
     The same formulas as ``rrc_lambda``, ``knn_weights`` and ``mixture``, equal to them up to
     fp32 rounding: p_M is ``lambda * p_LM`` with each neighbour's ``(1 - lambda) * w_i`` added at
     its token, so p_kNN is never written out over the vocabulary. Right after a decode (caches
-    evicted) the torch ops cost 10-50 us each; this path does the step's kNN part (search
-    excluded) in about a third of their time.
+    evicted) each torch op costs 10-50 us; for one row over 900 neighbours this takes about
+    0.12 ms where ``rrc_lambda``, ``knn_distribution`` and the mixture took 0.2-0.3 ms.
     """
     dist = hits.dist.numpy()  # (T, r) sorted nearest first
     t = dist.shape[0]
@@ -180,8 +180,9 @@ def mixture_host(
         d_min, d_max = dist[:, 0], dist[:, -1]
         ratio = np.ones(t, dtype=np.float32)
         np.divide(d_min, d_max, out=ratio, where=d_max > 0)
-        lam = (1.0 / (1.0 + np.exp(-(ratio - np.float32(alpha)) / np.float32(tau)))).astype(
-            np.float32)
+        with np.errstate(over="ignore"):  # exp -> inf gives lambda 0, as torch.sigmoid does
+            lam = (1.0 / (1.0 + np.exp(-(ratio - np.float32(alpha)) / np.float32(tau)))).astype(
+                np.float32)
     logit = dist * np.float32(-mu)
     w = np.exp(logit - logit[:, :1])  # the nearest has the largest weight
     w *= ((1.0 - lam) / w.sum(-1))[:, None]
