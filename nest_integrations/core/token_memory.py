@@ -4,10 +4,11 @@ The memory is the union of the keys of the b retrieved passages: N rows, each a 
 its value token, and where that token sits (passage index, token position). Search is exact
 brute force in fp32 (N is at most about 40 x 200 = 8000), so no ANN index is involved.
 
-On a CPU the search runs in numpy (one BLAS product and a sort): a NEST step searches right
-after a decode has evicted the caches, where torch's matrix-vector product of the same keys took
-0.22 ms and numpy's 0.08 ms (900 keys of 576 dims, one thread, AMD EPYC). On another device it
-runs in torch; both give the same neighbours up to fp32 rounding of the distances.
+On a CPU the search runs on host arrays (torch's product, then numpy: in place, one sort): a
+NEST step searches right after a decode has evicted the caches, where each small torch op costs
+10-50 us. (numpy's BLAS product was faster, 0.08 against 0.22 ms for 900 x 576 keys, but its
+OpenBLAS threads spin after a call and starved llama.cpp's decode at 2 threads.) On another
+device it runs in torch; both give the same neighbours up to fp32 rounding of the distances.
 """
 
 from __future__ import annotations
@@ -131,7 +132,11 @@ class TokenMemory:
         q = queries.detach().cpu().float().numpy()
         # ||q - k||^2 = -2 q.k + ||k||^2 + ||q||^2, in fp32, clamped (cancellation can go < 0);
         # in place: each fresh buffer costs on caches a decode has just evicted.
-        dist = q @ self._keys_host.T  # (T, N)
+        # The product through torch, whose pool keeps to the engine's threads: numpy's BLAS
+        # (OpenBLAS) spins its own threads after a call, and at 2+ threads they took the cores
+        # from llama.cpp's next decode (the default on held-out leads at 2 threads: 15 tok/s
+        # against 49 with OPENBLAS_NUM_THREADS=1).
+        dist = (torch.from_numpy(q) @ self.keys.T).numpy()  # (T, N)
         dist *= -2.0
         dist += self._key_sq_host
         dist += (q * q).sum(-1, keepdims=True)
