@@ -73,8 +73,6 @@ class TokenMemory:
         ).to(self.device)  # (N,)
         # Host mirrors: per-row lookups (source, value, used) never sync with a GPU.
         self.values_host = values.astype(np.int64)  # (N,) the values, in host memory
-        self._keys_host = self.keys.numpy() if self.device.type == "cpu" else None
-        self._key_sq_host = self.key_sq.numpy() if self.device.type == "cpu" else None
         self._values_list = self.values_host.tolist()
         self.passage_host = np.repeat(np.arange(len(self.lengths)), self.lengths)  # (N,)
         self._passage_list = self.passage_host.tolist()
@@ -123,22 +121,23 @@ class TokenMemory:
         if r_eff == 0:
             empty = torch.zeros((t, 0), device=self.device)
             return Hits(empty, empty.long())
-        if self._keys_host is not None:
+        if self.device.type == "cpu":
             return self._search_host(queries, r_eff)
         return self._search_device(queries, r_eff)
 
     def _search_host(self, queries: torch.Tensor, r_eff: int) -> Hits:
-        """``search`` in numpy (a CPU memory). Equal distances are ordered by row."""
-        q = queries.detach().cpu().float().numpy()
+        """``search`` on host arrays (a CPU memory). Equal distances are ordered by row."""
+        qt = queries.detach().cpu().float()
+        q = qt.numpy()
         # ||q - k||^2 = -2 q.k + ||k||^2 + ||q||^2, in fp32, clamped (cancellation can go < 0);
         # in place: each fresh buffer costs on caches a decode has just evicted.
         # The product through torch, whose pool keeps to the engine's threads: numpy's BLAS
         # (OpenBLAS) spins its own threads after a call, and at 2+ threads they took the cores
         # from llama.cpp's next decode (the default on held-out leads at 2 threads: 15 tok/s
         # against 49 with OPENBLAS_NUM_THREADS=1).
-        dist = (torch.from_numpy(q) @ self.keys.T).numpy()  # (T, N)
+        dist = (qt @ self.keys.T).numpy()  # (T, N)
         dist *= -2.0
-        dist += self._key_sq_host
+        dist += self.key_sq.numpy()
         dist += (q * q).sum(-1, keepdims=True)
         np.maximum(dist, 0.0, out=dist)
         if self._n_used:
