@@ -93,6 +93,29 @@ def test_process_default_dtype_is_what_none_means(monkeypatch) -> None:
 # ------------------------------------------------------------------ threads
 
 
+def test_configure_threads_bounds_the_blas_and_openmp_pools_too() -> None:
+    """``--threads N`` is N cores for every pool in the process, not only torch's: numpy's
+    OpenBLAS keeps a thread per core otherwise (a 1-thread speed run once used both cores
+    through it)."""
+    import numpy as np
+    import threadpoolctl
+
+    a = np.random.default_rng(0).standard_normal((64, 64))
+    with threadpoolctl.threadpool_limits(limits=None):  # every pool's size restored after
+        before = torch.get_num_threads()
+        try:
+            for n in (2, 1):
+                assert backend.configure_threads(n) == n
+                pools = threadpoolctl.threadpool_info()
+                blas = [p for p in pools if p["user_api"] == "blas"]
+                assert blas, pools  # numpy's BLAS is loaded and seen
+                assert all(p["num_threads"] == n for p in pools), pools
+                assert torch.get_num_threads() == n
+                assert np.allclose(a @ a.T, (a @ a.T).T)  # still computes on the bounded pool
+        finally:
+            torch.set_num_threads(before)
+
+
 def test_thread_count_honours_argument_then_env_then_physical_cores(monkeypatch) -> None:
     monkeypatch.delenv(backend.THREADS_ENV, raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

@@ -17,9 +17,10 @@ One place decides them for every entry point (``HFLanguageModel.from_pretrained`
   distances and verification always run in fp32: ``HFLanguageModel`` upcasts logits and keys
   where they leave the model.
 - **threads** (``configure_threads``): ``--threads``, else ``$NEST_THREADS``, else
-  ``$OMP_NUM_THREADS``, else the number of physical cores (``physical_cores``); applied with
-  ``torch.set_num_threads``. A llama.cpp context takes torch's thread count when it is created
-  (``lm.llama_cpp``), so one setting covers both.
+  ``$OMP_NUM_THREADS``, else the number of physical cores (``physical_cores``); applied to
+  torch's pool (``torch.set_num_threads``) and to every BLAS and OpenMP pool already loaded
+  (numpy's OpenBLAS, FAISS's OpenMP: ``threadpoolctl``). A llama.cpp context made afterwards
+  takes the same count (``configured_threads``), so one setting covers the process.
 
 Usage::
 
@@ -337,15 +338,23 @@ _CONFIGURED: int | None = None
 
 
 def configure_threads(threads: int | None = None) -> int:
-    """Set torch's intra-op thread count (``thread_count``) and return it; the llama.cpp
-    backend's default thereafter (``configured_threads``)."""
+    """Set the process's compute threads to ``thread_count(threads)`` and return the count;
+    the llama.cpp backend's default thereafter (``configured_threads``).
+
+    Torch's intra-op pool and every BLAS and OpenMP pool loaded so far (numpy's OpenBLAS, the
+    OpenMP runtime FAISS ships) get that count, so ``--threads 1`` means one core: numpy's
+    OpenBLAS otherwise keeps a thread per core, and in a 1-thread speed run its product used
+    both (``docs/llama_cpp.md``). A library first loaded later keeps its own default."""
+    import numpy  # noqa: F401  (its OpenBLAS is loaded, so threadpoolctl sees it)
+    import threadpoolctl
     import torch
 
     global _CONFIGURED
     n = _CONFIGURED = thread_count(threads)
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
-    LOG.info("torch threads: %d", n)
+    threadpoolctl.threadpool_limits(limits=n)  # kept: not used as a context manager
+    LOG.info("compute threads (torch, BLAS, OpenMP): %d", n)
     return n
 
 
