@@ -90,3 +90,28 @@ def test_a_robust_system_names_its_backend_key_source_and_stores(tmp_path):
     assert robust.store_id("llama.cpp:default-fixed") == "llama.cpp"
     assert dict(fixed.drafter_options) == {"cost_model": "off"} and not planned.drafter_options
     assert fixed.policy == planned.policy and fixed.config == planned.config
+
+
+def test_completion_gate_thresholds_and_their_carry_over():
+    """``benchmarks.completion_gate``'s pure parts: the dev threshold makes the fewest errors
+    (the lowest among ties), and a family's threshold is applied to every family's test half."""
+    from benchmarks import completion_gate as cg
+
+    assert cg.best_threshold([0.8, 0.9], [0.3, 0.5]) == (0.8, 0)
+    assert cg.best_threshold([0.6, 0.9], [0.7, 0.3]) == (0.6, 1)  # 0.6 and 0.9 tie: lowest
+    rows = ([{"family": "a", "split": s, "inside": True, "cos": c}
+             for s, c in (("dev", 0.8), ("test", 0.85), ("dev", 0.9))]
+            + [{"family": "a", "split": s, "inside": False, "cos": c}
+               for s, c in (("dev", 0.4), ("test", 0.75))]
+            + [{"family": "b", "split": s, "inside": i, "cos": c}
+               for s, i, c in (("dev", True, 0.6), ("dev", False, 0.3), ("test", True, 0.65),
+                               ("test", False, 0.2))])
+    rel = cg.relevance(rows)
+    assert rel["families"]["a"]["threshold"] == 0.8 and rel["families"]["b"]["threshold"] == 0.6
+    assert rel["carry"]["a"]["b"] == {"off_in": 1, "n_in": 1, "off_out": 1, "n_out": 1}
+    assert rel["carry"]["b"]["a"] == {"off_in": 0, "n_in": 1, "off_out": 0, "n_out": 1}
+    md = cg.markdown({"n_inside": {"a": 3, "b": 2}, "n_outside": 2, "relevance": rel,
+                      "answers": {"n": 1, "examples": [], "methods": {"m": {
+                          "citing": 1, "citations": 2, "attributed": 5, "tokens": 10,
+                          "rouge_l": 0.25}}}})
+    assert "| a | 0.800 | 0 | 0/1 / 1/1 | 1/1 / 1/1 |" in md and "| m | 1/1 | 2 |" in md
