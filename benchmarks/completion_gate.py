@@ -141,12 +141,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.n < 2 or args.answers < 1:
         ap.error("--n must be >= 2 and --answers >= 1")
 
-    from benchmarks.harness.prompts import sample_passages, sha1
+    from benchmarks.harness.prompts import leads_not_in, sample_passages, sha1
     from benchmarks.harness.systems import llama_engine
     from nest_integrations.embeddings import shared_embedder
     from nest_integrations.evaluation.metrics import rouge_scorer
     from nest_integrations.lm import backend
-    from nest_integrations.wikipedia import load_wiki_leads
 
     threads = backend.configure_threads(args.threads)
     engine = llama_engine(None, threads)
@@ -164,9 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     by_id = lambda ps: sorted(ps, key=lambda p: sha1(p.id))  # noqa: E731
     inside = sorted(firsts.values(), key=lambda p: sha1(p.doc_id))
     titles = {str(p.metadata.get("title") or "") for p in inside}
-    leads, _ = load_wiki_leads(download=False)
-    pool = sorted((t for t, v in leads.items() if t not in titles and len(v.extract) > 600),
-                  key=sha1)
+    pool, _ = leads_not_in(titles)  # (title, text), as the speed benchmark's held-out set
 
     def top(prompt: str) -> tuple[Any, float]:
         hit = retriever.retrieve(prompt, 1)[0]
@@ -174,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return hit, float(e[0] @ e[1])
 
     cut = cuts()
-    out_texts = [leads[t].extract for t in pool[: args.n]]
+    out_texts = [text for _, text in pool[: args.n]]
     fams = {  # name: (inside texts, their cut, the outside texts' cut)
         "lead24": ([p.text for p in inside[: args.n]], cut["24"], cut["24"]),
         "lead48": ([p.text for p in inside[: args.n]], cut["48"], cut["48"]),
@@ -196,10 +193,10 @@ def main(argv: Sequence[str] | None = None) -> int:
            for m in methods}
     examples: list[dict[str, Any]] = []
     n = 0
-    for t in pool[args.n:]:
+    for t, text in pool[args.n:]:
         if n >= args.answers:
             break
-        c = cut["24"](lm, leads[t].extract)
+        c = cut["24"](lm, text)
         if c is None:
             continue
         n += 1

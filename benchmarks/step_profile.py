@@ -206,6 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompts = [q for q in prompts if q["set"] == args.set]
     rows = [ROWS[n] for n in names]
     obs = Observer()
+    parts.prefill.install()  # the harness's prefill timer first, so the observer's wrapper,
+    # put on top of it and taken off after the run, leaves it in place
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     with obs.installed():
         for r in rows:  # warm: the cost curve, the first generation's allocations

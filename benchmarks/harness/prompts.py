@@ -66,12 +66,8 @@ def speed_sets(lm: Any, passages: list[Any], per_set: int, prefix_tokens: int,
     wiki, pydoc = by_kind(".jsonl"), by_kind(".txt")
     titles = {str(p.metadata.get("title") or "") for p in wiki}
     try:
-        from nest_integrations.wikipedia import load_wiki_leads
-
-        leads, prov = load_wiki_leads(download=False)
-        pool = sorted((t for t, v in leads.items() if t not in titles and len(v.extract) > 600),
-                      key=sha1)
-        held = [(t, leads[t].extract) for t in pool[: per_set * 4]]
+        pool, prov = leads_not_in(titles)
+        held = pool[: per_set * 4]
         source = f"Wikipedia leads not in the sample corpus ({prov['requirement']})"
     except (FileNotFoundError, ValueError, ImportError):
         held = [(p.doc_id, p.text) for p in wiki[-per_set * 4:]]
@@ -143,6 +139,19 @@ def in_domain_datastore(lm: Any, train: list[dict[str, Any]], max_new: int,
     build_datastore(lm, PromptSource(read_prompts(prompts), lm, max_new_tokens=max_new,
                                      batch_size=8), path, progress=True)
     return path
+
+
+def leads_not_in(titles: set[str], min_chars: int = 600
+                 ) -> tuple[list[tuple[str, str]], dict[str, Any]]:
+    """((title, lead text) of the pinned wheel's Wikipedia leads whose title is not in
+    ``titles`` and longer than ``min_chars``, in a fixed order (by title hash), the wheel's
+    provenance). Raises FileNotFoundError when the wheel is not in ``$NEST_HOME/wheels``."""
+    from nest_integrations.wikipedia import load_wiki_leads
+
+    leads, prov = load_wiki_leads(download=False)
+    pool = sorted((t for t, v in leads.items() if t not in titles and len(v.extract) > min_chars),
+                  key=sha1)
+    return [(t, leads[t].extract) for t in pool], prov
 
 
 def held_out_leads(n: int, min_chars: int = 1200) -> list[str]:
