@@ -1,29 +1,41 @@
-"""Completions the corpus is not about: what the default cites there, and whether stage 1's
-relevance tells them from completions of corpus text
+"""Completions the corpus is not about: what the default cites there, and the relevance gate
+that decides when raw text is continued by copying
 
-The default (`grounded`) continues raw text with NEST's relaxed span copying. Its evaluation
-(``docs/decisions.md``, "The answer policy") used completions of text the corpus holds; the
-speed benchmark's held-out set (Wikipedia leads the corpus does not hold) showed the other case.
-Two parts, on the default engine over llama.cpp (the policy is the same on both backends):
+The default (`grounded`) continues raw text with NEST's relaxed span copying where stage 1 is
+about the prompt, and with ``rag-copy`` (in-context RAG's answer) elsewhere: the relevance gate,
+``AnswerPolicy.completion_relevance`` (``retrieval.relevance``). Three parts, on the default
+engine over llama.cpp (the policy is the same on both backends):
 
-- **relevance**: for completion prompts of several families, the cosine (our MiniLM embedder)
-  between the prompt and stage 1's top passage. Families, each a side the corpus holds against
-  one it does not (Wikipedia leads not in the sample corpus): ``lead24`` and ``lead48``, the
-  sample corpus's Wikipedia leads cut after 24 and 48 tokens, against the other leads cut so;
-  ``mid24``, the first 24 tokens of a later passage of a corpus article (text from inside an
-  article), against the other leads' tokens 40-64; ``pydoc24``, the first 24 tokens of the
-  corpus's Python documentation passages (another kind of corpus), against the other leads cut
-  as ``lead24``. Even items are the dev half, odd ones the test half. For each family the threshold that separates its dev half best,
-  and how often that threshold would turn copying off on every family's test half.
-- **answers**: the default and ``rag-copy`` (lossless decoding of the same RA prompt) on
-  ``--answers`` completions of leads the corpus does not hold (a slice disjoint from the first
-  part's): answers with a citation, citations, tokens with a corpus source, and ROUGE-L F1
-  against the true continuation. Every citation there is to another article.
+- **cosine by family** (the first study, kept): the cosine (our MiniLM embedder) between the
+  prompt and stage 1's top passage. Families, each a side the corpus holds against one it does
+  not (Wikipedia leads not in the sample corpus): ``lead24`` and ``lead48``, the sample corpus's
+  Wikipedia leads cut after 24 and 48 tokens, against the other leads cut so; ``mid24``, the
+  first 24 tokens of a later passage of a corpus article, against the other leads' tokens
+  40-64; ``pydoc24``, the first 24 tokens of the corpus's Python documentation passages,
+  against the other leads cut as ``lead24``. Even items are the dev half, odd ones the test
+  half; each family's best dev threshold, carried to every family's test half.
+- **the gate**: the cosine and the relevance (the cosine over that of the top passage's own
+  opening of the prompt's length) on more families and two more corpora, with three sides: the
+  text is in the store (``in``); the same prompt with its document dropped from stage 1
+  (``loo``: the store does not hold it, but holds its neighbours); Wikipedia leads no store
+  holds (``out``). Families: those above, and the quality set's completion questions (a title, a
+  blank line, a sentence cut before a number; ``qs-wiki``, ``qs-pydoc``, by the quality set's
+  dev/test split); corpora: the sample corpus, and the synthetic country profiles and the
+  entity-hard corpus of the robust benchmark (in memory, MiniLM; whole documents cut at 24
+  tokens and at tokens 40-64). The threshold is chosen on the **dev families only**: the sample
+  corpus's Wikipedia side (``qs-wiki`` dev questions and ``lead24``'s dev half, in, against
+  ``lead24``'s dev half of outside leads). Every other row is held out: other cut points,
+  other phrasings (the completion questions' test split), the Python documentation (another
+  kind of text), two other corpora, and the ``loo`` sides.
+- **answers**: the default (with the gate), the default without it, and ``rag-copy`` on
+  ``--answers`` completions of leads the corpus does not hold (a slice disjoint from the other
+  parts'): answers with a citation, citations, tokens with a corpus source, ROUGE-L F1 against
+  the true continuation.
 
-Usage: python -m benchmarks.completion_gate [--n 60] [--answers 40] (about 3 minutes at 2
+Usage: python -m benchmarks.completion_gate [--n 60] [--answers 40] (about 4 minutes at 2
 threads; needs the ``llamacpp`` extra, ``nest ingest --sample`` and the held-out leads wheel).
 Results: ``--out`` (default: ``completion_gate/`` in the temp folder, since benchmarks/results
-holds at most 40 files); the run docs/decisions.md quotes is appended to
+holds at most 40 files); the runs docs/decisions.md quotes are appended to
 benchmarks/results/robust_dev.md.
 """
 
@@ -88,6 +100,58 @@ def relevance(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+#: The gate study's groups in table order: (corpus, family).
+SIDES = ("in", "loo", "out")
+
+
+def is_dev(row: dict[str, Any]) -> bool:
+    """The gate's dev rows: the sample corpus's Wikipedia side (module docstring)."""
+    return row["corpus"] == "sample" and row["split"] == "dev" and (
+        (row["family"] == "qs-wiki" and row["side"] == "in")
+        or (row["family"] == "lead24" and row["side"] in ("in", "out")))
+
+
+def gate_study(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The threshold on ``key`` with the fewest errors on the dev rows (``is_dev``: ``in``
+    should keep copying, ``out`` lose it), and per (corpus, family, side) of the other rows
+    how many it turns copying off for, with the median and extremes of ``key``."""
+    dev = [r for r in rows if is_dev(r)]
+    th, err = best_threshold([r[key] for r in dev if r["side"] == "in"],
+                             [r[key] for r in dev if r["side"] != "in"])
+    groups: dict[str, Any] = {}
+    for r in rows:
+        if not is_dev(r):
+            groups.setdefault(f"{r['corpus']} / {r['family']} / {r['side']}", []).append(r[key])
+    return {"threshold": th, "dev_errors": err, "n_dev": len(dev),
+            "groups": {g: {"n": len(v), "off": sum(x < th for x in v),
+                           "median": statistics.median(v), "min": min(v), "max": max(v)}
+                       for g, v in groups.items()}}
+
+
+def gate_markdown(gate: dict[str, Any]) -> list[str]:
+    keys = list(gate)
+    lines = ["", "## The gate: cosine and relevance on held-out families and corpora", "",
+             "Threshold chosen on the dev rows only (the sample corpus's Wikipedia side: "
+             "`qs-wiki` dev questions and `lead24`'s dev half, against `lead24`'s dev half of "
+             "leads no store holds); every row below is held out. `in`: the text is in the "
+             "store (copying should stay on); `loo`: its document dropped from stage 1; `out`: "
+             "Wikipedia leads no store holds (copying should go off).", ""]
+    lines += harness.table(["measure", "dev threshold", "dev errors"],
+                           [[k, f"{gate[k]['threshold']:.3f}",
+                             f"{gate[k]['dev_errors']}/{gate[k]['n_dev']}"] for k in keys])
+    lines += [""]
+    groups = sorted(gate[keys[0]]["groups"])
+    lines += harness.table(
+        ["corpus / family / side", "n"] + [f"{k}: median [min, max]" for k in keys]
+        + [f"{k}: copying off" for k in keys],
+        [[g, gate[keys[0]]["groups"][g]["n"]]
+         + [f"{gate[k]['groups'][g]['median']:.2f} [{gate[k]['groups'][g]['min']:.2f}, "
+            f"{gate[k]['groups'][g]['max']:.2f}]" for k in keys]
+         + [f"{gate[k]['groups'][g]['off']}/{gate[k]['groups'][g]['n']}" for k in keys]
+         for g in groups])
+    return lines
+
+
 def markdown(result: dict[str, Any]) -> str:
     rel, ans = result["relevance"], result["answers"]
     f3 = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
@@ -113,17 +177,20 @@ def markdown(result: dict[str, Any]) -> str:
         [[f, f3(rel["families"][f]["threshold"]), rel["families"][f]["dev_errors"]]
          + [f"{c['off_in']}/{c['n_in']} / {c['off_out']}/{c['n_out']}"
             for c in (rel["carry"][f][g] for g in fams)] for f in fams])
+    if result.get("gate"):
+        lines += gate_markdown(result["gate"])
     lines += ["", f"Answers on {ans['n']} completions (24-token lead prefixes, 48 new tokens) of "
-              "leads the corpus does not hold, disjoint from the leads above:", ""]
+              "leads the corpus does not hold, disjoint from the leads above (the default with "
+              "the gate, then without it):", ""]
     lines += harness.table(
-        ["method", "answers with a citation", "citations", "tokens with a source",
-         "ROUGE-L F1 vs the true text"],
-        [[m, f"{a['citing']}/{ans['n']}", a["citations"],
+        ["method", "sent to rag-copy by the gate", "answers with a citation", "citations",
+         "tokens with a source", "ROUGE-L F1 vs the true text"],
+        [[m, f"{a.get('gated', 0)}/{ans['n']}", f"{a['citing']}/{ans['n']}", a["citations"],
           f"{a['attributed']}/{a['tokens']} ({harness.pct(a['attributed'] / a['tokens'])})",
           f"{100 * a['rouge_l'] / ans['n']:.1f}"] for m, a in ans["methods"].items()])
     if ans.get("examples"):
-        lines += ["", "The default's first citing answers (the lead, stage 1's top passage and "
-                  "its cosine, what was cited):", ""]
+        lines += ["", "The first citing answers of the default without the gate (the lead, "
+                  "stage 1's top passage and its cosine, what was cited):", ""]
         lines += [f"- {e['lead']}: top passage from \"{e['top']}\" ({e['cos']:.2f}); cited "
                   + "; ".join(f"\"{c}\"" for c in e["cited"]) for e in ans["examples"]]
     return "\n".join(lines) + "\n"
@@ -145,7 +212,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from benchmarks.harness.systems import llama_engine
     from nest_integrations.embeddings import shared_embedder
     from nest_integrations.evaluation.metrics import rouge_scorer
+    from nest_integrations.evaluation.profiles import generate_profiles
+    from nest_integrations.evaluation.quality_set import build_question_set
     from nest_integrations.lm import backend
+    from nest_integrations.policy import AnswerPolicy
+    from nest_integrations.policy.answer import GROUNDED_COMPLETION_RELEVANCE, gate_relevance
+    from nest_integrations.retrieval.in_memory import InMemoryRetriever
+    from nest_integrations.types import Passage
 
     threads = backend.configure_threads(args.threads)
     engine = llama_engine(None, threads)
@@ -165,32 +238,72 @@ def main(argv: Sequence[str] | None = None) -> int:
     titles = {str(p.metadata.get("title") or "") for p in inside}
     pool, _ = leads_not_in(titles)  # (title, text), as the speed benchmark's held-out set
 
-    def top(prompt: str) -> tuple[Any, float]:
-        hit = retriever.retrieve(prompt, 1)[0]
+    def measure(retr: Any, prompt: str, drop: str | None = None) -> tuple[Any, float, float]:
+        """(stage 1's top passage, its cosine to ``prompt``, its relevance), with the passages of
+        document ``drop`` left out of stage 1."""
+        hit = next(h for h in retr.retrieve(prompt, 20) if drop is None
+                   or (h.doc_id or h.id) != drop)
         e = embed([prompt, hit.text])
-        return hit, float(e[0] @ e[1])
+        return hit, float(e[0] @ e[1]), gate_relevance(prompt, [hit], retr)
 
     cut = cuts()
     out_texts = [text for _, text in pool[: args.n]]
-    fams = {  # name: (inside texts, their cut, the outside texts' cut)
-        "lead24": ([p.text for p in inside[: args.n]], cut["24"], cut["24"]),
-        "lead48": ([p.text for p in inside[: args.n]], cut["48"], cut["48"]),
-        "mid24": ([p.text for p in by_id(later)[: args.n]], cut["24"], cut["mid24"]),
-        "pydoc24": ([p.text for p in by_id(pydoc)[: args.n]], cut["24"], cut["24"]),
+    fams = {  # name: (inside passages, their cut, the outside texts' cut)
+        "lead24": (inside[: args.n], cut["24"], cut["24"]),
+        "lead48": (inside[: args.n], cut["48"], cut["48"]),
+        "mid24": (by_id(later)[: args.n], cut["24"], cut["mid24"]),
+        "pydoc24": (by_id(pydoc)[: args.n], cut["24"], cut["24"]),
     }
     rows: list[dict[str, Any]] = []
-    for fam, (in_texts, in_cut, out_cut) in fams.items():
-        for is_in, texts, f in ((True, in_texts, in_cut), (False, out_texts, out_cut)):
-            for i, text in enumerate(texts):
-                c = f(lm, text)
+
+    def add(corpus: str, family: str, retr: Any, prompt: str, split: str, side: str,
+            doc: str | None = None) -> None:
+        _, cos, rel = measure(retr, prompt)
+        rows.append({"corpus": corpus, "family": family, "split": split, "side": side,
+                     "inside": side == "in", "cos": cos, "rel": rel})
+        if doc is not None:  # the same prompt, its document out of the store
+            _, cos, rel = measure(retr, prompt, doc)
+            rows.append({"corpus": corpus, "family": family, "split": split, "side": "loo",
+                         "inside": False, "cos": cos, "rel": rel})
+
+    for fam, (in_ps, in_cut, out_cut) in fams.items():
+        for i, p in enumerate(in_ps):
+            c = in_cut(lm, p.text)
+            if c is not None:
+                add("sample", fam, retriever, c[0], ("dev", "test")[i % 2], "in", p.doc_id)
+        for i, text in enumerate(out_texts):
+            c = out_cut(lm, text)
+            if c is not None:
+                add("sample", fam, retriever, c[0], ("dev", "test")[i % 2], "out")
+    qs = build_question_set(0)
+    for split in ("dev", "test"):
+        for source in ("wiki", "pydoc"):
+            for q in qs.closed(split, source):
+                add("sample", f"qs-{source}", retriever, q.question, split, "in", q.gold_doc_id)
+    others = {"profiles": generate_profiles(seed=0).documents,
+              "entities": qs.entities.documents}
+    for corpus, docs in others.items():
+        ps = [Passage(str(d["id"]), d["text"], doc_id=str(d["id"]),
+                      metadata=dict(d.get("metadata") or {})) for d in docs]
+        retr = InMemoryRetriever(ps, embedder=shared_embedder())
+        for i, p in enumerate(by_id(ps)[: args.n]):
+            for fam, f in (("24", cut["24"]), ("mid24", cut["mid24"])):
+                c = f(lm, p.text)
                 if c is not None:
-                    rows.append({"family": fam, "inside": is_in, "split": ("dev", "test")[i % 2],
-                                 "cos": top(c[0])[1]})
+                    add(corpus, fam, retr, c[0], ("dev", "test")[i % 2], "in", p.doc_id)
+        for i, text in enumerate(out_texts):
+            c = cut["24"](lm, text)
+            if c is not None:
+                add(corpus, "24", retr, c[0], ("dev", "test")[i % 2], "out")
+    old_rows = [r for r in rows if r["corpus"] == "sample" and r["family"] in fams
+                and r["side"] != "loo"]
 
     scorer = rouge_scorer()
-    methods = {"default (`grounded`)": None, "rag-copy": "rag-copy"}
-    agg = {m: {"citing": 0, "citations": 0, "attributed": 0, "tokens": 0, "rouge_l": 0.0}
-           for m in methods}
+    ungated = AnswerPolicy.from_preset("grounded", completion_relevance=None)
+    methods = {"default (`grounded`)": {}, "default without the gate": {"policy": ungated},
+               "rag-copy": {"decoding": "rag-copy"}}
+    agg = {m: {"citing": 0, "citations": 0, "attributed": 0, "tokens": 0, "rouge_l": 0.0,
+               "gated": 0} for m in methods}
     examples: list[dict[str, Any]] = []
     n = 0
     for t, text in pool[args.n:]:
@@ -200,21 +313,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         if c is None:
             continue
         n += 1
-        for m, decoding in methods.items():
-            r = engine.generate(c[0], max_new_tokens=48, decoding=decoding)
+        for m, kwargs in methods.items():
+            r = engine.generate(c[0], max_new_tokens=48, **kwargs)
             a = agg[m]
             a["citing"] += bool(r.citations)
             a["citations"] += len(r.citations)
             a["attributed"] += r.stats.attributed_tokens
             a["tokens"] += r.stats.new_tokens
             a["rouge_l"] += scorer.score(c[1], r.text)["rougeL"].fmeasure
-            if decoding is None and r.citations and len(examples) < 4:
-                hit, cos = top(c[0])
+            a["gated"] += r.stats.relevance is not None and r.stats.decoding == "rag-copy"
+            if kwargs.get("policy") is ungated and r.citations and len(examples) < 4:
+                hit, cos, _ = measure(retriever, c[0])
                 examples.append({"lead": t, "top": hit.metadata.get("title") or hit.doc_id,
                                  "cos": cos,
                                  "cited": [x.text.replace("\n", " ")[:60] for x in r.citations[:2]]})
     result = {"n_inside": {f: len(v[0]) for f, v in fams.items()}, "n_outside": len(out_texts),
-              "threads": threads, "rows": rows, "relevance": relevance(rows),
+              "threads": threads, "rows": rows, "relevance": relevance(old_rows),
+              "gate": {k: gate_study(rows, k) for k in ("cos", "rel")},
+              "policy_threshold": GROUNDED_COMPLETION_RELEVANCE,
               "answers": {"n": n, "methods": agg, "examples": examples}}
     harness.write_result(args.out, args.stem, result, markdown(result), run, args.quiet)
     return 0

@@ -283,7 +283,8 @@ def build_stores(work: Path, sets: Iterable[str], qs: Any, profiles: Any, pydoc:
 
 
 def system_spec(name: str, collection: str, root: Path) -> assembly.EngineSpec:
-    """``rag``, ``default``, ``default@only`` (a title_context variant) or ``copy``, each
+    """``rag``, ``default``, ``default@only`` (a title_context variant), ``default@ungated``
+    (no relevance gate for raw text) or ``copy``, each
     optionally ``llama.cpp:``-prefixed and ``~SOURCE``-suffixed (``root``: the store root of
     ``store_id(name)``)."""
     backend, name = split_backend(name)
@@ -299,7 +300,9 @@ def system_spec(name: str, collection: str, root: Path) -> assembly.EngineSpec:
                                              policy=AnswerPolicy(), decoding="greedy", **common)
     if base in ("default", "default-fixed"):
         policy = AnswerPolicy.from_preset("grounded")
-        if variant:
+        if variant == "ungated":  # no relevance gate: raw text is always continued by copying
+            policy = policy.replace(completion_relevance=None)
+        elif variant:
             policy = policy.replace(title_context=variant)
         if base == "default-fixed":  # no cost model: fixed spans and fixed rag-copy drafts
             common["drafter_options"] = {"cost_model": "off"}

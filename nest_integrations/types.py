@@ -194,6 +194,9 @@ class NestStats:
     #: a lossless method with drafts: whether its verify passes gave each row the bits of a
     #: one-token step (``lm.exact_rows``), so the answer is greedy's exactly; None otherwise
     exact_rows: bool | None = None
+    #: raw text under a policy with a relevance gate (``AnswerPolicy.completion_relevance``):
+    #: stage 1's top passage's relevance to the prompt; None where the gate did not run
+    relevance: float | None = None
     timing: Timings = field(default_factory=Timings)
     drafting: DraftStats = field(default_factory=DraftStats)
     route: RouteStats = field(default_factory=RouteStats)
@@ -259,7 +262,7 @@ STATS_KEYS: tuple[str, ...] = (
     "mean_lambda", "time_retrieval", "time_keys", "time_lm", "time_knn", "time_total",
     "finish_reason", "decoding", "time_draft", "draft_forwards", "draft_candidates",
     "tree_steps", "tree_nodes", "route_skip_set", "route_domain", "route_similarity",
-    "route_fallback", "time_route", "ahead_fed", "ahead_tokens", "exact_rows",
+    "route_fallback", "time_route", "ahead_fed", "ahead_tokens", "exact_rows", "relevance",
 )
 
 

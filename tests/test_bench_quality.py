@@ -114,4 +114,28 @@ def test_completion_gate_thresholds_and_their_carry_over():
                       "answers": {"n": 1, "examples": [], "methods": {"m": {
                           "citing": 1, "citations": 2, "attributed": 5, "tokens": 10,
                           "rouge_l": 0.25}}}})
-    assert "| a | 0.800 | 0 | 0/1 / 1/1 | 1/1 / 1/1 |" in md and "| m | 1/1 | 2 |" in md
+    assert "| a | 0.800 | 0 | 0/1 / 1/1 | 1/1 / 1/1 |" in md and "| m | 0/1 | 1/1 | 2 |" in md
+
+
+def test_completion_gate_chooses_on_the_dev_rows_and_reports_the_held_out_ones():
+    """The gate study: the threshold comes from the sample corpus's Wikipedia dev rows alone
+    (a held-out row with a value that would move it does not), and every other row is counted
+    per corpus / family / side."""
+    from benchmarks import completion_gate as cg
+
+    def row(corpus, family, split, side, rel):
+        return {"corpus": corpus, "family": family, "split": split, "side": side, "rel": rel}
+
+    rows = [row("sample", "qs-wiki", "dev", "in", 0.9), row("sample", "lead24", "dev", "in", 1.0),
+            row("sample", "lead24", "dev", "out", 0.5), row("sample", "lead24", "dev", "loo", 0.85),
+            row("sample", "qs-wiki", "test", "in", 0.7), row("sample", "qs-pydoc", "dev", "in", 0.6),
+            row("profiles", "24", "dev", "out", 0.95)]
+    assert [cg.is_dev(r) for r in rows] == [True, True, True, False, False, False, False]
+    g = cg.gate_study(rows, "rel")
+    assert (g["threshold"], g["dev_errors"], g["n_dev"]) == (0.9, 0, 3)
+    assert g["groups"]["sample / lead24 / loo"] == {"n": 1, "off": 1, "median": 0.85,
+                                                    "min": 0.85, "max": 0.85}
+    assert g["groups"]["sample / qs-wiki / in"]["off"] == 1  # the test question at 0.7
+    assert g["groups"]["profiles / 24 / out"]["off"] == 0
+    md = "\n".join(cg.gate_markdown({"rel": g}))
+    assert "| rel | 0.900 | 0/3 |" in md and "| sample / qs-pydoc / in | 1 | 0.60 [0.60, 0.60] | 1/1 |" in md

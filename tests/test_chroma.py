@@ -13,6 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from nest_integrations.ingest.pipeline import IngestPipeline
@@ -157,6 +158,11 @@ def test_retrieve_scores_metadata_and_lookup(tmp_path: Path, corpus: Path, lm: F
     got = store.get_passages([hits[1].id, "nope", hits[0].id])
     assert [p.id for p in got] == [hits[1].id, hits[0].id]
     assert got[1].text == hits[0].text and got[1].char_start == hits[0].char_start
+    # the stored vectors (the relevance gate reads them): the embedder's vector of the text
+    vecs = store.stored_embeddings([hits[0].id, hits[1].id])
+    fresh = store.embedding_function.embedder.embed([hits[0].text, hits[1].text])
+    assert vecs is not None and np.allclose(np.asarray(vecs), fresh, atol=1e-5)
+    assert store.stored_embeddings([hits[0].id, "nope"]) is None and store.stored_embeddings([]) == []
     stats = store.stats()
     assert stats["documents"] == 4 and stats["passages"] == store.count()
     assert stats["tokens"] == sum(len(lm.tokenize(p.text)) for p in store.iter_passages())

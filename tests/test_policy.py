@@ -31,7 +31,8 @@ def test_every_preset_names_a_policy_and_a_config():
 
 def test_policy_fields_are_validated_and_replaced():
     for bad in ({"title_context": "always"}, {"decoding": "nope"}, {"title_match": "yes"},
-                {"guards": {"stop_on_repeat": True}}):
+                {"guards": {"stop_on_repeat": True}}, {"completion_relevance": "high"},
+                {"completion_relevance": -0.1}, {"completion_relevance": True}):
         with pytest.raises(ValueError):
             AnswerPolicy(**bad)
     with pytest.raises(ValueError, match="unknown preset"):
@@ -59,6 +60,63 @@ def test_grounded_continues_raw_text_by_copying_and_answers_chat_losslessly(grou
     raw = grounded.generate(text, max_new_tokens=8)
     chat = grounded.generate([{"role": "user", "content": text}], max_new_tokens=8)
     assert raw.stats.decoding == "nest" and chat.stats.decoding == "rag-copy"
+
+
+VIKINGS = ("The Vikings were seafaring people from Scandinavia who raided, traded and settled "
+           "across Europe from the late eighth to the late eleventh century")
+
+
+def test_relevance_is_one_for_a_passages_own_opening_and_low_for_another_subject():
+    """The gate's measure (``retrieval.relevance``, the packaged MiniLM): a passage's own opening
+    is exactly as close as the reference; a text about another subject is far below the
+    grounded threshold, and the same holds for any length of the opening."""
+    from nest_integrations.embeddings import shared_embedder
+    from nest_integrations.policy.answer import GROUNDED_COMPLETION_RELEVANCE
+    from nest_integrations.retrieval.relevance import (
+        embedder_of,
+        opening,
+        relevance,
+        stored_vector,
+    )
+
+    embed = shared_embedder().embed
+    text = CORPUS[0][2]
+    for n in (4, 9, 100):
+        assert relevance(embed, opening(text, n), text) == pytest.approx(1.0, abs=1e-6)
+    assert relevance(embed, VIKINGS, text) < GROUNDED_COMPLETION_RELEVANCE / 2
+    assert relevance(embed, "", text) == 0.0 and relevance(embed, VIKINGS, " ") == 0.0
+    assert opening("a b  c", 2) == "a b" and opening("a b", 0) == "a"
+    assert embedder_of(InMemoryRetriever([], embedder=shared_embedder())) is shared_embedder()
+    assert embedder_of(object()) is shared_embedder()  # no embedder of its own: the packaged one
+    # a retriever's stored vector gives the same measure as embedding the passage again
+    retr = InMemoryRetriever([Passage(d, t, doc_id=d) for d, _, t in CORPUS],
+                             embedder=shared_embedder())
+    assert stored_vector(retr, "cambodia") is None  # no dense query yet: nothing stored
+    top = retr.retrieve(VIKINGS, 1)[0]
+    vec = stored_vector(retr, top.id)
+    assert vec is not None and stored_vector(retr, "nope") is None
+    assert relevance(embed, VIKINGS, top.text, vec) == pytest.approx(
+        relevance(embed, VIKINGS, top.text), abs=1e-5)
+
+
+def test_grounded_decodes_raw_text_the_corpus_is_not_about_as_rag(grounded):
+    """The relevance gate: raw text stage 1 is not about gets the chat method (``rag-copy``,
+    the RA answer, no copied span of another document); text the corpus holds keeps copying; a
+    method the call names, a chat message and a policy without the gate skip it."""
+    from nest_integrations.policy.answer import GROUNDED_COMPLETION_RELEVANCE
+
+    off = grounded.generate(VIKINGS, max_new_tokens=8)
+    assert off.stats.decoding == "rag-copy" and not off.citations
+    assert off.stats.relevance < GROUNDED_COMPLETION_RELEVANCE
+    assert off.text == grounded.generate(VIKINGS, max_new_tokens=8, decoding="rag-copy").text
+    on = grounded.generate(CORPUS[1][2][:60], max_new_tokens=8)
+    assert on.stats.decoding == "nest" and on.stats.relevance >= GROUNDED_COMPLETION_RELEVANCE
+    assert grounded.generate(VIKINGS, max_new_tokens=8, decoding="nest").stats.decoding == "nest"
+    ungated = grounded.generate(VIKINGS, max_new_tokens=8,
+                                policy=POLICIES["grounded"].replace(completion_relevance=None))
+    assert ungated.stats.decoding == "nest" and ungated.stats.relevance is None
+    chat = grounded.generate([{"role": "user", "content": VIKINGS}], max_new_tokens=8)
+    assert chat.stats.relevance is None and chat.stats.to_dict()["relevance"] is None
 
 
 CORPUS = [

@@ -162,12 +162,14 @@ class NestEngine:
     def plan(
         self, question: str, passages: Sequence[Passage], *, config: NestConfig | None = None,
         policy: AnswerPolicy | None = None, decoding: str | None = None,
+        raw_text: bool = False,
     ) -> AnswerPlan:
         """The policy's plan for one request (``policy.plan_answer``): the method, stage 1's
-        passages reordered, the RA prompt's passages, the guards."""
+        passages reordered, the RA prompt's passages, the guards (``raw_text``: the prompt is
+        raw text to continue, which the relevance gate judges)."""
         cfg, pol = config or self.config, policy or self.policy
         return plan_answer(pol, question, passages, self.retriever, n_ra=cfg.ra_passages,
-                           decoding=(decoding, self.decoding))
+                           decoding=(decoding, self.decoding), raw_text=raw_text)
 
     def build_memory(self, passages: Sequence[Passage]) -> TokenMemory:
         """Stage 2: the token memory of ``passages`` from the key store (encoding new ones)."""
@@ -240,12 +242,13 @@ class NestEngine:
             t_start, stats = time.perf_counter(), NestStats()
             if passages is None:
                 passages = self.retrieve(query or question, cfg.n_passages, cfg)
+            as_chat = string_as_chat(self.lm, prompt, self.string_prompts)
             plan = self.plan(query or question, passages, config=cfg, policy=policy,
-                             decoding=decoding)
+                             decoding=decoding, raw_text=isinstance(prompt, str) and not as_chat)
+            stats.relevance = plan.relevance
             stats.timing.retrieval = time.perf_counter() - t_start
             request = _Request(self, prompt, plan, cfg, stats, [s for s in (stop or []) if s],
                                {**self.drafter_options, **(drafter_options or {})})
-            as_chat = string_as_chat(self.lm, prompt, self.string_prompts)
             loop = request.loop(as_chat, max_new_tokens)
             yield from loop.run()
             ended_at_once = (not loop.out.ids and stats.finish_reason == "stop"

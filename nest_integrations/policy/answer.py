@@ -16,6 +16,13 @@ same name. The policy decides:
   prompt (``rag-copy``: the answer is in-context RAG's, token for token, so no phrasing can make
   it worse than RAG's) and continues raw text with NEST's relaxed span copying, where copying
   the corpus is the task; the ``copy`` preset copies for questions too.
+- **the relevance gate**: with ``completion_relevance``, raw text is continued with the
+  completion method only where stage 1 is about it: the top passage's relevance to the prompt
+  (``retrieval.relevance``: the prompt's cosine to the passage over that of the passage's own
+  opening of the same length) must reach the threshold; below it, stage 1 is about something
+  else (a text the corpus does not hold retrieves its nearest other article) and the prompt is
+  decoded with the chat method (``grounded``: ``rag-copy``, in-context RAG's answer), so no
+  span of another document is copied and cited as its continuation.
 - **the guards** (``config.Guards``): none under ``paper``.
 """
 
@@ -53,6 +60,9 @@ class AnswerPolicy:
             the RA prompt (see the module docstring).
         decoding: the method (``drafters.METHODS``) when the call and the engine name none.
         completion_decoding: the same for a prompt completed as raw text (None: ``decoding``).
+        completion_relevance: the relevance (``retrieval.relevance``) stage 1's top passage
+            must reach for ``completion_decoding`` to continue raw text; below it, or with no
+            passage, raw text is decoded with ``decoding``. None: no gate.
         guards: the output guards (``config.Guards``).
     """
 
@@ -60,6 +70,7 @@ class AnswerPolicy:
     title_context: str = "off"
     decoding: str | None = None
     completion_decoding: str | None = None
+    completion_relevance: float | None = None
     guards: Guards = field(default_factory=Guards)
 
     def __post_init__(self) -> None:
@@ -72,6 +83,11 @@ class AnswerPolicy:
         for name in (self.decoding, self.completion_decoding):
             if name is not None:
                 get_method(name)  # an unknown method fails here, listing the known ones
+        r = self.completion_relevance
+        if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float))
+                              or not 0.0 <= r <= 2.0):
+            raise ValueError(f"AnswerPolicy.completion_relevance={r!r} is invalid: allowed None "
+                             "or a number in [0, 2] (1.0: as close as the passage's own opening)")
         if not isinstance(self.guards, Guards):
             raise ValueError("AnswerPolicy.guards must be a config.Guards")
 
@@ -99,13 +115,20 @@ class AnswerPolicy:
         return get_method(name)
 
 
+#: ``grounded``'s relevance gate for raw text (docs/decisions.md, "Raw text the corpus is not
+#: about"): the threshold with the fewest errors on the dev families (completion questions and
+#: lead openings of the sample corpus's Wikipedia side against Wikipedia leads it does not
+#: hold), ``python -m benchmarks.completion_gate``.
+GROUNDED_COMPLETION_RELEVANCE = 0.735
 _GROUNDED_GUARDS = Guards(stop_on_repeat=True, min_citation_words=GROUNDED_MIN_CITATION_WORDS,
                           lock_document=True, confidence_guard=0.3, eos_guard=0.5)
 #: The policy part of each preset (``config.PRESETS`` holds the algorithm part).
 POLICIES: dict[str, AnswerPolicy] = {
     **{name: AnswerPolicy() for name in PRESETS},
     "grounded": AnswerPolicy(title_match=True, title_context="only", decoding="rag-copy",
-                             completion_decoding="nest", guards=_GROUNDED_GUARDS),
+                             completion_decoding="nest",
+                             completion_relevance=GROUNDED_COMPLETION_RELEVANCE,
+                             guards=_GROUNDED_GUARDS),
     "copy": AnswerPolicy(title_match=True, title_context="first", decoding="nest",
                          guards=_GROUNDED_GUARDS),
 }
@@ -123,6 +146,7 @@ class AnswerPlan:
     guards: Guards
     matches: list[TitleMatch] = field(default_factory=list)
     completion_method: Method | None = None
+    relevance: float | None = None  # the relevance gate's measure, when it ran
 
     def method_for(self, as_chat: bool) -> Method:
         """The method of the prompt as read: chat messages, or raw text to continue."""
@@ -137,11 +161,20 @@ def plan_answer(
     *,
     n_ra: int = 0,
     decoding: Sequence[str | None] = (),
+    raw_text: bool = False,
 ) -> AnswerPlan:
     """Plan one request (module docstring): ``passages`` are stage 1's, ``n_ra`` the passages
-    the RA prompt holds, ``decoding`` the methods the call and the engine name (None = none)."""
+    the RA prompt holds, ``decoding`` the methods the call and the engine name (None = none),
+    ``raw_text`` whether the prompt is read as raw text to continue (the relevance gate runs
+    only then)."""
     method = policy.method(*decoding)
     completion = policy.method(*decoding, completion=True)
+    relevance = None
+    if (raw_text and policy.completion_relevance is not None and not any(decoding)
+            and completion.name != method.name):
+        relevance = gate_relevance(question, passages, retriever)
+        if relevance < policy.completion_relevance:
+            completion = method
     retrieved = ranked = list(passages)
     matches: list[TitleMatch] = []
     if policy.title_match and retrieved:
@@ -155,7 +188,19 @@ def plan_answer(
     n_ra = n_ra or method.ra_passages
     prompt = prompt_passages(retrieved if policy.title_context == "off" else ranked, n_ra,
                              policy.title_context)
-    return AnswerPlan(method, ranked, prompt, policy.guards, matches, completion)
+    return AnswerPlan(method, ranked, prompt, policy.guards, matches, completion, relevance)
+
+
+def gate_relevance(prompt: str, passages: Sequence[Passage], retriever: Any = None) -> float:
+    """The relevance gate's measure: stage 1's top passage's relevance to ``prompt``
+    (``retrieval.relevance``, under the retriever's embedder); 0.0 without passages."""
+    from nest_integrations.retrieval.relevance import embedder_of, relevance, stored_vector
+
+    if not passages:
+        return 0.0
+    top = passages[0]
+    return relevance(embedder_of(retriever).embed, prompt, top.text,
+                     stored_vector(retriever, top.id))
 
 
 def named_first(
@@ -197,5 +242,6 @@ def _mark(p: Passage) -> Passage:
     return dataclasses.replace(p, metadata={**(p.metadata or {}), "title_match": True})
 
 
-__all__ = ["FALLBACK_DECODING", "POLICIES", "TITLE_CONTEXTS", "AnswerPlan", "AnswerPolicy",
-           "named_first", "plan_answer", "prompt_passages"]
+__all__ = ["FALLBACK_DECODING", "GROUNDED_COMPLETION_RELEVANCE", "POLICIES", "TITLE_CONTEXTS",
+           "AnswerPlan", "AnswerPolicy", "gate_relevance", "named_first", "plan_answer",
+           "prompt_passages"]

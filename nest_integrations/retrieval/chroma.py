@@ -210,6 +210,16 @@ class ChromaPassageStore:
             )
         ]
 
+    def stored_embeddings(self, ids: Sequence[str]) -> list[Any] | None:
+        """The stored vectors of passages ``ids`` (the ones stage 1 ranked them by), in order;
+        None when one is missing (the answer policy's relevance gate reads them instead of
+        embedding the passages again)."""
+        if not ids:
+            return []
+        res = self._read_collection().get(ids=list(ids), include=["embeddings"])
+        found = dict(zip(res["ids"], res["embeddings"], strict=True))
+        return [found[i] for i in ids] if all(i in found for i in ids) else None
+
     def passages_titled(self, titles: Sequence[str], limit: int = 32) -> list[Passage]:
         """Up to ``limit`` stored passages whose metadata ``title`` is one of ``titles``
         (exact match: the answer policy looks a named document up here, ``policy.answer``)."""

@@ -106,6 +106,14 @@ class InMemoryRetriever:
             )
         return out
 
+    def stored_embeddings(self, ids: Sequence[str]) -> list[Any] | None:
+        """The unit vectors of passages ``ids`` once a dense query built them; None before,
+        without an embedder, or when an id is unknown (see ``ChromaRetriever``)."""
+        if self._matrix is None:
+            return None
+        row = {p.id: i for i, p in enumerate(self.passages)}
+        return [self._matrix[row[i]] for i in ids] if all(i in row for i in ids) else None
+
     def _dense(self, query: str) -> list[float]:
         if self._matrix is None:
             self._matrix = _unit(
