@@ -5,6 +5,7 @@ prefix-exact: they only end an answer early, and a stream never shows text the a
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from engines import make_engine
@@ -76,6 +77,7 @@ def test_relevance_is_one_for_a_passages_own_opening_and_low_for_another_subject
         embedder_of,
         opening,
         relevance,
+        retriever_relevance,
         stored_vector,
     )
 
@@ -87,7 +89,7 @@ def test_relevance_is_one_for_a_passages_own_opening_and_low_for_another_subject
     assert relevance(embed, "", text) == 0.0 and relevance(embed, VIKINGS, " ") == 0.0
     assert opening("a b  c", 2) == "a b" and opening("a b", 0) == "a"
     assert embedder_of(InMemoryRetriever([], embedder=shared_embedder())) is shared_embedder()
-    assert embedder_of(object()) is shared_embedder()  # no embedder of its own: the packaged one
+    assert embedder_of(object()) is None and embedder_of(InMemoryRetriever([])) is None
     # a retriever's stored vector gives the same measure as embedding the passage again
     retr = InMemoryRetriever([Passage(d, t, doc_id=d) for d, _, t in CORPUS],
                              embedder=shared_embedder())
@@ -95,8 +97,17 @@ def test_relevance_is_one_for_a_passages_own_opening_and_low_for_another_subject
     top = retr.retrieve(VIKINGS, 1)[0]
     vec = stored_vector(retr, top.id)
     assert vec is not None and stored_vector(retr, "nope") is None
-    assert relevance(embed, VIKINGS, top.text, vec) == pytest.approx(
-        relevance(embed, VIKINGS, top.text), abs=1e-5)
+    plain = relevance(embed, VIKINGS, top.text)
+    assert relevance(embed, VIKINGS, top.text, vec) == pytest.approx(plain, abs=1e-5)
+    assert retriever_relevance(retr, VIKINGS, top) == pytest.approx(plain, abs=1e-5)
+    # a vector of another embedder (another width) is not mixed in: the passage is embedded
+    assert relevance(embed, VIKINGS, top.text, [1.0, 0.0, 0.0]) == pytest.approx(plain, abs=1e-5)
+
+    class OtherSpace:  # a retriever whose stored vectors come from an embedder we cannot call
+        def stored_embeddings(self, ids):
+            return [np.ones(384) for _ in ids]
+
+    assert retriever_relevance(OtherSpace(), VIKINGS, top) == pytest.approx(plain, abs=1e-5)
 
 
 def test_grounded_decodes_raw_text_the_corpus_is_not_about_as_rag(grounded):

@@ -194,13 +194,9 @@ def plan_answer(
 def gate_relevance(prompt: str, passages: Sequence[Passage], retriever: Any = None) -> float:
     """The relevance gate's measure: stage 1's top passage's relevance to ``prompt``
     (``retrieval.relevance``, under the retriever's embedder); 0.0 without passages."""
-    from nest_integrations.retrieval.relevance import embedder_of, relevance, stored_vector
+    from nest_integrations.retrieval.relevance import retriever_relevance
 
-    if not passages:
-        return 0.0
-    top = passages[0]
-    return relevance(embedder_of(retriever).embed, prompt, top.text,
-                     stored_vector(retriever, top.id))
+    return retriever_relevance(retriever, prompt, passages[0]) if passages else 0.0
 
 
 def named_first(

@@ -108,7 +108,7 @@ class InMemoryRetriever:
 
     def stored_embeddings(self, ids: Sequence[str]) -> list[Any] | None:
         """The unit vectors of passages ``ids`` once a dense query built them; None before,
-        without an embedder, or when an id is unknown (see ``ChromaRetriever``)."""
+        without an embedder, or when an id is unknown (see ``ChromaPassageStore``)."""
         if self._matrix is None:
             return None
         row = {p.id: i for i, p in enumerate(self.passages)}

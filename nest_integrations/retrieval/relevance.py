@@ -12,7 +12,8 @@ the corpus and the prompt's length.
     relevance(prompt, top) = cos(prompt, top) / cos(top's first n words, top),  n = words(prompt)
 
 Pure but for the embedder, which is the store's own where the retriever exposes it (the one that
-ranked stage 1), else the packaged MiniLM.
+ranked stage 1; its stored vector of the passage is read, not recomputed), else the packaged
+MiniLM.
 """
 
 from __future__ import annotations
@@ -36,11 +37,11 @@ def relevance(embed: Any, prompt: str, passage_text: str, passage_vector: Any = 
     if not prompt.strip() or not passage_text.strip():
         return 0.0
     texts = [prompt, opening(passage_text, len(prompt.split()))]
-    if passage_vector is None:
-        texts.append(passage_text)
     e = np.asarray(embed(texts), dtype=np.float64)
-    if passage_vector is not None:
-        e = np.vstack([e, np.asarray(passage_vector, dtype=np.float64).reshape(1, -1)])
+    vec = None if passage_vector is None else np.asarray(passage_vector, dtype=np.float64)
+    if vec is None or vec.size != e.shape[1]:  # none stored, or another embedder's: embed it
+        vec = np.asarray(embed([passage_text]), dtype=np.float64)
+    e = np.vstack([e, vec.reshape(1, -1)])
     e = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)
     cos, ref = float(e[0] @ e[2]), float(e[1] @ e[2])
     return cos / ref if ref > 1e-6 else cos
@@ -64,7 +65,7 @@ def stored_vector(retriever: Any, passage_id: str) -> Any:
 
 def embedder_of(retriever: Any) -> Any:
     """The embedder that ranks ``retriever``'s passages (Chroma's, an in-memory retriever's, a
-    hybrid's dense side), else the packaged MiniLM (``embeddings.shared_embedder``)."""
+    hybrid's dense side) when it has one with ``embed``, else None."""
     seen = 0
     r = retriever
     while r is not None and seen < 4:
@@ -73,9 +74,20 @@ def embedder_of(retriever: Any) -> Any:
             if found is not None and callable(getattr(found, "embed", None)):
                 return found
         r, seen = getattr(r, "dense", None), seen + 1
-    from nest_integrations.embeddings import shared_embedder
-
-    return shared_embedder()
+    return None
 
 
-__all__ = ["embedder_of", "opening", "relevance", "stored_vector"]
+def retriever_relevance(retriever: Any, prompt: str, passage: Any) -> float:
+    """``relevance`` of ``passage`` (stage 1's top) under ``retriever``'s own embedder, with the
+    passage's stored vector when the store keeps one; under the packaged MiniLM
+    (``embeddings.shared_embedder``), embedding the passage, when the retriever has no
+    embedder of its own (a stored vector of another embedder is never mixed in)."""
+    own = embedder_of(retriever)
+    if own is None:
+        from nest_integrations.embeddings import shared_embedder
+
+        return relevance(shared_embedder().embed, prompt, passage.text)
+    return relevance(own.embed, prompt, passage.text, stored_vector(retriever, passage.id))
+
+
+__all__ = ["embedder_of", "opening", "relevance", "retriever_relevance", "stored_vector"]
