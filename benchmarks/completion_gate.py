@@ -100,10 +100,6 @@ def relevance(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-#: The gate study's groups in table order: (corpus, family).
-SIDES = ("in", "loo", "out")
-
-
 def is_dev(row: dict[str, Any]) -> bool:
     """The gate's dev rows: the sample corpus's Wikipedia side (module docstring)."""
     return row["corpus"] == "sample" and row["split"] == "dev" and (
