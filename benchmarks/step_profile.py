@@ -12,13 +12,18 @@ interleaved in a rotating order per prompt, ``--rounds`` times), after the first
   output text);
 - **verified drafts**: the drafts verified in one multi-row pass and how many of their rows
   were accepted (``DraftPlanner.observe``);
+- **outside llama_decode**: the decode's seconds less those inside ``llama_decode`` itself
+  (llama.cpp's C), per token decoded: the loop's own Python and the copies around each step;
 - **cut**: tokens decoded and then dropped from the answer (``OutputText._cut``: the repeat
   guard's repeated sentence or loop, an unfinished sentence held back as a possible repeat
   when the budget ends, a stop string). The rate counts the tokens kept, as the speed
   benchmark does; **ms a decoded token** counts these too, so it compares the steps alone.
 
 The LM decodes, the planner and the cuts are observed by wrapping three methods for the run (as the
-harness's ``PrefillTimer`` does); the engine's code is unchanged.
+harness's ``PrefillTimer`` does), and ``llama_decode`` by wrapping llama-cpp-python's function;
+the engine's code is unchanged. A row named ``ROW@logits`` is ``ROW`` with the loop reading
+each pass's logits where it would read their argmaxes (``DecodeLoop._argmax_rows`` off, as
+before ``forward_argmax``): interleaved with ``ROW``, the pair measures that path.
 
 Usage: NEST_THREADS=1 python -m benchmarks.step_profile --set held-out --per-set 10 --rounds 3
 (about 3 minutes at 1 thread; needs the ``llamacpp`` extra and ``nest ingest --sample``).
@@ -29,6 +34,7 @@ benchmarks/results/speed_llama_cpp.md.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import tempfile
 import time
@@ -40,6 +46,13 @@ from typing import Any, Iterator, Sequence
 from benchmarks import harness
 
 DEFAULT_ROWS = "llama.cpp:greedy+psg,llama.cpp:grounded"
+#: A row-name suffix: the row with the loop reading logits instead of argmaxes.
+LOGITS = "@logits"
+
+
+def base_row(name: str) -> str:
+    """The speed benchmark's row a ``--rows`` name runs (``ROW@logits``: ``ROW``)."""
+    return name[: -len(LOGITS)] if name.endswith(LOGITS) else name
 
 
 class Observer:
@@ -49,14 +62,17 @@ class Observer:
         self.passes: dict[int, list[float]] = defaultdict(list)
         self.drafts: list[tuple[int, int]] = []
         self.cut = 0
+        self.c_seconds = 0.0  # inside llama_decode, outside prefills
         self.in_prefill = False
+        self.logits_rows = False  # the row reads logits (``@logits``)
 
     def take(self) -> dict[str, Any]:
         out = {"passes": {t: list(v) for t, v in self.passes.items()},
-               "drafts": list(self.drafts), "cut": self.cut}
+               "drafts": list(self.drafts), "cut": self.cut, "c_seconds": self.c_seconds}
         self.passes.clear()
         self.drafts.clear()
         self.cut = 0
+        self.c_seconds = 0.0
         return out
 
     @contextmanager
@@ -64,11 +80,26 @@ class Observer:
         from nest_integrations.decoding.loop import DecodeLoop
         from nest_integrations.decoding.text_stream import OutputText
         from nest_integrations.lm.cost import DraftPlanner
-        from nest_integrations.lm.llama_cpp_runtime import LlamaCppRuntime
+        from nest_integrations.lm.llama_cpp_runtime import LlamaCppRuntime, llama_cpp_module
 
         decode, prefill, observe = LlamaCppRuntime.decode, DecodeLoop.prefill, DraftPlanner.observe
-        cut = OutputText._cut
+        cut, init = OutputText._cut, DecodeLoop.__init__
+        lib = llama_cpp_module()
+        c_decode = lib.llama_decode
         me = self
+
+        def timed_c(ctx: Any, batch: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return c_decode(ctx, batch)
+            finally:
+                if not me.in_prefill:
+                    me.c_seconds += time.perf_counter() - t0
+
+        def init_loop(loop: Any, *a: Any, **kw: Any) -> None:
+            init(loop, *a, **kw)
+            if me.logits_rows:
+                loop._argmax_rows = None
 
         def timed_decode(rt: Any, tokens: Sequence[int], *a: Any, **kw: Any) -> Any:
             t0 = time.perf_counter()
@@ -78,10 +109,10 @@ class Observer:
                 if not me.in_prefill:
                     me.passes[len(tokens)].append(time.perf_counter() - t0)
 
-        def flagged_prefill(loop: Any) -> Any:
+        def flagged_prefill(loop: Any, *args: Any, **kwargs: Any) -> Any:
             me.in_prefill = True
             try:
-                return prefill(loop)
+                return prefill(loop, *args, **kwargs)
             finally:
                 me.in_prefill = False
 
@@ -96,6 +127,8 @@ class Observer:
             me.cut += before - len(text.ids)
 
         LlamaCppRuntime.decode = timed_decode  # type: ignore[method-assign]
+        lib.llama_decode = timed_c
+        DecodeLoop.__init__ = init_loop  # type: ignore[method-assign]
         DecodeLoop.prefill = flagged_prefill  # type: ignore[method-assign]
         DraftPlanner.observe = observed  # type: ignore[method-assign]
         OutputText._cut = counted_cut  # type: ignore[method-assign]
@@ -103,6 +136,8 @@ class Observer:
             yield
         finally:
             LlamaCppRuntime.decode = decode  # type: ignore[method-assign]
+            lib.llama_decode = c_decode
+            DecodeLoop.__init__ = init  # type: ignore[method-assign]
             DecodeLoop.prefill = prefill  # type: ignore[method-assign]
             DraftPlanner.observe = observe  # type: ignore[method-assign]
             OutputText._cut = cut  # type: ignore[method-assign]
@@ -123,10 +158,13 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     knn_s = sum(r["time"]["knn"] for r in runs)
     draft_s = sum(r["time"]["draft"] for r in runs)
     cut = sum(r["observed"].get("cut", 0) for r in runs)
+    c_s = sum(r["observed"].get("c_seconds", 0.0) for r in runs)
     per = (lambda s: 1000.0 * s / tokens) if tokens else (lambda s: None)
     return {
         "runs": len(runs), "tokens": tokens, "ms_per_token": per(decode_s), "cut": cut,
         "ms_per_decoded_token": 1000.0 * decode_s / (tokens + cut) if tokens + cut else None,
+        "outside_c_ms_per_decoded_token": (1000.0 * (decode_s - c_s) / (tokens + cut)
+                                           if tokens + cut else None),
         "lm_ms_per_token": per(lm_s), "knn_ms_per_token": per(knn_s),
         "draft_ms_per_token": per(draft_s),
         "other_ms_per_token": per(max(0.0, decode_s - lm_s - knn_s - draft_s)),
@@ -146,16 +184,20 @@ def markdown(result: dict[str, Any]) -> str:
              f"pooled; the parts (LM, kNN + mixture, drafting, other) per token kept. The "
              f"ratios are the reference row's ms over the row's (`{ref}`: 1.00); **cut**: tokens "
              f"decoded and then dropped by the output's guards (see the module docstring), "
-             f"counted in **ms a decoded token**.", ""]
+             f"counted in **ms a decoded token**; **outside llama_decode**: ms a decoded token "
+             f"outside llama.cpp's C decode (a `@logits` row reads logits where its row reads "
+             f"argmaxes).", ""]
     ref_ms = rows[ref]["ms_per_token"] if ref else None
     ref_dec = rows[ref]["ms_per_decoded_token"] if ref else None
     lines += harness.table(
         ["row", "tokens", "ms a token", "rate vs ref", "cut", "ms a decoded token",
-         "step rate vs ref", "LM", "kNN + mixture", "drafting", "other"],
+         "step rate vs ref", "outside llama_decode", "LM", "kNN + mixture", "drafting",
+         "other"],
         [[n, s["tokens"], harness.fmt(s["ms_per_token"]),
           harness.fmt(harness.ratio(ref_ms, s["ms_per_token"])), s["cut"],
           harness.fmt(s["ms_per_decoded_token"]),
           harness.fmt(harness.ratio(ref_dec, s["ms_per_decoded_token"])),
+          harness.fmt(s.get("outside_c_ms_per_decoded_token")),
           harness.fmt(s["lm_ms_per_token"]),
           harness.fmt(s["knn_ms_per_token"]), harness.fmt(s["draft_ms_per_token"]),
           harness.fmt(s["other_ms_per_token"])] for n, s in rows.items()])
@@ -193,8 +235,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     names = [n.strip() for n in args.rows.split(",") if n.strip()]
     for n in names:
-        if n not in ROWS or ROWS[n].backend != "llama.cpp" or ROWS[n].engine != "nest":
-            ap.error(f"--rows: {n!r} is not one of our rows on llama.cpp "
+        b = base_row(n)
+        if b not in ROWS or ROWS[b].backend != "llama.cpp" or ROWS[b].engine != "nest":
+            ap.error(f"--rows: {n!r} is not one of our rows on llama.cpp, or one with "
+                     f"{LOGITS!r} "
                      f"({', '.join(k for k, r in ROWS.items() if r.backend == 'llama.cpp' and r.engine == 'nest')})")
     threads = backend.configure_threads(args.threads)
     parts = Parts("bf16", threads)  # the torch engine only cuts the prompts, as in speed
@@ -204,18 +248,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompts, _ = speed_sets(engine.lm, sample_passages(), args.per_set, args.prefix_tokens,
                             args.max_new_tokens)
     prompts = [q for q in prompts if q["set"] == args.set]
-    rows = [ROWS[n] for n in names]
+    rows = [dataclasses.replace(ROWS[base_row(n)], name=n) for n in names]
     obs = Observer()
     parts.prefill.install()  # the harness's prefill timer first, so the observer's wrapper,
     # put on top of it and taken off after the run, leaves it in place
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     with obs.installed():
         for r in rows:  # warm: the cost curve, the first generation's allocations
+            obs.logits_rows = r.name.endswith(LOGITS)
             run_row(parts, r, prompts[0], args.max_new_tokens)
             obs.take()
         for rd in range(args.rounds):
             for i, q in enumerate(prompts):
                 for r in harness.rotated(rows, i + rd):
+                    obs.logits_rows = r.name.endswith(LOGITS)
                     out = run_row(parts, r, q, args.max_new_tokens)
                     out["observed"] = obs.take()
                     runs[r.name].append(out)

@@ -359,20 +359,21 @@ def test_step_profile_pools_the_decode_after_the_first_token():
     out."""
     from benchmarks import step_profile
 
-    def run(tokens, seconds, first, passes, drafts, knn=0.0, draft=0.0, cut=0):
+    def run(tokens, seconds, first, passes, drafts, knn=0.0, draft=0.0, cut=0, c=0.0):
         return {"tokens": tokens, "seconds": seconds, "first_s": first,
                 "time": {"knn": knn, "draft": draft},
-                "observed": {"passes": passes, "drafts": drafts, "cut": cut}}
+                "observed": {"passes": passes, "drafts": drafts, "cut": cut, "c_seconds": c}}
 
     s = step_profile.summarise([
-        run(11, 1.2, 0.2, {1: [0.08] * 9, 8: [0.1]}, [(8, 6)], knn=0.05, draft=0.01),
-        run(5, 0.5, 0.1, {1: [0.09] * 4}, [], knn=0.02, cut=6),
+        run(11, 1.2, 0.2, {1: [0.08] * 9, 8: [0.1]}, [(8, 6)], knn=0.05, draft=0.01, c=0.7),
+        run(5, 0.5, 0.1, {1: [0.09] * 4}, [], knn=0.02, cut=6, c=0.3),
         run(1, 0.3, 0.3, {}, []),          # one token: no decode to time
         run(6, 0.6, None, {1: [0.1]}, []),  # first token not timed
     ])
     assert s["runs"] == 2 and s["tokens"] == 14
     assert s["ms_per_token"] == pytest.approx(1000 * 1.4 / 14)
     assert s["cut"] == 6 and s["ms_per_decoded_token"] == pytest.approx(1000 * 1.4 / 20)
+    assert s["outside_c_ms_per_decoded_token"] == pytest.approx(1000 * 0.4 / 20)
     assert s["lm_ms_per_token"] == pytest.approx(1000 * (0.72 + 0.1 + 0.36) / 14)
     assert s["knn_ms_per_token"] == pytest.approx(1000 * 0.07 / 14)
     assert s["other_ms_per_token"] == pytest.approx(1000 * (1.4 - 1.18 - 0.07 - 0.01) / 14)
@@ -380,4 +381,6 @@ def test_step_profile_pools_the_decode_after_the_first_token():
     assert s["drafts"] == {"n": 1, "drafted": 8, "accepted": 6}
     md = step_profile.markdown({"set": "held-out", "prompts": 2, "rounds": 1, "threads": 1,
                                 "rows": {"ref": s, "other": s}})
-    assert "| other | 14 | 100.00 | 1.00 | 6 | 70.00 |" in md and "T=8: 1 x 100.00" in md and "1 (6 of 8)" in md
+    assert "| other | 14 | 100.00 | 1.00 | 6 | 70.00 | 1.00 | 20.00 |" in md and "T=8: 1 x 100.00" in md and "1 (6 of 8)" in md
+    assert step_profile.base_row("llama.cpp:rag-copy@logits") == "llama.cpp:rag-copy"
+    assert step_profile.base_row("llama.cpp:rag-copy") == "llama.cpp:rag-copy"

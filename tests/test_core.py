@@ -27,6 +27,7 @@ from nest_integrations.core.proposers import (
 )
 from nest_integrations.core.sampling import choose_token
 from nest_integrations.core.verification import (
+    greedy_accept,
     relaxed_accept_count,
     sampled_accept_count,
     strict_accept_count,
@@ -216,6 +217,24 @@ def test_strict_acceptance_is_argmax_match():
     p = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.8, 0.1]])
     assert strict_accept_count(p, torch.tensor([0, 1])) == 2
     assert strict_accept_count(p, torch.tensor([0, 0])) == 1
+
+
+def test_greedy_acceptance_on_argmaxes_equals_it_on_logits():
+    """``greedy_accept`` (rows given as their argmax, llama.cpp's fast path) accepts what
+    ``strict_accept_count`` accepts on the logits and returns the next row's argmax, ties
+    included (both take the first maximum)."""
+    g = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        n = trial % 6
+        logits = torch.randint(0, 3, (n + 1, 4), generator=g).float()  # many ties
+        best = logits.argmax(dim=-1)
+        draft = torch.where(torch.rand(n, generator=g) < 0.7, best[:n],
+                            torch.randint(0, 4, (n,), generator=g))
+        m = strict_accept_count(logits[:n], draft)
+        rows = [int(r) for r in logits.numpy().argmax(axis=1)]
+        assert greedy_accept(rows, draft.tolist()) == (m, int(logits[m].argmax()))
+    assert greedy_accept([3, 1, 2], [3, 1]) == (2, 2)
+    assert greedy_accept([3, 1, 2], [4, 1]) == (0, 3)
 
 
 def test_sampled_acceptance_bounds():

@@ -200,6 +200,24 @@ def test_a_prefill_without_keys_equals_one_with_keys(lm):
     assert lm.cache_length(a) == lm.cache_length(b)
 
 
+def test_argmax_passes_equal_the_argmax_of_the_logits(lm):
+    """``forward_argmax`` (what lossless greedy decoding reads on llama.cpp: no logits copied
+    out) returns each row's argmax of the logits ``forward``/``forward_logits`` return for the
+    same tokens, the same key rows, and leaves the cache as they do."""
+    ids = [1] + lm.tokenize("The Eiffel Tower is a wrought-iron lattice tower in Paris. " * 3)
+    a, b = lm.new_cache(), lm.new_cache()
+    la, _ = lm.forward_logits(ids, a, last=1)
+    tb, kb = lm.forward_argmax(ids, b, last=1)
+    assert tb == [int(la[-1].numpy().argmax())] and kb.shape == (0, lm.key_dim)
+    draft = lm.tokenize(" It was built in 1889 for the fair")
+    la, ka = lm.forward(draft, a)  # a verify pass with keys: every row
+    tb, kb = lm.forward_argmax(draft, b, keys=True)
+    assert tb == [int(r) for r in la.numpy().argmax(axis=1)] and len(tb) == len(draft)
+    assert torch.equal(ka, kb) and lm.cache_length(a) == lm.cache_length(b)
+    none, keys = lm.forward_argmax([], b)
+    assert none == [] and keys.shape == (0, lm.key_dim)
+
+
 def _rows_vs_steps(lm: LlamaCppLanguageModel, context: list[int], new: list[int]) -> float:
     """Max |difference| between the rows of one decode of ``new`` and one-token steps."""
     cache = lm.new_cache()

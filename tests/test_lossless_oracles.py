@@ -67,7 +67,8 @@ DRAFTING = tuple(m for m in LOSSLESS if m != "greedy")
 
 def break_verification(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the loop's exact verification accept ONE wrong draft token per rejected draft:
-    the strict acceptance count of a chain returns ``m + 1`` when ``m < len(draft)``, and a
+    the strict acceptance count of a chain returns ``m + 1`` when ``m < len(draft)`` (on
+    logits, ``strict_accept_count``; on rows' argmaxes, llama.cpp's, ``greedy_accept``), and a
     token-tree verification takes the first child of the last accepted node although it is not
     the target's argmax (feeding it so the KV cache stays consistent)."""
     from nest_integrations.core import verification
@@ -78,6 +79,12 @@ def break_verification(monkeypatch: pytest.MonkeyPatch) -> None:
     def one_more(p: torch.Tensor, draft: torch.Tensor) -> int:
         m = real_count(p, draft)
         return m + 1 if m < int(draft.numel()) else m
+
+    real_greedy = verification.greedy_accept
+
+    def greedy_one_more(rows: list[int], draft: list[int]) -> tuple[int, int]:
+        m, c = real_greedy(rows, draft)
+        return (m + 1, int(rows[m + 1])) if m < len(draft) else (m, c)
 
     real_tree = loop_module.DecodeLoop._verify_tree
 
@@ -91,6 +98,7 @@ def break_verification(monkeypatch: pytest.MonkeyPatch) -> None:
         return path + [wrong], int(logits[-1].argmax()), keys[-1]
 
     monkeypatch.setattr(verification, "strict_accept_count", one_more)
+    monkeypatch.setattr(loop_module, "greedy_accept", greedy_one_more)
     monkeypatch.setattr(loop_module.DecodeLoop, "_verify_tree", tree_one_more)
 
 

@@ -241,10 +241,10 @@ class PrefillTimer:
             return
         original = DecodeLoop.prefill
 
-        def timed(loop: Any) -> Any:
+        def timed(loop: Any, *args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
             try:
-                return original(loop)
+                return original(loop, *args, **kwargs)
             finally:
                 self.seconds += time.perf_counter() - t0
 

@@ -171,6 +171,18 @@ def strict_accept_count(p: torch.Tensor, draft: torch.Tensor) -> int:
     return _leading_true(p.argmax(dim=-1) == draft)
 
 
+def greedy_accept(argmax_rows: Sequence[int], draft: Sequence[int]) -> tuple[int, int]:
+    """``strict_accept_count`` and the next token, on rows given as their argmax (row i's
+    argmax scores draft token i; there is one row more than draft tokens):
+    ``(n_accepted, argmax_rows[n_accepted])``."""
+    m = 0
+    for best, tok in zip(argmax_rows, draft):
+        if best != tok:
+            break
+        m += 1
+    return m, int(argmax_rows[m])
+
+
 def greedy_tree_path(p: torch.Tensor, tokens: Sequence[int], parents: Sequence[int]) -> list[int]:
     """Greedy acceptance of a token tree (REST, SpecInfer): from the current position, follow
     the child equal to the argmax of its parent's row, as long as there is one.

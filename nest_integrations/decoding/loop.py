@@ -28,7 +28,7 @@ from nest_integrations.config import Guards, NestConfig
 from nest_integrations.core.mixture import Distribution, LMDistribution, nest_distribution
 from nest_integrations.core.sampling import host_row
 from nest_integrations.core.token_memory import TokenMemory
-from nest_integrations.core.verification import greedy_tree_path
+from nest_integrations.core.verification import greedy_accept, greedy_tree_path
 from nest_integrations.core.topic import citation_words
 from nest_integrations.decoding.lookahead import LookAhead, Rows
 from nest_integrations.decoding.text_stream import OutputText
@@ -92,6 +92,10 @@ class DecodeLoop:
         #: no softmax, which could also merge two nearly equal logits into one probability)
         self._argmax_logits = (not method.uses_memory and method.verifier != RELAXED
                                and not self.verifier.sampling)
+        #: and where the LM can return each row's argmax alone (llama.cpp), draft-first passes
+        #: ask for that: no row of vocab_size floats copied out per token
+        self._argmax_rows = (getattr(lm, "forward_argmax", None) if self._argmax_logits
+                             and not method.needs_target else None)
         self.cache = lm.new_cache()
         self.done = False
         self.lam_sum, self.lam_n = 0.0, 0  # lambda's sum and count, for NestStats.mean_lambda
@@ -118,24 +122,30 @@ class DecodeLoop:
         return self.max_new_tokens - len(self.out)
 
     def forward(
-        self, ids: list[int], last: int | None = None, parents: list[int] | None = None
+        self, ids: list[int], last: int | None = None, parents: list[int] | None = None,
+        argmax: bool = False,
     ) -> Rows:
         """One target pass after the cache (look-ahead rows first, when there are any)."""
         if self.ahead is not None and self.ahead.tokens:
             return self.ahead.forward(ids)
-        return self._pass(ids, last, parents)
+        return self._pass(ids, last, parents, argmax=argmax)
 
     def _pass(self, ids: list[int], last: int | None = None,
-              parents: list[int] | None = None, keys: bool = True) -> Rows:  # fmt: skip
+              parents: list[int] | None = None, keys: bool = True,
+              argmax: bool = False) -> Rows:  # fmt: skip
         """A chain (only the ``last`` rows' logits when set: saves the LM head), or a token tree
         (``parents``, see ``lm.tree``); timed and counted. Relaxed decoding takes the LM's
         faster, not bit-exact, attention where it has one (``inexact_rows``). ``keys=False``:
-        the LM's ``forward_logits`` where it has one (no key rows: they cost it a pass)."""
+        the LM's ``forward_logits`` where it has one (no key rows: they cost it a pass).
+        ``argmax`` (a chain, where ``_argmax_rows`` is set): each row's argmax, a list of ints,
+        in place of the logits (``verify_rows`` reads either)."""
         t0 = time.perf_counter()
         logits_only = None if keys else getattr(self.lm, "forward_logits", None)
         with self._inexact_rows() if self._inexact_rows is not None else nullcontext():
             if parents is not None:
                 out = self.lm.forward_tree(ids, parents, self.cache)  # type: ignore[attr-defined]
+            elif argmax and self._argmax_rows is not None:
+                out = self._argmax_rows(ids, self.cache, last=last, keys=keys)
             elif logits_only is not None:
                 out = logits_only(ids, self.cache, last=last)
             else:
@@ -156,18 +166,18 @@ class DecodeLoop:
             return self.ahead.committed_length()
         return self.lm.cache_length(self.cache)
 
-    def prefill(self) -> Rows:
+    def prefill(self, argmax: bool = False) -> Rows:
         """The prompt's forward pass (last row only). When the drafter wants the prompt's
         vector (``wants_prompt_vector``) and the LM can capture it, the same pass also fills
-        ``state.prompt_vector``: no extra forward."""
+        ``state.prompt_vector``: no extra forward. ``argmax``: as in ``_pass``."""
         capture = (getattr(self.lm, "capture_prompt_vector", None)
                    if getattr(self.drafter, "wants_prompt_vector", False) else None)
         if capture is None and not self._wants_keys():
-            return self._pass(self.state.prompt_ids, last=1, keys=False)
+            return self._pass(self.state.prompt_ids, last=1, keys=False, argmax=argmax)
         if capture is None:
-            return self.forward(self.state.prompt_ids, last=1)
+            return self.forward(self.state.prompt_ids, last=1, argmax=argmax)
         with capture() as slot:
-            out = self.forward(self.state.prompt_ids, last=1)
+            out = self.forward(self.state.prompt_ids, last=1, argmax=argmax)
         self.state.prompt_vector = slot[-1] if slot else None
         return out
 
@@ -184,6 +194,17 @@ class DecodeLoop:
         if self._argmax_logits:
             return logits
         return self.distribution(logits, keys).p
+
+    def verify_rows(self, rows: torch.Tensor | list[int], keys: torch.Tensor,
+                    draft: list[int], q: torch.Tensor | None) -> tuple[int, int]:
+        """A draft-first pass's ``(n_accepted, next_token)``: on its logits, by the method's
+        verifier (``target_rows``); on each row's argmax (a list: ``_argmax_rows``), by
+        greedy acceptance, the same rule on what it reads."""
+        if isinstance(rows, list):
+            return greedy_accept(rows, draft)
+        p = self.target_rows(rows, keys)
+        d = torch.as_tensor(draft, dtype=torch.long, device=p.device)
+        return self.verifier.verify_and_correct(p, d, q)
 
     def distribution(self, logits: torch.Tensor, keys: torch.Tensor) -> Distribution:
         """The target at each row: p_M for NEST-family methods, else p_LM."""
@@ -337,11 +358,10 @@ class DecodeLoop:
 
     def _draft_first(self) -> Iterator[StreamChunk]:
         """Lossless schedule: feed ``[pending] + draft`` in one pass (see the module docstring)."""
-        lm, v, stats = self.lm, self.verifier, self.stats
-        no_draft = torch.zeros(0, dtype=torch.long)
-        logits, keys = self.prefill()
-        p = self.target_rows(logits[-1:], keys[-1:])
-        _, first = v.verify_and_correct(p, no_draft.to(p.device), None)
+        lm, stats = self.lm, self.stats
+        argmax = self._argmax_rows is not None
+        logits, keys = self.prefill(argmax=argmax)
+        _, first = self.verify_rows(logits[-1:], keys[-1:], [], None)
         self.state.hidden = keys[-1] if len(keys) else None  # none: nobody reads it (prefill)
         yield from self.commit([first], [None])
         pending = first
@@ -350,9 +370,8 @@ class DecodeLoop:
             draft = self.propose(self.budget - 1)  # leave room for the token after the draft
             before = lm.cache_length(self.cache)
             if draft is None:
-                logits, keys = self._pass([pending], keys=self._wants_keys())
-                p = self.target_rows(logits, keys)
-                _, c = v.verify_and_correct(p, no_draft.to(p.device), None)
+                logits, keys = self._pass([pending], keys=self._wants_keys(), argmax=argmax)
+                _, c = self.verify_rows(logits, keys, [], None)
                 self.state.hidden = keys[-1] if len(keys) else None
                 yield from self.commit([c], [self.cite(c)], copied=True)
                 pending = c
@@ -379,10 +398,9 @@ class DecodeLoop:
         """Verify a chain in one pass: the accepted draft indices, the next token, the key
         vector at the last accepted position; the cache keeps pending and the accepted."""
         tokens = draft.tokens
-        logits, keys = self.forward([pending] + tokens)  # (L + 1, V): row i scores draft[i]
-        p = self.target_rows(logits, keys)
-        d = torch.as_tensor(tokens, device=p.device)
-        m, c = self.verifier.verify_and_correct(p, d, draft.q)
+        # (L + 1, V) logits, or L + 1 argmaxes: row i scores draft[i]
+        logits, keys = self.forward([pending] + tokens, argmax=self._argmax_rows is not None)
+        m, c = self.verify_rows(logits, keys, tokens, draft.q)
         self.lm.crop_cache(self.cache, before + 1 + m)  # pending + the accepted draft tokens
         return list(range(m)), c, keys[m]
 

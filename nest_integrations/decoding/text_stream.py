@@ -106,9 +106,10 @@ class OutputText:
             self.ends.append(0)
         text = self.text = self._text_upto(len(self.ids))
         prev = self.ends[self._settled - 1] if self._settled else 0
-        for k in range(self._settled, len(self.ids)):  # the unsettled tail and the new tokens
-            prev = self.ends[k] = max(prev, _common_prefix(self._text_upto(k + 1), text,
-                                                           self._a_chars))
+        n = len(self.ids)
+        for k in range(self._settled, n):  # the unsettled tail and the new tokens
+            upto = text if k + 1 == n else self._text_upto(k + 1)  # the last: text itself
+            prev = self.ends[k] = max(prev, _common_prefix(upto, text, self._a_chars))
         if not text.endswith("\ufffd"):
             self._settled = len(self.ids)
             if len(self.ids) - self._a >= _ANCHOR_EVERY:

@@ -154,6 +154,7 @@ class LlamaCppLanguageModel:
         self.quantization = runtime.quantization
         self.threads = runtime.threads
         self.key_dim = runtime.n_embd
+        self._no_keys = torch.empty(0, self.key_dim)  # what a pass without keys returns
         self.vocab_size = runtime.n_vocab
         self.max_context = runtime.n_ctx_train
         self.eos_token_ids = _eos_token_ids(runtime)
@@ -386,25 +387,38 @@ class LlamaCppLanguageModel:
         calls it when nothing reads them: greedy steps, copy drafters' prefill)."""
         return self._run(ids, cache, last, keys=False)
 
-    def _run(self, ids: Sequence[int], cache: LlamaCppCache, last: int | None, *, keys: bool
-             ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def forward_argmax(
+        self, ids: Sequence[int], cache: LlamaCppCache, *, last: int | None = None,
+        keys: bool = False,
+    ) -> tuple[list[int], torch.Tensor]:
+        """``forward`` (``keys``) or ``forward_logits`` that returns each row's argmax (the
+        first maximum, as ``argmax`` on the logits) in place of the logits: what greedy
+        decoding on p_LM reads, without copying a row of ``vocab_size`` floats out of
+        llama.cpp per token (the loop calls it for lossless greedy: ``DecodeLoop``)."""
+        return self._run(ids, cache, last, keys=keys, argmax=True)
+
+    def _run(self, ids: Sequence[int], cache: LlamaCppCache, last: int | None, *, keys: bool,
+             argmax: bool = False) -> tuple[Any, torch.Tensor]:  # fmt: skip
         ids = [int(t) for t in ids]
         n = len(ids)
         if n == 0:
-            return torch.empty(0, self.vocab_size), torch.empty(0, self.key_dim)
+            return (([] if argmax else torch.empty(0, self.vocab_size)),
+                    torch.empty(0, self.key_dim))
         k = n if last is None else max(1, min(int(last), n))
         with self._lock:
             self._check_no_tree(cache)
             rt, start, seq = self.runtime, cache.length, cache.seq
             pos = list(range(start, start + n))
             if keys and k == n:
-                logits, rows = rt.decode(ids, [(seq,)] * n, pos, keys=True)
+                logits, rows = rt.decode(ids, [(seq,)] * n, pos, keys=True, argmax=argmax)
             else:
-                logits, _ = rt.decode(ids, [(seq,)] * n, pos, keys=False, logits_last=k)
-                rows = (rt.scratch_states(seq, ids[n - k:], pos[n - k:]) if keys
-                        else np.empty((0, self.key_dim), dtype=np.float32))
+                logits, _ = rt.decode(ids, [(seq,)] * n, pos, keys=False, logits_last=k,
+                                      argmax=argmax)
+                rows = rt.scratch_states(seq, ids[n - k:], pos[n - k:]) if keys else None
             cache.length = start + n
-        return torch.from_numpy(logits), torch.from_numpy(rows)
+        # no keys: one shared (0, key_dim) tensor (nothing to write to; a step saves making one)
+        return ((logits.tolist() if argmax else torch.from_numpy(logits)),
+                self._no_keys if rows is None else torch.from_numpy(rows))
 
     def _check_no_tree(self, cache: LlamaCppCache, tree_ok: bool = False) -> None:
         if cache.released:

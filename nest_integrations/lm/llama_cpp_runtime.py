@@ -363,7 +363,7 @@ class LlamaCppRuntime:
 
     def decode(
         self, tokens: Sequence[int], seqs: Sequence[Sequence[int]], pos: Sequence[int], *,
-        keys: bool, logits_last: int = 0, want_logits: bool = True,
+        keys: bool, logits_last: int = 0, want_logits: bool = True, argmax: bool = False,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Decode ``tokens`` (token i at position ``pos[i]`` in sequences ``seqs[i]``), one
         ``llama_decode`` per ``n_batch`` tokens.
@@ -371,7 +371,9 @@ class LlamaCppRuntime:
         With ``keys``: embeddings on, every row is an output; returns ``(T, V)`` logits (empty
         unless ``want_logits``) and ``(T, d)`` final-norm states. Without: embeddings off, only
         the last ``logits_last`` rows are outputs; returns their logits and no states (as
-        llama-cpp-python's ``Llama`` processes a prompt).
+        llama-cpp-python's ``Llama`` processes a prompt). With ``argmax``: each output row's
+        argmax (an int64 array, the first maximum, as ``np.argmax``) in place of its logits,
+        read from llama.cpp's buffer without copying it (``_row_argmax``).
         """
         self._check_open()
         lib, batch, n = self.lib, self.batch, len(tokens)
@@ -405,12 +407,17 @@ class LlamaCppRuntime:
                 raise RuntimeError(f"llama_decode failed ({rc}"
                                    f"{': no free KV cells' if rc == 1 else ''}) for {b - a} "
                                    f"tokens (n_ctx {lib.llama_n_ctx(self.ctx)})")
-            if n_out and want_logits:
+            if n_out and argmax:
+                logits.append(_row_argmax(lib.llama_get_logits(self.ctx), n_out, self.n_vocab))
+            elif n_out and want_logits:
                 logits.append(_floats(lib.llama_get_logits(self.ctx), n_out, self.n_vocab))
             if capture is not None:
                 states.append(capture.take(n_out))
             elif n_out and keys:
                 states.append(_floats(lib.llama_get_embeddings(self.ctx), n_out, self.n_embd))
+        if argmax:
+            return (np.concatenate(logits) if logits else np.zeros(0, np.int64),
+                    _stack(states, self.n_embd))
         return _stack(logits, self.n_vocab), _stack(states, self.n_embd)
 
     # ----------------------------------------------------------------------------- vocabulary
@@ -509,11 +516,12 @@ _FLOAT_ARRAYS: dict[int, Any] = {}
 _CACHED_ROWS = 64
 
 
-def _floats(ptr: Any, rows: int, width: int) -> np.ndarray:
-    """A copy of the ``(rows, width)`` float32 block at ``ptr`` (a ctypes float pointer or an
-    address). ``np.ctypeslib.as_array`` builds the same view through ctypes' buffer protocol,
-    about 70 us a call right after a decode (its format parsing is cold then): with a cached
-    array type and ``np.frombuffer`` the view costs a few, which counts on a 10 ms step."""
+def _view(ptr: Any, rows: int, width: int) -> np.ndarray:
+    """A view of the ``(rows, width)`` float32 block at ``ptr`` (a ctypes float pointer or an
+    address), valid until llama.cpp's next decode. ``np.ctypeslib.as_array`` builds the same
+    view through ctypes' buffer protocol, about 70 us a call right after a decode (its format
+    parsing is cold then): with a cached array type and ``np.frombuffer`` the view costs a
+    few, which counts on a 10 ms step."""
     n = rows * width
     kind = _FLOAT_ARRAYS.get(n)
     if kind is None:
@@ -523,7 +531,19 @@ def _floats(ptr: Any, rows: int, width: int) -> np.ndarray:
     address = ptr if isinstance(ptr, int) else ctypes.cast(ptr, ctypes.c_void_p).value
     if not address:
         raise RuntimeError("llama.cpp returned no output buffer")
-    return np.frombuffer(kind.from_address(address), dtype=np.float32).reshape(rows, width).copy()
+    return np.frombuffer(kind.from_address(address), dtype=np.float32).reshape(rows, width)
+
+
+def _floats(ptr: Any, rows: int, width: int) -> np.ndarray:
+    """A copy of the ``(rows, width)`` float32 block at ``ptr`` (see ``_view``)."""
+    return _view(ptr, rows, width).copy()
+
+
+def _row_argmax(ptr: Any, rows: int, width: int) -> np.ndarray:
+    """The argmax of each row of the ``(rows, width)`` float32 block at ``ptr`` (int64, the
+    first maximum), read in place: a greedy step reads llama.cpp's logits once, instead of
+    copying them, wrapping the copy in a tensor and reading that (``docs/llama_cpp.md``)."""
+    return _view(ptr, rows, width).argmax(axis=1).astype(np.int64, copy=False)
 
 
 def _free(lib: Any, model: Any, ctx: Any, batch: Any) -> None:
