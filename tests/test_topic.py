@@ -10,7 +10,11 @@ from nest_integrations.config import Guards, NestConfig
 from nest_integrations.core.proposers import span_start
 from nest_integrations.core.token_memory import Hits
 from nest_integrations.core.topic import (
+    GuardScan,
+    complete_words,
+    junk_start,
     loop_start,
+    open_junk_start,
     open_loop_start,
     answer_document,
     citation_words,
@@ -272,3 +276,82 @@ def test_junk_run_ends_a_relaxed_answer_and_is_never_streamed():
     cut, streamed = run(True)
     assert cut.repeated and cut.text == "The assert statement." and streamed == cut.text
     assert run(False)[1] == "".join(pieces)
+
+
+TRIALS = 300
+_PIECES = ["The polar bear", " is a large bear.", " It lives in the Arctic.", " it is also called",
+           " the sea bear,", " the sea bear,", " the sea bear", ". ", "!", "?\n", '."', ".)",
+           "\n", "\n\n", "   ", " 4. ", "- ", ", , ,", ";", "*****", "\u00e9t\u00e9", " \ufffd",
+           " The polar bear is a large bear.", " It lives in the Arctic.", " Yes.", " Yes.",
+           "  ", "\t", "*", "=", ",", " ,", ":", "\n \n", "x"]
+
+
+def _scan_agrees(scan: GuardScan, text: str, first_end: int) -> None:
+    scan.update(text)
+    assert scan.repeat_start(text) == repeat_start(text), text
+    assert scan.repeat_start(text, final=True) == repeat_start(text, final=True), text
+    assert scan.open_repeat_start(text) == open_repeat_start(text), text
+    assert scan.complete_words() == complete_words(text), text
+    assert scan.open_loop_start() == open_loop_start(text), text
+    assert scan.junk_start() == junk_start(text), text
+    assert scan.open_junk_start() == open_junk_start(text), text
+    for final in (False, True):
+        assert (scan.loop_start(final=final, first_end=first_end)
+                == loop_start(text, final=final, first_end=first_end)), text
+
+
+def test_the_incremental_guard_scan_answers_as_the_functions_do():
+    """``GuardScan`` (what the output stream runs after each token, reading only the new text)
+    gives the repeat, open-repeat, loop and open-loop starts and the word count that the pure
+    functions give on the whole text, on every prefix of random texts grown a few characters
+    at a time (sentences, repeats, loops, lists, quotes, junk, a replacement character); and a
+    text that does not extend the last one (a cut, a rewritten tail) starts the scan over."""
+    import random
+
+    rng = random.Random(0)
+    for trial in range(TRIALS):
+        text = "".join(rng.choice(_PIECES) for _ in range(rng.randint(1, 14)))
+        scan, at = GuardScan(), 0
+        while at < len(text):
+            at = min(len(text), at + rng.randint(1, 7))
+            _scan_agrees(scan, text[:at], rng.randint(0, 12))
+        cut = rng.randint(0, len(text))  # shorter or rewritten: read again from the start
+        _scan_agrees(scan, text[:cut], 0)
+        _scan_agrees(scan, text[:cut] + "X" + text[cut:], 0)
+
+
+def test_the_stream_cuts_as_before_with_the_scan():
+    """The output stream's guard decisions (text kept, the repeat flag, what a stream holds
+    back) are those of the pure functions run on the whole text after each token."""
+    import random
+
+    rng = random.Random(1)
+    for trial in range(100):
+        text = "".join(rng.choice(_PIECES) for _ in range(rng.randint(1, 14)))
+        chars = list(text)
+        out = OutputText(lambda ids: "".join(chars[i] for i in ids), [], repeat_guard=True)
+        checked = 0
+        for i in range(len(chars)):
+            before = out.text + chars[i]
+            out.append([i], [None], False)
+            want = _first_cut(before, checked)
+            checked = complete_words(before)
+            if want is not None:
+                assert out.stopped and out.text == before[:want], (before, out.text)
+                break
+            assert out.text == before
+            out.delta(False)
+        else:
+            text = out.text
+            cut = _first_cut(text, checked, final=True)
+            held = open_repeat_start(text) if cut is None else None
+            assert out.finish() == (cut is not None)
+            assert out.text == text[: cut if cut is not None else held]
+
+
+def _first_cut(text: str, checked: int, final: bool = False) -> int | None:
+    found = [c for c in (repeat_start(text, final=final),
+                         loop_start(text, final=final, first_end=checked + 1),
+                         junk_start(text)) if c is not None]
+    return min(found) if found else None
+

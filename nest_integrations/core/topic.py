@@ -147,6 +147,12 @@ def loop_start(
     that word (already checked)."""
     words, starts = _words(text)
     n = len(words) - (0 if final or not text or text[-1].isspace() else 1)
+    return _loop_start(words, starts, n, min_words, first_end)
+
+
+def _loop_start(words: Sequence[str], starts: Sequence[int], n: int, min_words: int,
+                first_end: int) -> int | None:
+    """``loop_start`` on the first ``n`` of ``words`` (lower case) starting at ``starts``."""
     for end in range(max(2 * min_words, first_end), n + 1):
         for k in range(min_words, min(end // 2, MAX_LOOP_WORDS) + 1):
             if words[end - k : end] == words[end - 2 * k : end - k] and _loop_unit_ok(
@@ -164,10 +170,18 @@ def open_loop_start(text: str, min_words: int = MIN_LOOP_WORDS) -> int | None:
     n = len(words)
     if text and not text[-1].isspace():
         n -= 1  # the last word may still grow
+    return _open_loop_start(words, starts, n, min_words)
+
+
+def _open_loop_start(words: Sequence[str], starts: Sequence[int], n: int,
+                     min_words: int) -> int | None:
+    """``open_loop_start`` on the first ``n`` of ``words`` (lower case) at ``starts``."""
     for p in range(max(min_words, n - MAX_LOOP_WORDS), n):
-        m = n - p
+        m, first = n - p, words[p]
         for k in range(max(min_words, m + 1), min(p, MAX_LOOP_WORDS) + 1):
-            if words[p:n] == words[p - k : p - k + m] and _loop_unit_ok(words[p - k : p]):
+            # the first words differ for most k: compare them before slicing
+            if (words[p - k] == first and words[p:n] == words[p - k : p - k + m]
+                    and _loop_unit_ok(words[p - k : p])):
                 return starts[p]
     return None
 
@@ -185,6 +199,127 @@ def open_repeat_start(text: str, min_chars: int = MIN_REPEAT_CHARS) -> int | Non
         if len(norm) >= min_chars and norm.startswith(tail):
             return _with_marker(text, open_start)  # a cut takes the line's markers with it
     return None
+
+
+class GuardScan:
+    """The repeat and loop guards of one growing text, incrementally: ``update(text)`` reads
+    only what was added since the last call, and the methods then answer as the functions of
+    the same name do on ``text`` (``tests/test_topic.py`` checks them against each other).
+
+    The functions rescan the whole text, so a stream that calls them after every token spends
+    O(n^2) on an answer of n tokens (about 1 ms a token at 1,300 tokens). What they read only
+    grows: a complete sentence (its boundary is followed by whitespace) and a complete word
+    (followed by whitespace) stay as they are while text is appended. So the scan keeps the
+    normalised complete sentences (the repeat guard compares against them), the first repeat
+    among them, and the complete words in lower case (the loop guard reads the last
+    ``2 * MAX_LOOP_WORDS``). The junk guard's expressions search from the start of the
+    earliest trailing run that may still become junk (``open_junk_start``; where there is
+    none, from the end): a junk run that was not in the last text overlaps its end, so what
+    of it the last text holds was such a run (the one exception, spaces opening the text
+    before a symbol line, keeps the search at 0). When a text does not extend what was read
+    (a stop string cut it, or a tokenizer rewrote its tail), the scan starts over from it
+    (the junk search alone when only the text after the last complete word changed).
+    """
+
+    def __init__(self, min_chars: int = MIN_REPEAT_CHARS) -> None:
+        self.min_chars = min_chars
+        self._reset()
+
+    def _reset(self) -> None:
+        self._read = ""  # the text up to where sentences and words were read
+        self._pos = 0  # where the unfinished last sentence's region starts (a boundary's end)
+        self._seen: set[str] = set()  # normalised complete sentences
+        self._long: list[str] = []  # the distinct ones of at least min_chars characters
+        self._repeat: int | None = None  # start of the first repeated one (repeat_start)
+        self._wpos = 0  # just after the last complete word
+        self.words: list[str] = []  # the complete words, lower case
+        self.starts: list[int] = []
+        self._partial: tuple[str, int] | None = None  # the unfinished last word
+        self._open = 0  # where the unfinished last sentence starts (``sentence_spans``)
+        self._junk_from = 0  # no junk run, nor the start of one, begins before this char
+        self._junk: int | None = None
+        self._open_junk: int | None = None
+
+    def update(self, text: str) -> None:
+        """Read ``text``, which normally extends the last one read."""
+        if text is self._read:
+            return
+        # what was read, with the whitespace that completed it, must still be there
+        if not text.startswith(self._read[: max(self._pos, self._wpos) + 1]):
+            self._reset()
+        elif not text.startswith(self._read):  # a rewritten tail: junk is searched again
+            self._junk_from, self._junk = 0, None
+        for m in _BOUNDARY.finditer(text, self._pos):
+            s, e = _strip(text, self._pos, m.end())
+            if s < e:
+                norm = normalize_sentence(text[s:e])
+                if len(norm) >= self.min_chars:
+                    if norm in self._seen:
+                        if self._repeat is None:
+                            self._repeat = _with_marker(text, s)
+                    else:
+                        self._seen.add(norm)
+                        self._long.append(norm)
+            self._pos = m.end()
+        self._open = _strip(text, self._pos, len(text))[0]
+        self._partial = None
+        for m in _WORD.finditer(text, self._wpos):
+            if m.end() < len(text):  # whitespace follows (words are maximal runs)
+                self.words.append(m.group().lower())
+                self.starts.append(m.start())
+                self._wpos = m.end()
+            else:
+                self._partial = (m.group().lower(), m.start())
+        if self._junk is None:
+            found = _JUNK.search(text, self._junk_from)
+            self._junk = found.start() if found else None
+        held = _OPEN_JUNK.search(text, self._junk_from)
+        self._open_junk = held.start() if held and held.end() > held.start() else None
+        if self._junk is None:
+            start = self._open_junk if self._open_junk is not None else len(text)
+            if self._junk_from or text[:start].strip(" \t"):  # not only spaces before it
+                self._junk_from = start  # (else a symbol line may still start at ^)
+        self._read = text
+
+    def repeat_start(self, text: str, final: bool = False) -> int | None:
+        """``repeat_start(text, final)`` for the text last read."""
+        if self._repeat is not None or not final or self._open >= len(text):
+            return self._repeat
+        s, e = _strip(text, self._open, len(text))
+        norm = normalize_sentence(text[s:e])
+        return _with_marker(text, s) if len(norm) >= self.min_chars and norm in self._seen \
+            else None
+
+    def open_repeat_start(self, text: str) -> int | None:
+        """``open_repeat_start(text)`` for the text last read."""
+        tail = normalize_sentence(text[self._open:])
+        if tail and any(norm.startswith(tail) for norm in self._long):
+            return _with_marker(text, self._open)
+        return None
+
+    def junk_start(self) -> int | None:
+        """``junk_start(text)`` for the text last read."""
+        return self._junk
+
+    def open_junk_start(self) -> int | None:
+        """``open_junk_start(text)`` for the text last read."""
+        return self._open_junk
+
+    def complete_words(self) -> int:
+        """``complete_words(text)`` (not final) for the text last read."""
+        return len(self.words)
+
+    def loop_start(self, final: bool = False, min_words: int = MIN_LOOP_WORDS,
+                   first_end: int = 0) -> int | None:
+        """``loop_start(text, final, min_words, first_end)`` for the text last read."""
+        words, starts = self.words, self.starts
+        if final and self._partial is not None:
+            words, starts = words + [self._partial[0]], starts + [self._partial[1]]
+        return _loop_start(words, starts, len(words), min_words, first_end)
+
+    def open_loop_start(self, min_words: int = MIN_LOOP_WORDS) -> int | None:
+        """``open_loop_start(text, min_words)`` for the text last read."""
+        return _open_loop_start(self.words, self.starts, len(self.words), min_words)
 
 
 def open_guarded_start(text: str) -> int | None:

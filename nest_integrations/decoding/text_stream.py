@@ -19,14 +19,11 @@ import bisect
 from typing import Callable, Sequence
 
 from nest_integrations.core.topic import (
-    complete_words,
-    junk_start,
-    loop_start,
+    GuardScan,
     open_guarded_start,
     open_junk_start,
     open_loop_start,
     open_repeat_start,
-    repeat_start,
 )
 
 _ANCHOR_EVERY = 8  # tokens between anchor moves (a decode covers at most about this many)
@@ -60,6 +57,7 @@ class OutputText:
         self._detok = detokenize
         self.stop = [s for s in stop if s]
         self.repeat_guard = repeat_guard
+        self._scan = GuardScan()  # the guards' reading of the text, incremental (core.topic)
         self.repeated = False
         self._loop_checked = 0  # phrases ending at or before this word hold no loop
         self.ids: list[int] = []
@@ -116,10 +114,11 @@ class OutputText:
                 self._a, self._a_chars = len(self.ids), len(text)
         self._apply_stop_strings()
         if self.repeat_guard and not self.stopped:
-            text = self.text
-            loop = loop_start(text, first_end=self._loop_checked + 1)
-            self._loop_checked = complete_words(text)
-            self._cut_repeat(_first(repeat_start(text), loop, junk_start(text)))
+            text, scan = self.text, self._scan
+            scan.update(text)
+            loop = scan.loop_start(first_end=self._loop_checked + 1)
+            self._loop_checked = scan.complete_words()
+            self._cut_repeat(_first(scan.repeat_start(text), loop, scan.junk_start()))
 
     def finish(self) -> bool:
         """The text has ended: with ``repeat_guard``, cut a last sentence that repeats an
@@ -127,12 +126,13 @@ class OutputText:
         repeat (False: the text ended for another reason)."""
         if not self.repeat_guard or self.stopped:
             return False
-        text = self.text
-        cut = _first(repeat_start(text, final=True),
-                     loop_start(text, final=True, first_end=self._loop_checked + 1),
-                     junk_start(text))
+        text, scan = self.text, self._scan
+        scan.update(text)
+        cut = _first(scan.repeat_start(text, final=True),
+                     scan.loop_start(final=True, first_end=self._loop_checked + 1),
+                     scan.junk_start())
         if cut is None:  # an unfinished sentence held back as a possible repeat: drop it, but
-            held = open_repeat_start(text)  # the text ended for its own reason (the budget)
+            held = scan.open_repeat_start(text)  # the text ended for its own reason (the budget)
             if held is not None:
                 self._cut(held)
             return False
@@ -173,8 +173,14 @@ class OutputText:
                 return ""  # hold back an incomplete multi-byte character
             overlap = stop_prefix_overlap(self.text, self.stop)  # it may become a stop string
             if self.repeat_guard:  # text that a guard may still cut (core.topic)
-                held = _first(open_repeat_start(self.text), open_loop_start(self.text),
-                              open_junk_start(self.text), open_guarded_start(self.text))
+                text, scan = self.text, self._scan
+                if self.stopped:  # after a cut the scan read a longer text: the functions
+                    held = _first(open_repeat_start(text), open_loop_start(text),
+                                  open_junk_start(text), open_guarded_start(text))
+                else:
+                    scan.update(text)  # nothing to read when append read this text
+                    held = _first(scan.open_repeat_start(text), scan.open_loop_start(),
+                                  scan.open_junk_start(), open_guarded_start(text))
                 if held is not None:
                     overlap = max(overlap, len(self.text) - held)
             if overlap:  # a stop cuts whole tokens: hold back the token the overlap starts in
