@@ -8,6 +8,9 @@ Conventions:
 - Methods that draft token trees (DReSD, REST with ``shape="tree"``) also need
   ``forward_tree(ids, parents, cache)`` and ``select_cache(cache, start, keep)``; KNN-SSD needs
   ``forward_skip(ids, cache, skip)`` (``HFLanguageModel`` has all three).
+- Optional: ``forward_argmax(ids, cache, *, last=None, keys=False)``, ``forward`` returning each
+  row's argmax (a list of ints, the first maximum) in place of its logits; the loop's lossless
+  greedy verification then reads that alone (``LlamaCppLanguageModel``: no logits copied out).
 - Passages are encoded on their own, after ``passage_prefix`` (``[BOS, "\n"]`` for the HF
   adapter: the attention-sink position is not a key), never with the chat template (NEST
   spec §5, C12).
