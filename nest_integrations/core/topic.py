@@ -202,7 +202,7 @@ def open_repeat_start(text: str, min_chars: int = MIN_REPEAT_CHARS) -> int | Non
 
 
 class GuardScan:
-    """The repeat and loop guards of one growing text, incrementally: ``update(text)`` reads
+    """The repeat, loop and junk guards of one growing text, incrementally: ``update(text)`` reads
     only what was added since the last call, and the methods then answer as the functions of
     the same name do on ``text`` (``tests/test_topic.py`` checks them against each other).
 
