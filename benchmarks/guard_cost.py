@@ -12,7 +12,7 @@ as the stream called them before the scan) and ``scan`` (as it calls them now), 
 per token. Both give the same answers on every prefix (checked here too; and in
 ``tests/test_topic.py``). Microseconds per token, mean over the answer, and over its last 48.
 
-    python -m benchmarks.guard_cost [--budgets 48,256,1024] [--repeats 3]
+    python -m benchmarks.guard_cost [--budgets 48,256,1024] [--repeats 3] [--quiet]
 
 Results: ``--out`` (default: ``guard_cost/`` in the temp folder, since benchmarks/results holds
 at most 40 files); the run docs/llama_cpp.md quotes is appended to
@@ -55,6 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.set_defaults(out=Path(tempfile.gettempdir()) / "guard_cost")
     ap.add_argument("--budgets", default="48,256,1024", help="answer lengths in tokens")
     ap.add_argument("--repeats", type=int, default=3, help="runs per budget (the fastest kept)")
+    ap.add_argument("--quiet", action="store_true", help="do not echo the result")
     args, run = harness.start(ap, argv)
 
     import json
@@ -105,7 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ["answer tokens", "rescan: mean", "scan: mean", "rescan: last 48", "scan: last 48"],
         [[r["budget"], f"{r['rescan_mean_us']:.0f}", f"{r['scan_mean_us']:.0f}",
           f"{r['rescan_last_us']:.0f}", f"{r['scan_last_us']:.0f}"] for r in rows])
-    harness.write_result(args.out, "guard_cost", {"rows": rows}, "\n".join(lines) + "\n", run)
+    harness.write_result(args.out, "guard_cost", {"rows": rows}, "\n".join(lines) + "\n", run,
+                         args.quiet)
     return 0
 
 
