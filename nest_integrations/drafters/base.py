@@ -230,5 +230,25 @@ def validate_draft(draft: Draft, vocab_size: int) -> None:
             raise ValueError("draft tree parents must satisfy -1 <= parents[i] < i")
 
 
+def first_branch(draft: Draft) -> Draft:
+    """A token tree's first root-to-leaf path (from the current position, each node's first
+    child) as a chain, with its sources and draft probabilities; a chain as it is. For an LM
+    whose verify rows cost a step each (llama.cpp's ``rows_one_at_a_time``), where a tree's
+    other branches would be steps spent on tokens off the accepted path."""
+    if draft.parents is None:
+        return draft
+    path: list[int] = []
+    node = -1
+    while True:
+        child = next((i for i, p in enumerate(draft.parents) if p == node), None)
+        if child is None:
+            break
+        path.append(child)
+        node = child
+    return Draft([draft.tokens[i] for i in path],
+                 None if draft.sources is None else [draft.sources[i] for i in path],
+                 None if draft.q is None else draft.q[path], None, draft.chosen_first)
+
+
 def as_sources(sources: Sequence[Source] | None, n: int) -> list[Source]:
     return list(sources) if sources is not None else [None] * n

@@ -137,12 +137,15 @@ def _lm_dtype(lm: Any) -> str:
     ``lm.rowwise_attention`` (other kernels, another curve); ``gguf-<quantisation>`` on the
     llama.cpp backend (``+kvBF16`` with a BF16 KV cache, whose exact steps run on every thread;
     ``+inexact`` inside ``inexact_rows`` where that moves one-token steps from one thread to all:
-    ``split_steps``)."""
+    ``split_steps``; ``+repack`` with repacked weights; ``+rows1`` where exact verify rows are
+    decoded one at a time: ``rows_split_now``)."""
     quantization = getattr(lm, "quantization", None)
     if quantization:
         kv = getattr(lm, "kv_type", "F16")
         return (f"gguf-{quantization}" + ("" if kv == "F16" else f"+kv{kv}")
-                + ("+inexact" if getattr(lm, "split_steps", False) else ""))
+                + ("+inexact" if getattr(lm, "split_steps", False) else "")
+                + ("+repack" if getattr(lm, "repack", False) else "")
+                + ("+rows1" if getattr(lm, "rows_split_now", False) else ""))
     model = getattr(lm, "model", None)
     dtype = getattr(model, "dtype", None)
     name = str(dtype).replace("torch.", "") if dtype is not None else "unknown"

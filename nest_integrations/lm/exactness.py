@@ -84,10 +84,12 @@ def verdict(lm: Any) -> bool:
 def checked(lm: Any) -> bool:
     """``row_exact.check_rows`` on any LM port implementation (the llama.cpp backend's rows
     come from its own kernels), cached per fingerprint, LM class, thread count (the LM's own
-    where it has one, as llama.cpp's) and KV cache type where it is not F16."""
+    where it has one, as llama.cpp's), KV cache type where it is not F16 and repacked weights
+    where they are on (llama.cpp's ``repack``: other kernels)."""
     threads = getattr(lm, "threads", None) or torch.get_num_threads()
     kv = getattr(lm, "kv_type", "F16")
-    key = f"{lm.fingerprint}|{type(lm).__name__}|t{threads}" + ("" if kv == "F16" else f"|kv{kv}")
+    key = (f"{lm.fingerprint}|{type(lm).__name__}|t{threads}" + ("" if kv == "F16" else f"|kv{kv}")
+           + ("|repack" if getattr(lm, "repack", False) else ""))
     return bool(VERDICTS.get(key, lambda: check_rows(lm)))
 
 
@@ -102,6 +104,8 @@ def describe(lm: Any) -> dict[str, Any]:
         "exact_rows": bool(getattr(lm, "exact_rows", False)),
         "dtype_choice": getattr(lm, "dtype_choice", None),
     }
+    if getattr(lm, "rows_one_at_a_time", False):  # llama.cpp, a type whose rows are not steps
+        info["rows_one_at_a_time"] = True
     if getattr(lm, "row_exact_linears", 0) and hasattr(lm, "model"):
         info["row_plans"] = {k: {"pad_to": p[0], "block": p[1]}
                              for k, p in row_plans(lm.model).items()}

@@ -153,6 +153,10 @@ class LlamaCppLanguageModel:
         #: the GGUF's weight type (``"Q4_1"``): a cost curve's and a key store's label
         self.quantization = runtime.quantization
         self.threads = runtime.threads
+        self.repack = runtime.repack
+        #: whether a T-row decode gives every row the bits of a one-token step (None: not
+        #: checked yet; ``rows_one_at_a_time``)
+        self._batched_exact: bool | None = None
         self.key_dim = runtime.n_embd
         self._no_keys = torch.empty(0, self.key_dim)  # what a pass without keys returns
         self.vocab_size = runtime.n_vocab
@@ -167,7 +171,7 @@ class LlamaCppLanguageModel:
     def from_gguf(
         cls, path: str | os.PathLike[str], *, threads: int | None = None,
         n_ctx: int | None = None, name: str | None = None, key_source: str = KEY_SOURCE,
-        kv_type: str | None = None,
+        kv_type: str | None = None, repack: bool | None = None,
     ) -> "LlamaCppLanguageModel":
         """Load a GGUF file.
 
@@ -181,6 +185,8 @@ class LlamaCppLanguageModel:
             kv_type: the KV cache type, ``"F16"`` (default, llama.cpp's) or ``"BF16"``: exact
                 one-token steps on every thread, but slower prompts
                 (``llama_cpp_runtime.kv_cache_type``).
+            repack: llama.cpp's repacked weight layouts, as ``Llama`` loads them (None: on
+                unless the build has AMX kernels: ``llama_cpp_runtime.repack_by_default``).
         """
         if key_source not in KEY_LAYERS:
             raise ValueError(f"key_source={key_source!r} is not available on the llama.cpp "
@@ -197,7 +203,8 @@ class LlamaCppLanguageModel:
             threads = configured_threads()
         threads = int(threads)
         runtime = LlamaCppRuntime.load(path, threads=threads, n_ctx=n_ctx,
-                                       key_layer=KEY_LAYERS[key_source], kv_type=kv_type)
+                                       key_layer=KEY_LAYERS[key_source], kv_type=kv_type,
+                                       repack=repack)
         return cls(runtime, name=name or path.name.removesuffix(".gguf"))
 
     @classmethod
@@ -302,12 +309,37 @@ class LlamaCppLanguageModel:
 
     @property
     def exact_rows(self) -> bool:
-        """Whether a verify pass gives every row the bits of a one-token step here, as checked
-        on this model, CPU and thread count (``lm.exactness.checked``, cached): then the
-        lossless methods equal llama.cpp's greedy decoding exactly."""
-        from nest_integrations.lm.exactness import checked
+        """Whether a verify pass gives every row the bits of a one-token step here: then the
+        lossless methods equal llama.cpp's greedy decoding exactly. Always, since a model
+        whose T-row decodes are not exact (``rows_one_at_a_time``) decodes verify rows one at
+        a time; reading it runs that check (cached per machine)."""
+        _ = self.rows_one_at_a_time
+        return True
 
-        return checked(self)
+    @property
+    def rows_one_at_a_time(self) -> bool:
+        """Whether exact verify passes decode their rows one token at a time, because a T-row
+        decode of this model does not give every row the bits of a one-token step on this
+        CPU and thread count (``lm.exactness.checked``: ``row_exact.check_rows``, cached per
+        machine; checked on first use). Measured: exact for the embedded model's Q8_0 and
+        Q4_0, not for IQ4_NL or Q4_K_M, whose one-row and multi-row kernels differ
+        (``docs/llama_cpp.md``). Then a verify pass costs a step per row, so the cost planner
+        drafts nothing; a pass of argmaxes stops at its first rejected row
+        (``forward_argmax``), and token trees are verified as their first branch
+        (``DecodeLoop``). Relaxed decoding (``inexact_rows``) decodes rows together."""
+        if self._batched_exact is None:
+            from nest_integrations.lm.exactness import checked
+
+            self._batched_exact = True  # the check's own passes decode their rows together
+            try:
+                self._batched_exact = checked(self)
+            except BaseException:
+                self._batched_exact = None
+                raise
+            if not self._batched_exact:
+                LOG.info("llama.cpp: %s's verify rows differ from one-token steps here; lossless "
+                         "methods verify a row at a time", self.name)
+        return not self._batched_exact
 
     @contextmanager
     def inexact_rows(self) -> Iterator[None]:
@@ -389,27 +421,50 @@ class LlamaCppLanguageModel:
 
     def forward_argmax(
         self, ids: Sequence[int], cache: LlamaCppCache, *, last: int | None = None,
-        keys: bool = False,
+        keys: bool = False, until_rejected: bool = False,
     ) -> tuple[list[int], torch.Tensor]:
         """``forward`` (``keys``) or ``forward_logits`` that returns each row's argmax (the
         first maximum, as ``argmax`` on the logits) in place of the logits: what greedy
         decoding on p_LM reads, without copying a row of ``vocab_size`` floats out of
-        llama.cpp per token (the loop calls it for lossless greedy: ``DecodeLoop``)."""
-        return self._run(ids, cache, last, keys=keys, argmax=True)
+        llama.cpp per token (the loop calls it for lossless greedy: ``DecodeLoop``).
+
+        ``until_rejected`` (a verify pass: row i scores ``ids[i + 1]``): where rows are decoded
+        one at a time (``rows_one_at_a_time``), stop after the first row whose argmax is not the
+        next id; the rows, keys and cached positions then end there (greedy verification reads
+        nothing after it)."""
+        return self._run(ids, cache, last, keys=keys, argmax=True, until_rejected=until_rejected)
+
+    @property
+    def rows_split_now(self) -> bool:
+        """Whether an exact verify pass would now decode its rows one at a time (outside
+        ``inexact_rows``, on a model with ``rows_one_at_a_time``): a cost curve measured so is
+        kept apart (``lm.cost``)."""
+        return self.runtime.exact_steps and self.rows_one_at_a_time
+
+    def _rows_split(self, n: int, k: int) -> bool:
+        """Whether this pass decodes its rows one at a time: an exact pass (not inside
+        ``inexact_rows``) of several rows, all of them wanted, on a model whose T-row decodes
+        are not exact here (``rows_one_at_a_time``)."""
+        return n > 1 and k == n and self.rows_split_now
 
     def _run(self, ids: Sequence[int], cache: LlamaCppCache, last: int | None, *, keys: bool,
-             argmax: bool = False) -> tuple[Any, torch.Tensor]:  # fmt: skip
+             argmax: bool = False, until_rejected: bool = False) -> tuple[Any, torch.Tensor]:
         ids = [int(t) for t in ids]
         n = len(ids)
         if n == 0:
             return (([] if argmax else torch.empty(0, self.vocab_size)),
                     torch.empty(0, self.key_dim))
         k = n if last is None else max(1, min(int(last), n))
+        split = self._rows_split(n, k)
         with self._lock:
             self._check_no_tree(cache)
             rt, start, seq = self.runtime, cache.length, cache.seq
             pos = list(range(start, start + n))
-            if keys and k == n:
+            if split:
+                logits, rows = self._one_at_a_time(ids, cache, keys=keys, argmax=argmax,
+                                                   until_rejected=until_rejected)
+                n = len(logits)
+            elif keys and k == n:
                 logits, rows = rt.decode(ids, [(seq,)] * n, pos, keys=True, argmax=argmax)
             else:
                 logits, _ = rt.decode(ids, [(seq,)] * n, pos, keys=False, logits_last=k,
@@ -419,6 +474,20 @@ class LlamaCppLanguageModel:
         # no keys: one shared (0, key_dim) tensor (nothing to write to; a step saves making one)
         return ((logits.tolist() if argmax else torch.from_numpy(logits)),
                 self._no_keys if rows is None else torch.from_numpy(rows))
+
+    def _one_at_a_time(self, ids: list[int], cache: LlamaCppCache, *, keys: bool, argmax: bool,
+                       until_rejected: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """A verify pass as one-token decodes (``rows_one_at_a_time``): each row is a step."""
+        rt, start, seq = self.runtime, cache.length, cache.seq
+        out, states = [], []
+        for i, t in enumerate(ids):
+            row, state = rt.decode([t], [(seq,)], [start + i], keys=keys, logits_last=1,
+                                   argmax=argmax)
+            out.append(row)
+            states.append(state)
+            if until_rejected and i + 1 < len(ids) and int(row[0]) != ids[i + 1]:
+                break
+        return np.concatenate(out), (np.concatenate(states) if keys else None)
 
     def _check_no_tree(self, cache: LlamaCppCache, tree_ok: bool = False) -> None:
         if cache.released:

@@ -13,9 +13,12 @@ llama-cpp-python's low-level API (``llama_cpp.llama_decode`` and friends; no C o
   decode that wants keys instead (``KeyCapture``; every row of such a decode is an output, so
   the tensor holds every row). The callback runs in Python for every graph node of every
   decode of that context (its cost: ``benchmarks/results/key_source.md``);
-- flash attention on and llama.cpp's extra weight buffers (AMX, repacked layouts) off: with
-  them, row i of a T-token decode (T < 64) equals a one-token step bit for bit
-  (``docs/llama_cpp.md``);
+- flash attention on: with it, row i of a T-token decode (T < 64) equals a one-token step bit
+  for bit for the embedded model's Q8_0 and Q4_0 (``docs/llama_cpp.md``; for other weight types
+  the model checks it and verifies drafts a row at a time where it does not hold);
+- llama.cpp's extra weight buffer types (repacked layouts of Q4_0, IQ4_NL, Q4_K ...) on, as in
+  ``Llama``, so steps equal a user's ``Llama`` steps, except with a build that has AMX kernels
+  (``repack_by_default``);
 - a KV cache of ``kv_type`` (``kv_cache_type``): F16, llama.cpp's default, or BF16. ggml's
   flash attention splits a one-token decode's KV cells across threads once the cache spans 512
   cells, but only for an F16 or F32 cache, and the merged partial softmaxes round differently
@@ -85,6 +88,18 @@ def kv_cache_type(kv_type: str | None) -> str:
         raise ValueError(f"kv_type={kv_type!r} is not supported: use "
                          f"{' or '.join(map(repr, KV_TYPES))}")
     return name
+
+
+def repack_by_default(lib: Any) -> bool:
+    """Whether a model loads with llama.cpp's extra weight buffer types (``use_extra_bufts``,
+    on in ``Llama``): the repacked layouts of Q4_0, IQ4_NL, Q4_K ... (``REPACK`` in the system
+    info), so that steps run as a user's ``Llama`` runs them (on this build Q4_0 and IQ4_NL
+    steps took 7.5 ms against 10.7-10.9 ms unpacked: ``docs/llama_cpp.md``). Off where the
+    build has AMX kernels (``AMX_INT8`` in the system info: ``GGML_NATIVE=ON`` on a CPU that
+    lists AMX), which die of SIGILL where the kernel does not grant AMX tiles (these VMs);
+    the package's builds compile none (``scripts/install_llamacpp.sh``)."""
+    info = lib.llama_print_system_info().decode("utf-8", "replace")
+    return "AMX_INT8 = 1" not in info
 
 
 def llama_cpp_module() -> Any:
@@ -167,9 +182,11 @@ class LlamaCppRuntime:
     """A loaded GGUF model and its context (``load`` does the I/O; see the module docstring)."""
 
     def __init__(self, lib: Any, model: Any, ctx: Any, *, path: Path, threads: int,
-                 capture: KeyCapture | None = None, kv_type: str = "F16") -> None:
+                 capture: KeyCapture | None = None, kv_type: str = "F16",
+                 repack: bool = False) -> None:
         self.lib, self.model, self.ctx, self.path, self.threads = lib, model, ctx, path, threads
         self.kv_type = kv_type  # the context's KV cache type (``KV_TYPES``)
+        self.repack = repack  # loaded with the extra weight buffer types (``repack_by_default``)
         #: copies the key tensor out of a decode (None: keys are the embeddings output)
         self.capture = capture
         self.vocab = lib.llama_model_get_vocab(model)
@@ -202,17 +219,18 @@ class LlamaCppRuntime:
     @classmethod
     def load(cls, path: Path, *, threads: int, n_ctx: int | None = None,
              flash_attn: bool = True, key_layer: str | None = None,
-             kv_type: str | None = None) -> "LlamaCppRuntime":
+             kv_type: str | None = None, repack: bool | None = None) -> "LlamaCppRuntime":
         """Open ``path``. ``key_layer``: None (keys are the final norm's output) or
         ``"ffn_norm"`` (keys are the last layer's ``ffn_norm`` tensor, through ``KeyCapture``).
-        ``kv_type``: the KV cache type (``kv_cache_type``; None: F16)."""
+        ``kv_type``: the KV cache type (``kv_cache_type``; None: F16). ``repack``: load with
+        llama.cpp's extra weight buffer types (None: ``repack_by_default``). Whether verify
+        rows then equal one-token steps is checked per model (``LlamaCppLanguageModel``)."""
         kv = kv_cache_type(kv_type)
         lib = llama_cpp_module()
         _init(lib)
+        repack = repack_by_default(lib) if repack is None else bool(repack)
         mparams = lib.llama_model_default_params()
-        # No extra buffer types: AMX kernels die of SIGILL where the kernel does not grant AMX
-        # tiles (these VMs), and repacked layouts take other code paths for 1 and T rows.
-        mparams.use_extra_bufts = False
+        mparams.use_extra_bufts = repack
         model = lib.llama_model_load_from_file(str(path).encode(), mparams)
         if not model:
             raise ValueError(f"llama.cpp could not load {path} (not a GGUF model it supports)")
@@ -238,9 +256,10 @@ class LlamaCppRuntime:
             lib.llama_model_free(model)
             raise RuntimeError(f"llama.cpp could not create a context for {path}")
         runtime = cls(lib, model, ctx, path=path, threads=int(threads), capture=capture,
-                      kv_type=kv)
-        LOG.info("llama.cpp: loaded %s (%s, %d threads, flash attention %s, %s KV cache)",
-                 path.name, runtime.quantization, threads, "on" if flash_attn else "off", kv)
+                      kv_type=kv, repack=repack)
+        LOG.info("llama.cpp: loaded %s (%s, %d threads, flash attention %s, %s KV cache, "
+                 "repacked weights %s)", path.name, runtime.quantization, threads,
+                 "on" if flash_attn else "off", kv, "on" if repack else "off")
         return runtime
 
     def close(self) -> None:
