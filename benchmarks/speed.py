@@ -42,6 +42,7 @@ Writes ``<stem>.md`` and ``<stem>.json`` (``--out``, default ``benchmarks/result
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import math
@@ -71,7 +72,8 @@ ROWS: dict[str, Row] = {r.name: r for r in (
     Row("hf-lookup+psg", f"HF prompt lookup, {_PSG}", "prompt-lookup", engine="peer",
         weights="transformers", retrieve=True, reference="rag-greedy", lossless=True),
     Row("rag-greedy", "RAG greedy (our loop, the `grounded` RA prompt)", retrieve=True),
-    Row("llama.cpp", "llama.cpp greedy (`Llama.generate`, the embedded model's GGUF, Q8_0)",
+    Row("llama.cpp", "llama.cpp greedy (`Llama.generate`, the embedded model's GGUF: Q8_0 "
+        "unless named)",
         engine="peer", backend="llama.cpp", reference="hf-greedy"),
     Row("llama.cpp+psg", f"llama.cpp greedy, {_PSG} (llama.cpp RAG)", engine="peer",
         backend="llama.cpp", retrieve=True),
@@ -190,6 +192,9 @@ def resolve_rows(names: Sequence[str], baseline: str = "hf-greedy") -> dict[str,
             raise KeyError(f"unknown row {name!r}: rows are {', '.join(ROWS)}; groups "
                            f"{', '.join(GROUPS)}; NAME@DTYPE for a dtype variant")
         r = ROWS[base].at(dtype) if dtype else ROWS[base]
+        ref = ROWS[base].reference
+        if dtype and ref in ROWS and ROWS[ref].backend != r.backend:  # a GGUF's quantisation
+            r = dataclasses.replace(r, reference=ref)  # is no dtype of a torch reference
         out[name] = r
         if r.reference:
             todo.append(r.reference)

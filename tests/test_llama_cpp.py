@@ -294,17 +294,24 @@ def test_a_cache_dropped_after_a_token_tree_gives_back_its_branches(lm):
 def test_two_threads_need_exact_steps_past_256_positions():
     """At 2 threads a one-token step past 256 cached positions splits its attention over the
     threads (ggml's split-KV flash attention, F16 and F32 caches only) and rounds differently
-    from a verify row; with ``exact_steps`` (the default) one-token steps run on one thread and
-    the rows are exact. With a BF16 KV cache the steps run on both threads and are exact."""
+    from a verify row decoded with others. Exact decoding (the default) keeps the steps on both
+    threads, as ``Llama``'s, and decodes the verify rows one at a time there; without
+    ``steps_as_llama`` the steps run on one thread and rows decoded together equal them. With a
+    BF16 KV cache the steps run on both threads and rows decoded together equal them."""
     lm2 = LlamaCppLanguageModel.from_default(threads=2)
     bf16 = LlamaCppLanguageModel.from_default(threads=2, kv_type="bf16")
     try:
         ids = lm2.tokenize("The Eiffel Tower is a wrought-iron lattice tower in Paris. " * 30)
         context, new = ids[:300], ids[300:309]
         assert lm2.runtime.kv_type == "F16" and lm2.runtime.exact_steps
+        assert lm2.runtime.steps_as_llama and lm2.rows_split_now
+        assert _rows_vs_steps(lm2, context, new) == 0.0
+        assert lm2.runtime._step_threads == 2
+        lm2.runtime.steps_as_llama = False
         assert _rows_vs_steps(lm2, context, new) == 0.0
         assert lm2.runtime._step_threads == 1
-        with lm2.inexact_rows():  # what relaxed decoding gets: every thread, inexact rows
+        lm2.runtime.steps_as_llama = True
+        with lm2.inexact_rows():  # what relaxed decoding gets: every thread, rows together
             assert _rows_vs_steps(lm2, context, new) > 0.0
         assert _rows_vs_steps(lm2, ids[:40], ids[40:49]) == 0.0
         assert bf16.runtime.kv_type == "BF16"
@@ -342,8 +349,12 @@ def test_exact_steps_run_on_every_thread_while_the_cache_is_short(tmp_path, monk
     try:
         ids = lm2.tokenize("The Eiffel Tower is a wrought-iron lattice tower in Paris. " * 30)
         for n_ctx, t, threads in ((40, 9, 2), (223, 33, 2), (240, 17, 1)):
+            rt.steps_as_llama = False  # steps on one thread past the boundary, rows together
             assert _rows_vs_steps(lm2, ids[:n_ctx], ids[n_ctx:n_ctx + t]) == 0.0, (n_ctx, t)
             assert rt._step_threads == threads, (n_ctx, t)  # the last step's threads
+            rt.steps_as_llama = True  # the default: steps on both threads, rows one at a time
+            assert _rows_vs_steps(lm2, ids[:n_ctx], ids[n_ctx:n_ctx + t]) == 0.0, (n_ctx, t)
+            assert rt._step_threads == 2, (n_ctx, t)
         cache = lm2.new_cache()
         lm2.forward(ids[:300], cache, last=1)
         assert lm2.steps_on_every_thread() is False
@@ -406,9 +417,9 @@ def test_an_unknown_kv_cache_type_is_a_clear_error():
 def test_greedy_at_two_threads_steps_as_llama_does():
     """Greedy decoding with no drafter has no verify rows to match, so its steps run on every
     thread, as ``Llama.generate``'s: at 2 threads, past 256 cached positions, it equals
-    ``Llama.generate`` at 2 threads token for token, and its steps used both threads. With a
-    BF16 KV cache prompt lookup does too, drafts accepted, its one-token steps on both
-    threads."""
+    ``Llama.generate`` at 2 threads token for token, and its steps used both threads. Prompt
+    lookup does too, drafts accepted, its one-token steps on both threads: over the default F16
+    cache its verify rows are decoded one at a time there, over a BF16 cache together."""
     import llama_cpp
 
     from nest_integrations.decoding.loop import decode_ids
@@ -432,14 +443,14 @@ def test_greedy_at_two_threads_steps_as_llama_does():
             assert lm2.runtime._step_threads == 2  # the last step ran on both threads
             assert out == llama_generate_n(llm2, ids, N), kv
             assert lm2.runtime.exact_steps  # restored for lossless methods
-            if kv == "BF16":
-                method, stats = get_method("prompt-lookup"), NestStats()
-                drafter = method.make_drafter(DrafterContext(
-                    lm2, NestConfig(), ids, [], stats=stats, options={"cost_model": "off"}))
-                pl, st = decode_ids(lm2, method, ids, N, eos=frozenset(), drafter=drafter,
-                                    stats=stats)
-                assert st.accepted_tokens > 0 and lm2.runtime._step_threads == 2
-                assert pl == out
+            method, stats = get_method("prompt-lookup"), NestStats()
+            drafter = method.make_drafter(DrafterContext(
+                lm2, NestConfig(), ids, [], stats=stats, options={"cost_model": "off"}))
+            pl, st = decode_ids(lm2, method, ids, N, eos=frozenset(), drafter=drafter,
+                                stats=stats)
+            assert st.accepted_tokens > 0 and lm2.runtime._step_threads == 2
+            assert pl == out, kv
+            assert lm2.rows_split_now == (kv == "F16")
         finally:
             lm2.close()
             llm2.close()

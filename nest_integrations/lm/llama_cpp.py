@@ -19,12 +19,15 @@ Q8_0) on llama-cpp-python.
   (llama.cpp's mask follows a token's first sequence). ``select_cache`` keeps the accepted path
   in the cache's own sequence and drops the branches.
 
-Exactness (measured, ``docs/llama_cpp.md``): the rows of a T-token decode (T < 64) equal T
-one-token steps bit for bit, so lossless methods equal greedy decoding. For that, with the
-default F16 KV cache at 2+ threads, one-token steps run on one thread (``exact_steps``) once a
-KV cell past the 256th may be in use (short caches' steps are exact on every thread:
-``runtime.step_threads``), which relaxed decoding (NEST) lifts through ``inexact_rows``, as
-with the torch backend; with ``kv_type="BF16"`` they run on every thread and stay exact.
+Exactness (measured, ``docs/llama_cpp.md``): lossless methods equal ``Llama``'s greedy decoding
+because every verify row gets the bits of a one-token step. The rows of a T-token decode (T < 64)
+are those bits for the embedded model's Q8_0 and Q4_0; where they are not, rows are decoded one
+at a time: for a weight type whose multi-row kernels round otherwise (``rows_one_at_a_time``,
+checked per model), and with the default F16 KV cache at 2+ threads once a KV cell past the
+256th may be in use, where ``Llama``'s steps split their attention over the threads and ours
+run as its do (``runtime.steps_as_llama``; short caches' steps equal rows on every thread).
+Relaxed decoding (NEST) decodes rows together through ``inexact_rows``, as with the torch
+backend; with ``kv_type="BF16"`` steps never split and rows stay together.
 
 KNN-SSD is not available: llama.cpp has no API to skip layers (no ``forward_skip``;
 ``layer_skip_unsupported`` says why where it is asked for).
@@ -87,7 +90,7 @@ KEY_LAYERS = {"final_norm": None, "ffn_input": "ffn_norm"}
 #: Q4_0 is as fast but 20% worse. ``model="Q4_1"`` runs the shipped file as it is.
 DEFAULT_QUANT = "Q8_0"
 #: Quantisations ``resolve_gguf`` makes from the shipped model (``requantize``).
-QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "F16")
+QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "F16", "IQ4_NL")
 
 
 @dataclass
@@ -376,22 +379,25 @@ class LlamaCppLanguageModel:
 
     @property
     def step_regimes(self) -> bool:
-        """Whether exact one-token steps change thread count with the cache's length (2+
-        threads, an F16 cache, outside ``inexact_rows``): on every thread while no KV cell past
-        ``SPLIT_FREE_CELLS`` is in use, on one past it. A drafter's planner then keeps a curve
+        """Whether exact decoding changes regime with the cache's length (2+ threads, an F16
+        cache, outside ``inexact_rows``): steps on every thread and rows decoded together while
+        no KV cell past ``SPLIT_FREE_CELLS`` is in use; past it rows one at a time (or, without
+        ``runtime.steps_as_llama``, steps on one thread). A drafter's planner then keeps a curve
         for each (``lm.cost.planner_for``)."""
         return self.runtime.steps_can_split and self.runtime.exact_steps
 
     @property
     def exact_curve_context(self) -> int:
         """Cached positions the curve of exact steps is measured after (``lm.cost``): past the
-        cells where they move to one thread when ``step_regimes``, else 0 (the default)."""
+        cells where the regime changes when ``step_regimes``, else 0 (the default)."""
         return SPLIT_FREE_CELLS + 64 if self.step_regimes else 0
 
     def steps_on_every_thread(self) -> bool:
-        """Whether the next one-token step runs on every thread (``runtime.step_threads``)."""
-        rt = self.runtime
-        return rt.step_threads(1) == rt.threads
+        """Whether the next exact step runs on every thread with verify rows decoded together,
+        as the planner's fast curve was measured: not past ``SPLIT_FREE_CELLS`` at 2+ threads
+        over an F16 cache (there either steps run on one thread, or, by default, rows are
+        decoded one at a time: ``runtime.steps_as_llama``)."""
+        return not self.runtime.past_split_free(1)
 
     def steps_only(self) -> Any:
         """The context of a decoding with no verify pass (greedy without a drafter): no row is
@@ -436,16 +442,24 @@ class LlamaCppLanguageModel:
 
     @property
     def rows_split_now(self) -> bool:
-        """Whether an exact verify pass would now decode its rows one at a time (outside
-        ``inexact_rows``, on a model with ``rows_one_at_a_time``): a cost curve measured so is
-        kept apart (``lm.cost``)."""
-        return self.runtime.exact_steps and self.rows_one_at_a_time
+        """Whether exact verify passes may now decode their rows one at a time (outside
+        ``inexact_rows``): always on a model with ``rows_one_at_a_time``, and past
+        ``SPLIT_FREE_CELLS`` where steps run as ``Llama``'s at 2+ threads over an F16 cache
+        (``runtime.steps_as_llama``). A cost curve measured so is kept apart (``lm.cost``), and
+        token trees are verified as their first branch (``DecodeLoop``)."""
+        rt = self.runtime
+        return rt.exact_steps and (self.rows_one_at_a_time
+                                   or (rt.steps_as_llama and rt.steps_can_split))
 
     def _rows_split(self, n: int, k: int) -> bool:
         """Whether this pass decodes its rows one at a time: an exact pass (not inside
         ``inexact_rows``) of several rows, all of them wanted, on a model whose T-row decodes
-        are not exact here (``rows_one_at_a_time``)."""
-        return n > 1 and k == n and self.rows_split_now
+        are not exact here (``rows_one_at_a_time``), or whose steps there split their attention
+        over threads as ``Llama``'s do (``runtime.steps_as_llama``, ``past_split_free``)."""
+        if n < 2 or k != n or not self.runtime.exact_steps:
+            return False
+        rt = self.runtime
+        return self.rows_one_at_a_time or (rt.steps_as_llama and rt.past_split_free(n))
 
     def _run(self, ids: Sequence[int], cache: LlamaCppCache, last: int | None, *, keys: bool,
              argmax: bool = False, until_rejected: bool = False) -> tuple[Any, torch.Tensor]:

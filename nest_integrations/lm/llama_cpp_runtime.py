@@ -22,12 +22,15 @@ llama-cpp-python's low-level API (``llama_cpp.llama_decode`` and friends; no C o
 - a KV cache of ``kv_type`` (``kv_cache_type``): F16, llama.cpp's default, or BF16. ggml's
   flash attention splits a one-token decode's KV cells across threads once the cache spans 512
   cells, but only for an F16 or F32 cache, and the merged partial softmaxes round differently
-  from a verify row. So with F16 at 2+ threads, while ``exact_steps`` is set, one-token decodes
-  run on one thread once a cell past the 256th may be in use (``SPLIT_FREE_CELLS``; the runtime
-  keeps an upper bound of the cells in use, ``cells_bound``), and on every thread below that
-  (short prompts: the view is 256 cells, never split); batches always run on ``threads``. With
-  BF16 every one-token step takes the row path on every thread (bit-exact with verify rows,
-  measured at 2 threads and 600 cached positions), at the price of a slower prompt decode.
+  from a verify row. So with F16 at 2+ threads, while ``exact_steps`` is set and a cell past
+  the 256th may be in use (``SPLIT_FREE_CELLS``; the runtime keeps an upper bound of the cells
+  in use, ``cells_bound``): by default (``steps_as_llama``) steps run on every thread, as
+  ``Llama``'s, and the model decodes verify rows one at a time; otherwise one-token decodes run
+  on one thread, bit-exact with rows decoded together. Below that (short prompts: the view is
+  256 cells, never split) steps run on every thread and rows are decoded together; batches
+  always run on ``threads``. With BF16 every one-token step takes the row path on every thread
+  (bit-exact with verify rows, measured at 2 threads and 600 cached positions), at the price of
+  a slower prompt decode.
 
 Not thread-safe: ``LlamaCppLanguageModel`` locks around every call.
 """
@@ -211,8 +214,13 @@ class LlamaCppRuntime:
         self._sole: int | None = None
         self._formatters: dict[str, Any] = {}  # chat template text -> compiled formatter
         self._pieces: dict[tuple[int, bool], bytes] = {}  # (token, special) -> its bytes
-        #: one-token decodes on one thread (bit-exact with verify rows; see the module doc)
+        #: exact decoding: verify rows must equal one-token steps (lifted by ``inexact_rows``)
         self.exact_steps = True
+        #: with ``exact_steps`` where a step's attention may split (``steps_can_split``, past
+        #: ``SPLIT_FREE_CELLS``): True (default), steps run on every thread as ``Llama``'s do
+        #: and the model decodes verify rows one at a time there (``LlamaCppLanguageModel``);
+        #: False, steps run on one thread, bit-exact with rows decoded together
+        self.steps_as_llama = True
         self._closed = False
         self._finalizer = weakref.finalize(self, _free, lib, model, ctx, self.batch)
 
@@ -366,11 +374,17 @@ class LlamaCppRuntime:
         one thread."""
         return self.threads > 1 and self.kv_type in SPLIT_KV_TYPES
 
+    def past_split_free(self, n: int = 1) -> bool:
+        """Whether, after ``n`` more tokens are placed, an exact one-token step would take
+        ggml's split path (2+ threads, an F16 cache, a cell past ``SPLIT_FREE_CELLS`` possibly
+        in use): it then rounds otherwise than a row of a multi-token decode."""
+        return self.exact_steps and self.steps_can_split and self.cells_bound + n > SPLIT_FREE_CELLS
+
     def step_threads(self, n: int = 1) -> int:
         """The threads a one-token decode runs on after ``n`` more tokens are placed: one for an
-        exact step over an F16 cache at 2+ threads once a cell past ``SPLIT_FREE_CELLS`` may be
-        in use (ggml's split path; see the module docstring), else ``threads``."""
-        if self.exact_steps and self.steps_can_split and self.cells_bound + n > SPLIT_FREE_CELLS:
+        exact step that would split (``past_split_free``) unless ``steps_as_llama``, else
+        ``threads``."""
+        if not self.steps_as_llama and self.past_split_free(n):
             return 1
         return self.threads
 
