@@ -434,10 +434,10 @@ class LlamaCppLanguageModel:
         decoding on p_LM reads, without copying a row of ``vocab_size`` floats out of
         llama.cpp per token (the loop calls it for lossless greedy: ``DecodeLoop``).
 
-        ``until_rejected`` (a verify pass: row i scores ``ids[i + 1]``): where rows are decoded
-        one at a time (``rows_one_at_a_time``), stop after the first row whose argmax is not the
-        next id; the rows, keys and cached positions then end there (greedy verification reads
-        nothing after it)."""
+        ``until_rejected`` (a verify pass: row i scores ``ids[i + 1]``): where the pass decodes
+        its rows one at a time (``_rows_split``), stop after the first row whose argmax is not
+        the next id; the rows, keys and cached positions then end there (greedy verification
+        reads nothing after it)."""
         return self._run(ids, cache, last, keys=keys, argmax=True, until_rejected=until_rejected)
 
     @property
@@ -491,7 +491,7 @@ class LlamaCppLanguageModel:
 
     def _one_at_a_time(self, ids: list[int], cache: LlamaCppCache, *, keys: bool, argmax: bool,
                        until_rejected: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        """A verify pass as one-token decodes (``rows_one_at_a_time``): each row is a step."""
+        """A verify pass as one-token decodes (``_rows_split``): each row is a step."""
         rt, start, seq = self.runtime, cache.length, cache.seq
         out, states = [], []
         for i, t in enumerate(ids):
