@@ -15,7 +15,7 @@ per token. Both give the same answers on every prefix (checked here too; and in
     python -m benchmarks.guard_cost [--budgets 48,256,1024] [--repeats 3] [--quiet]
 
 Results: ``--out`` (default: ``guard_cost/`` in the temp folder, since benchmarks/results holds
-at most 40 files); the run docs/llama_cpp.md quotes is appended to
+at most 40 files); the run docs/history/llama_cpp.md quotes is appended to
 benchmarks/results/speed_llama_cpp.md. A few seconds.
 """
 

@@ -28,7 +28,7 @@ before ``forward_argmax``): interleaved with ``ROW``, the pair measures that pat
 Usage: NEST_THREADS=1 python -m benchmarks.step_profile --set held-out --per-set 10 --rounds 3
 (about 3 minutes at 1 thread; needs the ``llamacpp`` extra and ``nest ingest --sample``).
 Results: ``--out`` (default: ``step_profile/`` in the temp folder, since benchmarks/results
-holds at most 40 files); the run docs/llama_cpp.md quotes is appended to
+holds at most 40 files); the run docs/history/llama_cpp.md quotes is appended to
 benchmarks/results/speed_llama_cpp.md.
 """
 
