@@ -127,6 +127,10 @@ def test_guides_are_guides_and_history_is_history() -> None:
              for p in docs.rglob("*.md")}
     assert "decisions.md" in pages and any(n.startswith("history/") for n in pages)
     assert guide_problems(pages) == []
+    # history pages are read, not run: tests/test_readme.py runs the blocks of docs/*.md only
+    for name, text in pages.items():
+        if name.startswith("history/"):
+            assert not re.search(r"^```(bash|python)", text, re.M), name
 
 
 def test_the_readme_has_few_long_lines_and_a_short_measured_table() -> None:
