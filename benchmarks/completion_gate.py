@@ -206,10 +206,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from benchmarks.harness.prompts import leads_not_in, sample_passages, sha1
     from benchmarks.harness.systems import llama_engine
+    from benchmarks.sets.profiles import generate_profiles
+    from benchmarks.sets.quality_set import build_question_set
     from nest_integrations.embeddings import shared_embedder
     from nest_integrations.evaluation.metrics import rouge_scorer
-    from nest_integrations.evaluation.profiles import generate_profiles
-    from nest_integrations.evaluation.quality_set import build_question_set
     from nest_integrations.lm import backend
     from nest_integrations.policy import AnswerPolicy
     from nest_integrations.policy.answer import GROUNDED_COMPLETION_RELEVANCE, gate_relevance

@@ -4,10 +4,10 @@ interleaved, over ``nest_integrations.evaluation``.
 
 Question sets (``--set``):
 
-- ``quality`` (default): ``evaluation.quality_set``, three sources split dev/test by document:
-  entity questions over a hardened generated corpus (distractor notes that outrank the gold
-  document), completions of sample-corpus leads and pydoc topics, and open-ended prompts ("What
-  is X?", "Who was X?", "Write the reference entry for X"). Make every choice on
+- ``quality`` (default): ``benchmarks.sets.quality_set``, three sources split dev/test by
+  document: entity questions over a hardened generated corpus (distractor notes that outrank the
+  gold document), completions of sample-corpus leads and pydoc topics, and open-ended prompts
+  ("What is X?", "Who was X?", "Write the reference entry for X"). Make every choice on
   ``--split dev``; report ``--split test``;
 - ``entities``: the grounded-QA dev set (``evaluation.entities``: 60 fictional documents sharing
   sentence frames; ``--n`` of its 300 questions);
@@ -15,10 +15,11 @@ Question sets (``--set``):
 - ``robust``: every question asked in several phrasing families, over four corpora
   (``benchmarks/robust.py``, which has its own options: ``--set robust --help``).
 
-Systems (``--systems``, ``evaluation.qa_dev`` names): ``rag`` (greedy, top 3 passages in the
-prompt: the McNemar and speed reference), ``base`` (the LM alone), ``grounded`` (the default),
-``paper``, ``paper-ra``, a decoding method (``rag-copy``, ...), ``calibrated`` (``--set
-entities`` after ``--calibrate``); ``--system NAME=DECODING:PRESET[:k=v,...][@CONTEXT]`` adds one.
+Systems (``--systems``, ``benchmarks.harness.qa_dev`` names): ``rag`` (greedy, top 3 passages
+in the prompt: the McNemar and speed reference), ``base`` (the LM alone), ``grounded`` (the
+default), ``paper``, ``paper-ra``, a decoding method (``rag-copy``, ...), ``calibrated``
+(``--set entities`` after ``--calibrate``); ``--system NAME=DECODING:PRESET[:k=v,...][@CONTEXT]``
+adds one.
 
 Usage::
 
@@ -103,7 +104,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def specs_of(args: argparse.Namespace, engine: Any = None) -> list[Any]:
     """The systems' ``qa_dev.SystemSpec``s (``calibrated`` reads the stored calibration)."""
-    from nest_integrations.evaluation import qa_dev
+    from benchmarks.harness import qa_dev
 
     out = []
     for name in (s.strip() for s in args.systems.split(",") if s.strip()):
@@ -129,7 +130,7 @@ def build(args: argparse.Namespace) -> None:
 
     collection, _ = CORPORA[args.set]
     if args.set == "quality":
-        from nest_integrations.evaluation.quality_set import build_question_set
+        from benchmarks.sets.quality_set import build_question_set
 
         corpus: Any = build_question_set(args.seed).entities
         name = f"entities-hard-s{args.seed}.jsonl"
@@ -160,7 +161,7 @@ def pick(args: argparse.Namespace) -> tuple[list[Any], list[Any], dict[str, str]
         return closed, [], {q.id: args.set for q in closed}, (
             f"{len(closed)} questions of the {args.set} set (seed {args.seed}, question seed "
             f"{args.slice_seed})")
-    from nest_integrations.evaluation.quality_set import SOURCES, build_question_set
+    from benchmarks.sets.quality_set import SOURCES, build_question_set
 
     qs = build_question_set(args.seed)
     pool = qs.closed(args.split)
@@ -182,7 +183,7 @@ def pick(args: argparse.Namespace) -> tuple[list[Any], list[Any], dict[str, str]
              f"{len(closed)} of {n_closed} closed and {len(opened)} of {n_open} open-ended "
              f"questions (slice seed {args.slice_seed})")
     return closed, opened, qs.sources, (
-        f"the {args.split} split of `evaluation/quality_set.py` (seed {args.seed}, split by "
+        f"the {args.split} split of `benchmarks/sets/quality_set.py` (seed {args.seed}, split by "
         f"document: {json.dumps(qs.counts())}), {scope}")
 
 
@@ -223,7 +224,7 @@ def generate(args: argparse.Namespace, closed: list, opened: list, sources: dict
     """Every question through every system: (records, the model's dtype)."""
     from nest_integrations import NestEngine
     from nest_integrations.assembly import EngineSpec, build_engine
-    from nest_integrations.evaluation import qa_dev
+    from benchmarks.harness import qa_dev
 
     partial = open(args.out / f"{args.stem}.partial.jsonl", "w", encoding="utf-8")
 
@@ -265,7 +266,8 @@ def generate(args: argparse.Namespace, closed: list, opened: list, sources: dict
 
 def markdown(args: argparse.Namespace, scope: str, records: list[dict], dtype: str,
              result: dict[str, Any]) -> str:
-    from nest_integrations.evaluation import open_ended, qa_dev
+    from benchmarks.harness import qa_dev
+    from nest_integrations.evaluation import open_ended
 
     closed = [r for r in records if not str(r.get("source", "")).startswith("open-")]
     ref = args.reference
@@ -304,7 +306,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = harness.Run.start("benchmarks.quality", argv)
     import torch
 
-    from nest_integrations.evaluation import open_ended, qa_dev
+    from benchmarks.harness import qa_dev
+    from nest_integrations.evaluation import open_ended
     from nest_integrations.paths import nest_home
 
     torch.set_num_threads(args.threads)

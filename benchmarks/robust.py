@@ -55,17 +55,17 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from benchmarks import harness
-from nest_integrations import assembly
-from nest_integrations.config import NestConfig
-from nest_integrations.evaluation import grounded, stats
-from nest_integrations.evaluation.open_ended import degenerate, rouge_l
-from nest_integrations.evaluation.phrasings import (
+from benchmarks.sets.phrasings import (
     HELD_OUT,
     closed_phrasings,
     first_sentence,
     open_phrasings,
     wrong_attribute,
 )
+from nest_integrations import assembly
+from nest_integrations.config import NestConfig
+from nest_integrations.evaluation import grounded, stats
+from nest_integrations.evaluation.open_ended import degenerate, rouge_l
 from nest_integrations.policy import AnswerPolicy
 
 LOG = logging.getLogger("robust_answers")
@@ -96,7 +96,7 @@ class Item:
 
 
 def entity_items(split: str, n: int, seed: int) -> tuple[list[Item], Any]:
-    from nest_integrations.evaluation.quality_set import build_question_set
+    from benchmarks.sets.quality_set import build_question_set
 
     qs = build_question_set(0)
     pool = qs.closed(split, "entities-hard")
@@ -120,7 +120,7 @@ def entity_items(split: str, n: int, seed: int) -> tuple[list[Item], Any]:
 
 
 def profile_items(n: int, seed: int) -> tuple[list[Item], Any]:
-    from nest_integrations.evaluation.profiles import generate_profiles
+    from benchmarks.sets.profiles import generate_profiles
 
     corpus = generate_profiles(seed=0)
     pool = list(corpus.questions)
@@ -147,7 +147,7 @@ def completion_items(qs: Any, split: str, n: int, seed: int) -> list[Item]:
 def open_items(qs: Any, split: str, n: int, seed: int) -> list[Item]:
     import json as _json
 
-    from nest_integrations.evaluation.quality_set import SAMPLE_DIR
+    from benchmarks.sets.quality_set import SAMPLE_DIR
 
     topic = {}
     for line in (SAMPLE_DIR / "wikipedia.jsonl").read_text(encoding="utf-8").splitlines():
@@ -169,7 +169,7 @@ def open_items(qs: Any, split: str, n: int, seed: int) -> list[Item]:
 
 
 def faq_items(folder: Path, n: int, seed: int) -> list[Item]:
-    from nest_integrations.evaluation.faq import load_faq
+    from benchmarks.sets.faq import load_faq
 
     pool = load_faq(folder)
     random.Random(f"faq:{seed}").shuffle(pool)

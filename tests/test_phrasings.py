@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from nest_integrations.evaluation.faq import parse_faq
-from nest_integrations.evaluation.phrasings import (
+from benchmarks.sets.faq import parse_faq
+from benchmarks.sets.phrasings import (
     CLOSED_FAMILIES,
     HELD_OUT,
     OPEN_FAMILIES,
@@ -15,7 +15,7 @@ from nest_integrations.evaluation.phrasings import (
     open_phrasings,
     wrong_attribute,
 )
-from nest_integrations.evaluation.profiles import generate_profiles
+from benchmarks.sets.profiles import generate_profiles
 
 
 def test_every_closed_question_gets_six_phrasings_from_five_families():

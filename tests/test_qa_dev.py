@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from nest_integrations.evaluation import qa_dev
+from benchmarks.harness import qa_dev
 from nest_integrations.evaluation.entities import SAMPLE_QUESTIONS, generate_corpus
 from nest_integrations.types import Passage
 
@@ -86,7 +86,7 @@ def test_tiny_open_ended_run_and_its_summary(tiny_lm):
     summary pools them per system with the paired ROUGE-L difference to the reference."""
     from tests.engines import make_engine
     from nest_integrations.evaluation import open_ended
-    from nest_integrations.evaluation.quality_set import OpenQuestion
+    from benchmarks.sets.quality_set import OpenQuestion
     from nest_integrations.evaluation.retrieval import BM25Retriever
 
     corpus = generate_corpus(seed=2, per_kind=3)

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from nest_integrations.evaluation import open_ended, stats
-from nest_integrations.evaluation.quality_set import (
+from benchmarks.sets.quality_set import (
     SOURCES,
     build_question_set,
     entity_hard,
@@ -57,7 +57,7 @@ def test_entity_hard_has_dates_and_distractor_notes_naming_the_entity():
 
 
 def test_closed_questions_hold_their_answer_in_the_gold_document(qset):
-    from nest_integrations.evaluation.quality_set import SAMPLE_DIR
+    from benchmarks.sets.quality_set import SAMPLE_DIR
 
     texts = {d["id"]: d["text"] for d in qset.entities.documents}
     for q in qset.closed("dev", "entities-hard")[:20]:
@@ -145,7 +145,7 @@ def test_open_split_asks_who_was_x_about_every_person(qset):
     text and split, besides its "What is X?" prompt."""
     import json
 
-    from nest_integrations.evaluation.quality_set import SAMPLE_DIR
+    from benchmarks.sets.quality_set import SAMPLE_DIR
 
     leads = [json.loads(x) for x in (SAMPLE_DIR / "wikipedia.jsonl").read_text().splitlines()
              if x.strip()]

@@ -221,7 +221,7 @@ def test_every_open_pydoc_question_gets_its_gold_document_first(sample_store: Pa
     """On the shipped sample corpus dense retrieval ranks the gold document first for only
     some of the 40 pydoc "Write the entry" prompts of the quality set; the title index puts
     it first for all 40 (the prompts quote the topic's name)."""
-    from nest_integrations.evaluation.quality_set import build_question_set
+    from benchmarks.sets.quality_set import build_question_set
     from nest_integrations.retrieval.chroma import ChromaPassageStore
 
     store = ChromaPassageStore.from_persist_dir(sample_store, "nest")

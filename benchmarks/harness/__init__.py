@@ -10,7 +10,9 @@
 - ``prompts``: the shared prompt sets (sample-corpus completions, held-out leads, QA,
   "Tell me about {title}." chat prompts);
 - ``systems``: ``Row``, the definition of one system under test (engine, backend, dtype, method,
-  threads, prompt, config), and the runners that execute a row per ``(engine, backend)``.
+  threads, prompt, config), and the runners that execute a row per ``(engine, backend)``;
+- ``qa_dev``: the interleaved grounded-QA loop (closed and open-ended questions through several
+  systems, scored) of ``python -m benchmarks.quality`` (imported on its own, not re-exported).
 """
 
 from benchmarks.harness.report import fmt, pct, read_jsonl, row, table, write_result

@@ -11,17 +11,15 @@ Module map:
 - ``grounded``: grounded-QA metrics (correct, gold-cited share, off-topic copied, run-on) and
   ``meaningful_citations``;
 - ``stats``: McNemar's exact test, bootstrap intervals, paired win rates;
-- ``qa_dev``: the interleaved grounded-QA loop (closed and open-ended questions) behind
-  ``python -m benchmarks.quality``;
-- ``quality_set``, ``open_ended``: the dev/test quality question set (three sources, split by
-  document) and the open-ended metrics;
+- ``open_ended``: the open-ended metrics (the dev/test quality question set and the grounded-QA
+  loop that use them are ``benchmarks.sets.quality_set`` and ``benchmarks.harness.qa_dev``);
 - ``systems``: base LM, RA, two-stage kNN-LM, NEST, RA-NEST; generation + scoring of one example;
 - ``runner``: ``EvalSettings`` (``small``/``medium``/``full``), ``run_eval``, aggregation;
 - ``report``: markdown (Table 1 style), JSON, JSONL, PNG plots;
 - ``suite``: end to end (model + datastore + tasks -> files);
 - ``nest eval`` is ``nest_integrations/cli/eval.py``.
 
-Tests: ``tests/test_evaluation.py``, ``tests/test_qa_dev.py``, ``tests/test_quality.py``.
+Tests: ``tests/test_evaluation.py``, ``tests/test_quality.py``.
 """
 
 from nest_integrations.evaluation.metrics import (

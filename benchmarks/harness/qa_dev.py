@@ -11,10 +11,10 @@ A **system** is ``(name, decoding, preset, overrides, context)``:
   ``"none"`` (the base LM).
 
 Stage 1 runs once per question; every system gets the same passages. Systems run back to back
-per question (the machine is noisy). Metrics per output: ``grounded`` module (correct, wrong
-entity, gold-cited share, off-topic copied tokens, run-on tokens). ``summarize`` pools them
-per system, with bootstrap intervals and McNemar's exact test against a reference system
-(in-context RAG by default).
+per question (the machine is noisy). Metrics per output: ``nest_integrations.evaluation.grounded``
+(correct, wrong entity, gold-cited share, off-topic copied tokens, run-on tokens). ``summarize``
+pools them per system, with bootstrap intervals and McNemar's exact test against a reference
+system (in-context RAG by default).
 
 Usage::
 
@@ -273,8 +273,8 @@ def run_open_questions(
     max_new_tokens: int = 64,
     on_record: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every open-ended question (``quality_set.OpenQuestion``) through every system,
-    interleaved, with the same retrieved passages; one ``open_ended.score`` record each."""
+    """Every open-ended question (``benchmarks.sets.quality_set.OpenQuestion``) through every
+    system, interleaved, with the same retrieved passages; one ``open_ended.score`` record each."""
     from nest_integrations.evaluation import open_ended
     from nest_integrations.evaluation.metrics import rouge_scorer
 

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from nest_integrations.evaluation.entities import EntityQuestion, frame, generate_corpus
+from nest_integrations.ingest.documents import sample_corpus_path
 
 #: The builder's version; a change of the output for a given seed bumps it.
 BUILDER_VERSION = 2
@@ -54,7 +55,7 @@ _ENTITY_VERSION = 1
 MIN_PREFIX_WORDS = 4
 SPLITS = ("dev", "test")
 SOURCES = ("entities-hard", "wiki", "pydoc")
-SAMPLE_DIR = Path(__file__).resolve().parents[1] / "data" / "sample"
+SAMPLE_DIR = sample_corpus_path()
 
 _MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August",
            "September", "October", "November", "December"]

@@ -1,0 +1,14 @@
+"""Question sets only the benchmarks read (not shipped in the wheel).
+
+- ``quality_set``: the dev/test quality question set of ``python -m benchmarks.quality`` (three
+  sources split by document, an open-ended split);
+- ``phrasings``: phrasing families (every question asked several ways) and the wrong-attribute
+  metric of ``python -m benchmarks.robust``;
+- ``profiles``: a held-out corpus of fictional country profiles and its questions;
+- ``faq``: the Python FAQ's questions (human-written, over the Python documentation);
+  ``phrasings``, ``profiles`` and ``faq`` are read by ``python -m benchmarks.robust`` (and
+  ``profiles`` by ``python -m benchmarks.completion_gate``).
+
+The loop that runs them through systems is ``benchmarks.harness.qa_dev``. Tests:
+``tests/test_quality.py``, ``tests/test_phrasings.py``.
+"""
