@@ -80,7 +80,7 @@ class Observer:
         from nest_integrations.decoding.loop import DecodeLoop
         from nest_integrations.decoding.text_stream import OutputText
         from nest_integrations.lm.cost import DraftPlanner
-        from nest_integrations.lm.llama_cpp_runtime import LlamaCppRuntime, llama_cpp_module
+        from nest_integrations.lm.llama_cpp import LlamaCppRuntime, llama_cpp_module
 
         decode, prefill, observe = LlamaCppRuntime.decode, DecodeLoop.prefill, DraftPlanner.observe
         cut, init = OutputText._cut, DecodeLoop.__init__

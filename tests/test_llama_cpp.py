@@ -283,10 +283,10 @@ def test_a_cache_dropped_after_a_token_tree_gives_back_its_branches(lm):
     lm.forward(ids[:37], tree, last=1)
     lm.forward_tree(ids[37:43], [-1, 0, 1, -1, 3, 4], tree)
     del tree  # collected with its tree: no select_cache
-    assert lm.runtime.live_sequences() == 0
+    assert lm.runtime.sequences.live() == 0
     assert torch.equal(steps(), fresh)
     assert check_rows(lm)  # what the verdict measures
-    assert lm.runtime.live_sequences() == 0
+    assert lm.runtime.sequences.live() == 0
     assert torch.equal(steps(), fresh)
 
 
@@ -303,20 +303,20 @@ def test_two_threads_need_exact_steps_past_256_positions():
     try:
         ids = lm2.tokenize("The Eiffel Tower is a wrought-iron lattice tower in Paris. " * 30)
         context, new = ids[:300], ids[300:309]
-        assert lm2.runtime.kv_type == "F16" and lm2.runtime.exact_steps
-        assert lm2.runtime.steps_as_llama and lm2.rows_split_now
+        assert lm2.runtime.kv_type == "F16" and lm2.runtime.regime.exact_steps
+        assert lm2.runtime.regime.steps_as_llama and lm2.rows_split_now
         assert _rows_vs_steps(lm2, context, new) == 0.0
-        assert lm2.runtime._step_threads == 2
-        lm2.runtime.steps_as_llama = False
+        assert lm2.runtime.regime.current_step_threads == 2
+        lm2.runtime.regime.steps_as_llama = False
         assert _rows_vs_steps(lm2, context, new) == 0.0
-        assert lm2.runtime._step_threads == 1
-        lm2.runtime.steps_as_llama = True
+        assert lm2.runtime.regime.current_step_threads == 1
+        lm2.runtime.regime.steps_as_llama = True
         with lm2.inexact_rows():  # what relaxed decoding gets: every thread, rows together
             assert _rows_vs_steps(lm2, context, new) > 0.0
         assert _rows_vs_steps(lm2, ids[:40], ids[40:49]) == 0.0
         assert bf16.runtime.kv_type == "BF16"
         assert _rows_vs_steps(bf16, context, new) == 0.0
-        assert bf16.runtime._step_threads == 2  # the steps ran on both threads
+        assert bf16.runtime.regime.current_step_threads == 2  # the steps ran on both threads
     finally:
         lm2.close()
         bf16.close()
@@ -349,24 +349,24 @@ def test_exact_steps_run_on_every_thread_while_the_cache_is_short(tmp_path, monk
     try:
         ids = lm2.tokenize("The Eiffel Tower is a wrought-iron lattice tower in Paris. " * 30)
         for n_ctx, t, threads in ((40, 9, 2), (223, 33, 2), (240, 17, 1)):
-            rt.steps_as_llama = False  # steps on one thread past the boundary, rows together
+            rt.regime.steps_as_llama = False  # steps on one thread past the boundary, rows together
             assert _rows_vs_steps(lm2, ids[:n_ctx], ids[n_ctx:n_ctx + t]) == 0.0, (n_ctx, t)
-            assert rt._step_threads == threads, (n_ctx, t)  # the last step's threads
-            rt.steps_as_llama = True  # the default: steps on both threads, rows one at a time
+            assert rt.regime.current_step_threads == threads, (n_ctx, t)  # the last step's
+            rt.regime.steps_as_llama = True  # the default: steps on both threads, rows 1 by 1
             assert _rows_vs_steps(lm2, ids[:n_ctx], ids[n_ctx:n_ctx + t]) == 0.0, (n_ctx, t)
-            assert rt._step_threads == 2, (n_ctx, t)
+            assert rt.regime.current_step_threads == 2, (n_ctx, t)
         cache = lm2.new_cache()
         lm2.forward(ids[:300], cache, last=1)
         assert lm2.steps_on_every_thread() is False
         lm2.crop_cache(cache, 100)  # the tail's cells are free again
-        assert rt.cells_bound == 100 and lm2.steps_on_every_thread()
+        assert rt.sequences.cells_bound == 100 and lm2.steps_on_every_thread()
         lm2.forward(ids[100:105], cache, last=2)  # keys of the last 2 rows: a scratch decode
-        assert rt.cells_bound == 105 and lm2.steps_on_every_thread()
+        assert rt.sequences.cells_bound == 105 and lm2.steps_on_every_thread()
         other = lm2.new_cache()  # laid out after the first cache's cells
         lm2.forward_logits(ids[:200], other, last=1)
-        assert rt.cells_bound == 305 and not lm2.steps_on_every_thread()
+        assert rt.sequences.cells_bound == 305 and not lm2.steps_on_every_thread()
         lm2.crop_cache(other, 0)
-        assert rt.cells_bound == 305  # not the sole sequence: the bound stays
+        assert rt.sequences.cells_bound == 305  # not the sole sequence: the bound stays
         del cache, other
         with lm2.inexact_rows():
             assert lm2.steps_on_every_thread()
@@ -380,7 +380,7 @@ def test_exact_steps_run_on_every_thread_while_the_cache_is_short(tmp_path, monk
             lm2, NestConfig(), prompt, [], stats=stats, options={"cost_model": "off"}))
         out, st = decode_ids(lm2, method, prompt, N, eos=frozenset(), drafter=drafter,
                              stats=stats)
-        assert st.accepted_tokens > 0 and rt._step_threads == 2
+        assert st.accepted_tokens > 0 and rt.regime.current_step_threads == 2
         assert out == llama_generate_n(llm2, prompt, N)
 
         # the planner's two curves: steps on every thread while the cache is short
@@ -406,7 +406,7 @@ def test_exact_steps_run_on_every_thread_while_the_cache_is_short(tmp_path, monk
 
 
 def test_an_unknown_kv_cache_type_is_a_clear_error():
-    from nest_integrations.lm.llama_cpp_runtime import kv_cache_type
+    from nest_integrations.lm.llama_cpp import kv_cache_type
 
     assert kv_cache_type(None) == "F16" and kv_cache_type("bf16") == "BF16"
     with pytest.raises(ValueError, match="kv_type='Q8_0' is not supported"):
@@ -425,7 +425,7 @@ def test_greedy_at_two_threads_steps_as_llama_does():
     from nest_integrations.decoding.loop import decode_ids
     from nest_integrations.drafters import get_method
     from nest_integrations.drafters.base import DrafterContext
-    from nest_integrations.lm.llama_cpp_runtime import KV_TYPES
+    from nest_integrations.lm.llama_cpp import KV_TYPES
     from nest_integrations.types import NestStats
 
     ids = None
@@ -440,15 +440,15 @@ def test_greedy_at_two_threads_steps_as_llama_does():
                                             "Eiffel. " * 14)
             assert len(ids) > 256
             out, _ = decode_ids(lm2, get_method("greedy"), ids, N, eos=frozenset())
-            assert lm2.runtime._step_threads == 2  # the last step ran on both threads
+            assert lm2.runtime.regime.current_step_threads == 2  # the last step ran on both threads
             assert out == llama_generate_n(llm2, ids, N), kv
-            assert lm2.runtime.exact_steps  # restored for lossless methods
+            assert lm2.runtime.regime.exact_steps  # restored for lossless methods
             method, stats = get_method("prompt-lookup"), NestStats()
             drafter = method.make_drafter(DrafterContext(
                 lm2, NestConfig(), ids, [], stats=stats, options={"cost_model": "off"}))
             pl, st = decode_ids(lm2, method, ids, N, eos=frozenset(), drafter=drafter,
                                 stats=stats)
-            assert st.accepted_tokens > 0 and lm2.runtime._step_threads == 2
+            assert st.accepted_tokens > 0 and lm2.runtime.regime.current_step_threads == 2
             assert pl == out, kv
             assert lm2.rows_split_now == (kv == "F16")
         finally:
@@ -495,7 +495,7 @@ def test_token_tree_rows_and_selected_path_equal_chains(lm):
 def test_caches_are_sequences_reused_after_collection(lm):
     """Interleaved caches keep their own positions; caches given up return their sequence to
     the pool (more caches over time than the context has sequences)."""
-    from nest_integrations.lm.llama_cpp_runtime import MAX_SEQUENCES
+    from nest_integrations.lm.llama_cpp import MAX_SEQUENCES
 
     p, q = lm.tokenize("One two three four"), lm.tokenize("Alpha beta gamma")
     c1, c2 = lm.new_cache(), lm.new_cache()
@@ -527,9 +527,9 @@ def test_a_finished_generation_gives_its_cache_back_at_once(lm, monkeypatch):
                       stop=[], stats=NestStats(), generator=None,
                       on_delta=lambda *_: iter(()))  # fmt: skip
     loop.itself = loop  # a reference cycle, as an engine's request can make
-    assert lm.runtime.live_sequences() == 1
+    assert lm.runtime.sequences.live() == 1
     list(loop.run())
-    assert lm.runtime.live_sequences() == 0 and len(loop.out.ids) == 4
+    assert lm.runtime.sequences.live() == 0 and len(loop.out.ids) == 4
     collected = []
     monkeypatch.setattr(gc, "collect", lambda *a: collected.append(1) or 0)
     lm.release_cache(lm.new_cache())
@@ -804,7 +804,7 @@ def test_weights_are_repacked_as_llama_loads_them():
     import numpy as np
     import llama_cpp
 
-    from nest_integrations.lm.llama_cpp_runtime import repack_by_default
+    from nest_integrations.lm.llama_cpp import repack_by_default
 
     assert repack_by_default(llama_cpp)  # the package's builds have no AMX kernels
     lm, llm = _quant_pair("Q4_0")
@@ -842,7 +842,7 @@ def test_a_gguf_whose_rows_are_not_steps_verifies_them_one_at_a_time(hf_tokenize
         assert_equals_llama(out.mismatches)
         assert out.accepted["prompt-lookup"] > 0 and out.accepted["rag-copy"] > 0
         assert out.drafted["prompt-lookup"] > out.accepted["prompt-lookup"]  # rejections too
-        lm._batched_exact = True  # the rows decoded together, as before the check
+        lm.regime.rows_exact = True  # the rows decoded together, as before the check
         out = run_oracle(engine, [c for c in cases if c.label != "greedy"], 48, refs)
         assert any(out.mismatches.values()), "rows decoded together still matched Llama"
     finally:
@@ -929,7 +929,7 @@ def test_nest_plans_with_the_curve_of_its_own_steps_at_two_threads(tmp_path, mon
         strict = NestDrafter(DrafterContext(
             lm2, NestConfig(key_source="final_norm", strict_acceptance=True), [], []))
         assert strict.planner.curve.ratio(2) == pytest.approx(1.05)
-        assert lm2.runtime.exact_steps  # the drafter's measurement context was left
+        assert lm2.runtime.regime.exact_steps  # the drafter's measurement context was left
     finally:
         lm2.close()
 

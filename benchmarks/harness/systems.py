@@ -436,7 +436,7 @@ def load_llama(threads: int, extra_bufts: bool | None = None, *, path: str | Non
     default: as our llama.cpp backend runs (rows equal one-token steps; faster here too).
 
     ``extra_bufts`` (llama.cpp's extra weight buffer types: repacked layouts, AMX) defaults to
-    what our backend loads models with (``llama_cpp_runtime.repack_by_default``): on, as a user's
+    what our backend loads models with (``lm.llama_cpp.repack_by_default``): on, as a user's
     ``Llama`` loads them, unless the build has AMX kernels: built with ``GGML_NATIVE=ON`` on a
     CPU that lists AMX, llama.cpp runs AMX tile instructions, and where the kernel does not
     grant AMX tile data (these VMs) the process dies of SIGILL, which cannot be caught."""
@@ -461,7 +461,7 @@ def load_llama(threads: int, extra_bufts: bool | None = None, *, path: str | Non
     import llama_cpp.llama as llama_module
 
     if extra_bufts is None:
-        from nest_integrations.lm.llama_cpp_runtime import repack_by_default
+        from nest_integrations.lm.llama_cpp import repack_by_default
 
         extra_bufts = repack_by_default(llama_cpp)
 
