@@ -31,6 +31,11 @@ def add_ingest_args(p: argparse.ArgumentParser) -> None:
         "encoding; PDFs by their extracted text, with page numbers)",
     )
     p.add_argument("--sample", action="store_true", help="also ingest the shipped sample corpus")
+    p.epilog = (
+        "Without PATHs or --sample, an existing collection gets the token keys of --backend's "
+        "model for every passage that lacks them, adding no passage: e.g. `nest ingest --backend "
+        "llama.cpp` after ingesting on torch (otherwise they are encoded on first use)."
+    )
     p.add_argument(
         "--no-keys",
         action="store_true",
@@ -107,6 +112,34 @@ def _ray_address(args: argparse.Namespace) -> str | None:
     return "local"
 
 
+def _keys_only(args: argparse.Namespace, store: Any, ray_address: str | None) -> int:
+    """``nest ingest`` without PATHs: the token keys of an existing collection for this
+    backend's model (``IngestPipeline.fill_keys``), no passage added."""
+    from nest_integrations.ingest.pipeline import IngestPipeline
+
+    if args.no_keys or args.keys or args.key_codec or args.key_cache_size:
+        raise UsageError("nothing to ingest: give one or more PATHs, or --sample")
+    if not store.exists():
+        raise UsageError(
+            "nothing to ingest: give one or more PATHs, or --sample (without them, an existing "
+            f"collection gets its token keys; there is no collection {store.collection_name!r} "
+            f"at {store.location})"
+        )
+    pipeline = IngestPipeline(store, _load_lm(), ray_address=ray_address)
+    report = pipeline.fill_keys(progress=not args.json)
+    if args.json:
+        out(json.dumps(report.to_dict(), indent=2))
+        return 0
+    out(f"Token keys of collection {report.collection!r} ({report.location})")
+    out(f"  passages    {report.passages:,} (none added)")
+    keys = f"{report.keys_added:,} passages newly encoded"
+    if report.keys_mode == "lazy":
+        keys = "lazy: encoded when a query retrieves them (cache: `nest info`)"
+    out(f"  token keys  {keys}")
+    out(f"  time        {report.seconds:.1f} s")
+    return 0
+
+
 def cmd_ingest(args: argparse.Namespace) -> int:
     from nest_integrations.ingest import sample_corpus_inputs
 
@@ -115,13 +148,13 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     inputs: list[str | Path] = list(args.paths)
     if args.sample:
         inputs += sample_corpus_inputs()
-    if not inputs:
-        raise UsageError("nothing to ingest: give one or more PATHs, or --sample")
     from nest_integrations.ingest.pipeline import IngestPipeline
 
     quiet_transformers()
     with_keys = not args.no_keys
     store = open_store(args)  # connect first: fail fast, before the LM
+    if not inputs:
+        return _keys_only(args, store, ray_address)
     codec = getattr(args, "key_codec", None)
     lazy = _lazy_keys(args, store)
     if lazy:

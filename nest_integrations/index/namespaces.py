@@ -2,6 +2,8 @@
 
 A persist dir's key folder (``paths.keys_dir``) holds one namespace per (model fingerprint, key
 source, codec): the eager ``DiskKeyStore``'s under ``ns/`` and the lazy cache's under ``lazy/``.
+One store serves both backends (``admits``): a torch and a llama.cpp model of the same corpus
+each get their namespace beside the other's.
 This module names their folders, reads and writes the eager store's manifests (``store.json``
 and ``ns/<namespace>/manifest.json``, see ``index.store``), and resolves the codec asked for
 (a name, a ``KeyCodec`` or the v1 ``dtype=``) against the one a store was built with. No model,
@@ -33,12 +35,15 @@ __all__ = [
     "DTYPES",
     "FORMAT_VERSION",
     "RAW_CODECS",
+    "admits",
     "codec_id",
     "codec_tag",
     "describe_codec",
+    "fingerprint_backend",
     "lazy_namespace_name",
     "list_namespaces",
     "manifest_codec_params",
+    "mismatch_message",
     "namespace_name",
     "open_namespace",
     "open_root",
@@ -179,17 +184,39 @@ def fingerprint_backend(fingerprint: str) -> str:
     return "llama.cpp" if "@llama.cpp-" in str(fingerprint) else "torch"
 
 
+def admits(path: str | os.PathLike[str], built: dict[str, Any], lm: Any) -> bool:
+    """Whether ``lm`` may read and fill the store at ``path`` (``built``: its ``store.json``).
+
+    One store serves both backends: keys live per (model fingerprint, key source) namespace, so
+    a model of the backend that has no namespace here yet gets its own (filled on first use, or
+    by ``nest ingest --backend ...``, which adds keys without re-adding passages). A namespace
+    that exists already is its model's. Another model or key source *of a backend present* is
+    refused: most likely a wrong ``--model`` or preset, whose keys would be encoded silently."""
+    ours = (lm.fingerprint, lm.key_source)
+    if ours == (built["fingerprint"], built["key_source"]):
+        return True  # the store's own model: its namespace is not even listed
+    present = [(built["fingerprint"], built["key_source"])] + [
+        (n["fingerprint"], n["key_source"]) for n in list_namespaces(path)
+    ]
+    if ours in present:
+        return True
+    backend = fingerprint_backend(lm.fingerprint)
+    return all(fingerprint_backend(f) != backend for f, _ in present)
+
+
 def mismatch_message(path: str | os.PathLike[str], built: dict[str, Any], lm: Any) -> str:
-    was, now = fingerprint_backend(built["fingerprint"]), fingerprint_backend(lm.fingerprint)
-    why = (f" Its keys were encoded by the {was} backend and this engine runs on {now}: the two "
-           "compute different vectors (another runtime and quantisation), so keys are not shared "
-           f"between backends; use --backend {was} (backend={was!r}), or re-run `nest ingest "
-           f"--backend {now}` into another persist dir." if was != now else "")
+    """Why ``admits`` refused ``lm``: the namespaces present and the fixes."""
+    backend = fingerprint_backend(lm.fingerprint)
+    present = sorted({(n["fingerprint"], n["key_source"]) for n in list_namespaces(path)}
+                     | {(built["fingerprint"], built["key_source"])})
+    listed = "; ".join(f"{f} (key source {k!r}, {fingerprint_backend(f)} backend)"
+                       for f, k in present)
     return (
         f"key store at {path} was built by model {built['fingerprint']} (key source "
-        f"{built['key_source']!r}); this engine uses model {lm.fingerprint} (key source "
-        f"{lm.key_source!r}).{why} Re-run `nest ingest` with the engine's model and key source, "
-        "or pass a different persist dir."
+        f"{built['key_source']!r}) and holds keys of: {listed}. This engine uses model "
+        f"{lm.fingerprint} (key source {lm.key_source!r}), another model or key source of the "
+        f"{backend} backend. Use the model and key source it was ingested with, or re-run "
+        "`nest ingest` with this model into a different persist dir."
     )
 
 

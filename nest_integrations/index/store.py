@@ -168,14 +168,18 @@ class DiskKeyStore(_disk.IndexedFolder):
         """The store at ``path`` for ``lm``'s fingerprint, key source and key dimension.
 
         ``codec`` (or the v1 ``dtype``) ``None`` opens the codec the store was built with.
-        Refuses (``KeyStoreMismatchError``) a store that was built by another model or key
-        source, or with another codec, unless ``allow_new_namespace`` (then ``lm`` or the codec
-        gets its own namespace beside the existing ones).
+        A model of the other backend than the store's (torch, llama.cpp) gets its own
+        namespace beside the existing ones, empty until ``ensure_keys`` fills it (the engine's
+        first queries, or ``nest ingest --backend ...``): one store serves both backends
+        (``namespaces.admits``). Refuses (``KeyStoreMismatchError``) another model or key
+        source of a backend the store holds keys of, or another codec than the store's,
+        unless ``allow_new_namespace`` (then ``lm`` or the codec gets its own namespace).
         """
         built = _ns.read_store_manifest(path)
         if built is not None and not allow_new_namespace:
-            if (built["fingerprint"], built["key_source"]) != (lm.fingerprint, lm.key_source):
+            if not _ns.admits(path, built, lm):
                 raise KeyStoreMismatchError(_ns.mismatch_message(path, built, lm))
+            _log_new_namespace(Path(path), built, lm)
             requested = _ns.requested_codec(codec, dtype)
             recorded = _ns.recorded_codec(Path(path), lm.fingerprint, lm.key_source)
             if requested is not None and recorded is not None:
@@ -500,6 +504,21 @@ class _ShardMap(NamedTuple):
             np.memmap(paths[1], dtype=_ID_DTYPE, mode="r", shape=(rows,)),
             np.memmap(paths[2], dtype=_OFF_DTYPE, mode="r", shape=(rows, 2)),
         )
+
+
+def _log_new_namespace(path: Path, built: dict[str, Any], lm: Any) -> None:
+    """Say so when ``lm`` opens a namespace of its own in a store built by the other backend."""
+    if (built["fingerprint"], built["key_source"]) == (lm.fingerprint, lm.key_source):
+        return
+    if (path / "ns" / _ns.namespace_name(lm.fingerprint, lm.key_source)).is_dir():
+        return
+    LOG.info(
+        "key store at %s was built by the %s backend; %s keys (key source %r) get their own "
+        "namespace there, encoded as queries retrieve passages (`nest ingest --backend %s` "
+        "encodes them all now, without re-adding passages)", path,
+        _ns.fingerprint_backend(built["fingerprint"]), _ns.fingerprint_backend(lm.fingerprint),
+        lm.key_source, _ns.fingerprint_backend(lm.fingerprint),
+    )
 
 
 def model_dtype_name(lm: Any) -> str | None:

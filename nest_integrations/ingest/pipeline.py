@@ -207,6 +207,30 @@ class IngestPipeline:
         LOG.info("ingest: %s", report)
         return report
 
+    def fill_keys(self, *, progress: bool = False) -> IngestReport:
+        """Encode the token keys of every passage of the collection that has none for this
+        pipeline's model, adding no passage: how a store ingested on one backend gets the other
+        backend's keys in one pass (``nest ingest --backend llama.cpp`` without PATHs; the
+        engine otherwise encodes them as queries retrieve passages). In lazy key mode nothing
+        is encoded (keys are encoded at query time)."""
+        start = time.perf_counter()
+        report = IngestReport(self.store.collection_name, self.store.location)
+        if not self.store.exists():
+            raise ValueError(
+                f"no collection {self.store.collection_name!r} at {self.store.location} to add "
+                "token keys to: ingest documents first (`nest ingest PATH...` or `--sample`)"
+            )
+        passages = list(self.store.iter_passages())
+        report.passages = report.unchanged = len(passages)
+        report.tokens = sum(int(p.metadata.get("n_tokens", 0)) for p in passages)
+        report.keys_mode = self.key_mode()
+        if report.keys_mode == "eager" and passages:
+            report.keys_added = self._fill_keys(passages, progress)
+            report.keys_encoder, report.key_workers = self._key_run
+        report.seconds = time.perf_counter() - start
+        LOG.info("token keys: %s", report)
+        return report
+
     def add_passages(
         self, passages: Sequence[Passage], *, progress: bool = False, with_keys: bool | None = None
     ) -> tuple[int, int]:
