@@ -137,9 +137,10 @@ class EngineSpec:
         decoding: a ``drafters.METHODS`` name (None = the policy's); the engine validates it.
         drafter_options: options for the method's drafter (e.g. a datastore path).
         hybrid: fuse BM25 with the store's dense scores; None = ``config.hybrid_retrieval``.
-        backend: what runs the model (``lm.backend.BACKENDS``): ``"torch"`` or ``"llama.cpp"``;
-            None = the process default (``--backend``; torch unless set). Resolved here, and
-            the config adapted to it (``backend_config``).
+        backend: what runs the model (``lm.backend.BACKEND_CHOICES``): ``"torch"``,
+            ``"llama.cpp"`` or ``"auto"`` (the faster exact engine here, ``lm.auto_backend``);
+            None = the process default (``--backend``), else ``$NEST_BACKEND``, else auto.
+            Resolved here, and the config adapted to it (``backend_config``).
         calibrated: use the kNN temperature and RRC offset/scale that ``nest calibrate`` stored
             for this model and collection. None (default) = when one is stored and the config
             leaves those three at their defaults and puts no passages in the prompt (the
@@ -162,14 +163,17 @@ class EngineSpec:
     policy: Any = None
 
     def __post_init__(self) -> None:
-        from nest_integrations.lm.backend import parse_dtype, resolve_backend
+        from nest_integrations.lm.auto_backend import resolve_backend
+        from nest_integrations.lm.backend import parse_dtype
 
         object.__setattr__(self, "policy", resolve_policy(self.policy, self.config))
         cfg = resolve_config(self.config)
         if self.hybrid is not None and self.hybrid != cfg.hybrid_retrieval:
             cfg = cfg.replace(hybrid_retrieval=bool(self.hybrid))
         set_ = functools.partial(object.__setattr__, self)
-        backend = resolve_backend(self.backend)
+        backend = resolve_backend(self.backend, model=self.model, device=self.device,
+                                  dtype=self.dtype, decoding=self.decoding,
+                                  key_source=cfg.key_source)
         set_("backend", backend)
         check_backend(backend, self.dtype, self.device, self.decoding)
         set_("config", backend_config(cfg, backend))
@@ -251,11 +255,12 @@ def load_model(
     cache); on llama.cpp, ``model`` is a GGUF path, a quantisation of the embedded model
     (``"Q4_1"``: the shipped file) or None (the embedded model requantised once to
     ``lm.llama_cpp.DEFAULT_QUANT``, Q8_0; ``lm.llama_cpp.resolve_gguf``)."""
-    from nest_integrations.lm.backend import resolve_backend
+    from nest_integrations.lm.auto_backend import resolve_backend
     from nest_integrations.lm.hf import HFLanguageModel
 
     key_source = NestConfig().key_source if key_source is None else key_source
-    backend = resolve_backend(backend)
+    backend = resolve_backend(backend, model=model, device=device, dtype=dtype,
+                              key_source=key_source)
     if backend == "llama.cpp":
         return _load_llama_cpp(model, device, key_source, dtype)
     if model is None:
@@ -284,13 +289,15 @@ def shared_model(
 
     ``model=None`` or the default's name is the embedded SmolLM2-135M-Instruct (on llama.cpp:
     its GGUF as ``DEFAULT_QUANT``, Q8_0, the same model as ``model="Q8_0"``); ``backend=None``
-    is the process default (``--backend``; torch unless set).
+    is the process default (``--backend``, else ``$NEST_BACKEND``, else auto).
     """
-    from nest_integrations.lm.backend import dtype_label, resolve_backend
+    from nest_integrations.lm.auto_backend import resolve_backend
+    from nest_integrations.lm.backend import dtype_label
     from nest_integrations.lm.default import DEFAULT_MODEL_NAME
     from nest_integrations.lm.hf import resolve_device
 
-    backend = resolve_backend(backend)
+    backend = resolve_backend(backend, model=model, device=device, dtype=dtype,
+                              key_source=key_source)
     name = None if model in (None, DEFAULT_MODEL_NAME) else model
     key_source = NestConfig().key_source if key_source is None else key_source
     if backend == "llama.cpp":  # one model per GGUF: its keys are final_norm, its dtype its own
@@ -307,8 +314,7 @@ def shared_model(
     with _MODELS_LOCK:  # one load at a time: a second caller waits for the first's model
         if key not in _MODELS:
             extra = () if dtype is None else (dtype,)  # None: the process default, at load
-            extra_kw = {"backend": backend} if backend != "torch" else {}
-            _MODELS[key] = load_model(name, device, key_source, *extra, **extra_kw)
+            _MODELS[key] = load_model(name, device, key_source, *extra, backend=backend)
         return _MODELS[key]
 
 

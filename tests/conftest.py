@@ -3,7 +3,7 @@
 Environment set at import: ``NEST_HOME`` is the repo's ignored ``.nest/`` folder whatever the
 caller's is (no test depends on the caller's home or cache; ``NEST_TEST_HOME`` names another
 folder), so the converted default model is cached once; the Hugging Face Hub is offline,
-telemetry is off.
+telemetry is off; the default backend is torch (``NEST_BACKEND``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
 # CLI jobs (in-process or child processes) follow the tests' one torch thread (see below).
 os.environ.setdefault("NEST_THREADS", "1")
+# The product default backend is "auto" (lm.auto_backend: llama.cpp where it is installed and
+# faster); tests run torch unless they name a backend, so no result depends on whether the
+# llamacpp extra is installed. tests/test_auto_backend.py tests auto itself.
+os.environ.setdefault("NEST_BACKEND", "torch")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

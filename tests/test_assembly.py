@@ -196,7 +196,7 @@ def test_shared_model_loads_once_across_threads(monkeypatch: pytest.MonkeyPatch)
     """Eight threads asking at once get one model per key; another key loads another."""
     loads: list[tuple] = []
 
-    def slow_load(model, device, key_source):  # noqa: ANN001
+    def slow_load(model, device, key_source, backend=None):  # noqa: ANN001
         loads.append((model, device, key_source))
         time.sleep(0.05)
         return FakeLM(name=str(model))

@@ -199,7 +199,7 @@ def test_engine_spec_validates_and_normalises_dtype() -> None:
 def test_shared_model_keys_on_the_resolved_dtype(monkeypatch) -> None:
     loads: list[tuple] = []
 
-    def load(model, device, key_source, dtype=None):  # noqa: ANN001
+    def load(model, device, key_source, dtype=None, backend=None):  # noqa: ANN001
         loads.append((model, dtype))
         return object()
 

@@ -29,12 +29,24 @@ def add_info_args(p: argparse.ArgumentParser) -> None:
 
 def backend_info(args: argparse.Namespace) -> dict[str, Any]:
     """The model ``nest ask`` would load with these options, as ``lm.exactness.describe``
-    reports it: device, dtype (and how ``auto`` chose it), threads, exact lossless decoding."""
+    reports it: the backend (and why, under ``--backend auto``), device, dtype (and how
+    ``auto`` chose it), threads, exact lossless decoding."""
+    from nest_integrations.lm.backend import requested_backend
     from nest_integrations.lm.exactness import describe
 
     apply_backend_args(args)
-    lm = assembly.spec_model(assembly.EngineSpec(model=args.model, dtype=args.dtype))
-    return {"model": getattr(lm, "name", None), **describe(assembly.unwrap(lm))}
+    spec = assembly.EngineSpec(model=args.model, dtype=args.dtype)
+    lm = assembly.spec_model(spec)
+    asked = requested_backend()
+    if asked == "auto":
+        from nest_integrations.lm.auto_backend import decide
+
+        decision = decide(args.model, None, args.dtype, key_source=spec.config.key_source)
+        why = f"auto: {decision.reason}; --backend torch|llama.cpp overrides"
+    else:
+        why = f"asked for (--backend {asked}, or $NEST_BACKEND)"
+    return {"model": getattr(lm, "name", None), "backend": spec.backend, "backend_choice": why,
+            **describe(assembly.unwrap(lm))}
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -81,7 +93,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def key_store_stats(keys_dir: Path) -> list[dict[str, Any]]:
     """``stats()`` of every namespace of the key store at ``keys_dir``, without loading a model."""
     from nest_integrations.index.codecs import load_codec
-    from nest_integrations.index.namespaces import list_namespaces
+    from nest_integrations.index.namespaces import fingerprint_backend, list_namespaces
     from nest_integrations.index.store import DiskKeyStore
 
     out = []
@@ -96,11 +108,12 @@ def key_store_stats(keys_dir: Path) -> list[dict[str, Any]]:
             else None,
             dtype=None if isinstance(ns.get("codec"), dict) else ns["dtype"],
         ) as ks:
-            out.append(ks.stats())
+            out.append({**ks.stats(), "backend": fingerprint_backend(ns["fingerprint"])})
     return out
 
 
 def _print_backend(b: dict[str, Any]) -> None:
+    out(f"Backend:      {b['backend']} [{b['backend_choice']}]")
     out(f"Model:        {b['model']} on {b['device']}, {b['dtype']}, {b['threads']} thread(s)"
         + (f" [{b['dtype_choice']}]" if b.get("dtype_choice") else ""))
     if b["exact_rows"]:
@@ -131,15 +144,16 @@ def _print_info(info: dict[str, Any], collection: str | None) -> None:
             f"documents, {c['tokens']:,} tokens ({c['space']} space)"
         )
     ks = info["key_store"]
-    out(f"Key store:    {ks['path']} (shared by the collections of this persist dir)")
+    out(f"Key store:    {ks['path']} (shared by the collections of this persist dir and by "
+        "both backends: one namespace per model and key source, filled on first use)")
     if ks.get("mode") == "lazy":
         _print_lazy_info(ks["lazy"])
     if not ks["namespaces"] and ks.get("mode") != "lazy":
         out("  (empty: keys are computed by `nest ingest` or on first use)")
     for s in ks["namespaces"]:
         out(
-            f"  model       {s['fingerprint']} (key source {s['key_source']!r}, "
-            f"d={s['key_dim']})"
+            f"  namespace   {s['fingerprint']} ({s.get('backend', 'torch')} backend, key source "
+            f"{s['key_source']!r}, d={s['key_dim']})"
         )
         codec = s.get("codec", s["dtype"])
         detail = ", ".join(f"{k}={v}" for k, v in s.get("codec_params", {}).items()
@@ -163,7 +177,10 @@ def _print_lazy_info(lazy: dict[str, Any]) -> None:
         f"codec {lazy['codec']}"
     )
     for s in lazy["namespaces"]:
-        out(f"  cache       {s['fingerprint']} (key source {s['key_source']!r}, {s['codec']})")
+        from nest_integrations.index.namespaces import fingerprint_backend
+
+        out(f"  cache       {s['fingerprint']} ({fingerprint_backend(s['fingerprint'])} backend, "
+            f"key source {s['key_source']!r}, {s['codec']})")
         out(
             f"  used        {s['bytes_used'] / 1e6:,.1f} MB of {lazy['max_bytes'] / 1e6:,.1f} MB"
             f", {s['n_entries']:,} passages, {s['n_tokens']:,} tokens"

@@ -3,10 +3,14 @@
 One place decides them for every entry point (``HFLanguageModel.from_pretrained``,
 ``assembly.shared_model``, the ``nest`` subcommands and the server):
 
-- **backend** (``parse_backend`` / ``resolve_backend``): ``"torch"`` (transformers, the
-  default) or ``"llama.cpp"`` (``lm.llama_cpp``: a GGUF file on llama-cpp-python, the
-  ``llamacpp`` extra). ``None`` is the process default (``set_default_backend``; ``nest ...
-  --backend`` sets it, so every model a job loads runs on it).
+- **backend** (``parse_backend`` / ``requested_backend``; ``lm.auto_backend.resolve_backend``
+  resolves ``auto``): ``"torch"`` (transformers),
+  ``"llama.cpp"`` (``lm.llama_cpp``: a GGUF file on llama-cpp-python, the ``llamacpp`` extra)
+  or ``"auto"`` (the default): the faster exact engine for the embedded model on this machine,
+  measured once and cached (``lm.auto_backend``); torch, silently, where the extra is not
+  installed. ``None`` is the process default (``set_default_backend``; ``nest ...
+  --backend`` sets it, so every model a job loads runs on it), else ``$NEST_BACKEND``, else
+  ``"auto"``.
 
 - **dtype** (``parse_dtype`` / ``resolve_dtype``): ``"fp32"``/``"float32"``, ``"bf16"``/
   ``"bfloat16"``, ``"fp16"``/``"float16"``, a ``torch.dtype``, ``"checkpoint"`` (the
@@ -60,6 +64,11 @@ SHORT_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 THREADS_ENV = "NEST_THREADS"
 #: The runtimes an LM can run on (``EngineSpec(backend=...)``, ``--backend``).
 BACKENDS: tuple[str, ...] = ("torch", "llama.cpp")
+#: Every value ``--backend`` and ``backend=`` accept: a runtime, or ``"auto"`` (the default:
+#: ``lm.auto_backend`` picks one).
+BACKEND_CHOICES: tuple[str, ...] = ("auto", *BACKENDS)
+#: Environment variable with the backend ``backend=None`` means when no job set one.
+BACKEND_ENV = "NEST_BACKEND"
 #: Why KNN-SSD cannot run on the llama.cpp backend (``check_backend``, ``lm.llama_cpp``).
 KNN_SSD_UNSUPPORTED = (
     "decoding='knn-ssd' is not available on the llama.cpp backend: KNN-SSD drafts with the same "
@@ -75,24 +84,33 @@ _default_backend: str | None = None
 
 
 def parse_backend(backend: str | None) -> str | None:
-    """``backend``'s canonical name (``BACKENDS``), None for None; a ``ValueError`` names the
-    accepted values."""
+    """``backend``'s canonical name (``BACKEND_CHOICES``), None for None; a ``ValueError``
+    names the accepted values."""
     if backend is None:
         return None
     name = str(backend).strip().lower()
     name = _BACKEND_ALIASES.get(name, name)
-    if name not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is not supported: use one of {', '.join(BACKENDS)}")
+    if name not in BACKEND_CHOICES:
+        raise ValueError(f"backend={backend!r} is not supported: use one of "
+                         f"{', '.join(BACKEND_CHOICES)}")
     return name
 
 
-def resolve_backend(backend: str | None) -> str:
-    """The backend to run on: ``backend``, else the process default, else ``"torch"``."""
-    return parse_backend(backend) or _default_backend or "torch"
+def requested_backend(backend: str | None = None) -> str:
+    """What was asked for, before ``auto`` is resolved: ``backend``, else the process default,
+    else ``$NEST_BACKEND``, else ``"auto"``."""
+    env = os.environ.get(BACKEND_ENV, "").strip()
+    try:
+        from_env = parse_backend(env) if env else None
+    except ValueError:
+        raise ValueError(f"{BACKEND_ENV}={env!r} is not a backend: use one of "
+                         f"{', '.join(BACKEND_CHOICES)}") from None
+    return parse_backend(backend) or _default_backend or from_env or "auto"
 
 
 def set_default_backend(backend: str | None) -> None:
-    """The backend that ``backend=None`` means in this process (None: back to torch)."""
+    """The backend that ``backend=None`` means in this process (None: back to
+    ``$NEST_BACKEND``, else ``"auto"``)."""
     global _default_backend
     _default_backend = parse_backend(backend)
 
@@ -371,11 +389,13 @@ def configured_threads() -> int:
 def add_backend_args(p: argparse.ArgumentParser) -> None:
     """``--backend``, ``--dtype`` and ``--threads`` of the CLI jobs."""
     p.add_argument(
-        "--backend", default=None, type=str.lower, choices=BACKENDS + tuple(_BACKEND_ALIASES),
-        metavar="BACKEND",
-        help="what runs the LM: torch (transformers; default) or llama.cpp (the GGUF file on "
-        "llama-cpp-python: pip install 'nest-integrations[llamacpp]'); a store's keys are "
-        "encoded by one backend and read by the same one",
+        "--backend", default=None, type=str.lower,
+        choices=BACKEND_CHOICES + tuple(_BACKEND_ALIASES), metavar="BACKEND",
+        help="what runs the LM: auto (default: the faster exact engine for the embedded model "
+        "on this machine, measured once, see `nest info`; torch where llama.cpp is not "
+        "installed), torch (transformers) or llama.cpp (the GGUF file on llama-cpp-python: "
+        "pip install 'nest-integrations[llamacpp]'); one store serves both (each backend's "
+        f"keys are encoded on first use); default ${BACKEND_ENV}, else auto",
     )
     p.add_argument(
         "--dtype", default=None, type=str.lower, choices=DTYPE_CHOICES, metavar="DTYPE",
@@ -404,6 +424,8 @@ def apply_backend_args(args: argparse.Namespace) -> None:
 
 __all__ = [
     "BACKENDS",
+    "BACKEND_CHOICES",
+    "BACKEND_ENV",
     "DTYPE_CHOICES",
     "DTYPE_NAMES",
     "THREADS_ENV",
@@ -418,8 +440,8 @@ __all__ = [
     "parse_backend",
     "parse_dtype",
     "physical_cores",
+    "requested_backend",
     "requests_auto",
-    "resolve_backend",
     "resolve_dtype",
     "set_default_backend",
     "set_default_dtype",

@@ -376,7 +376,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
     import sys
 
-    from nest_integrations.lm.backend import add_backend_args, apply_backend_args, resolve_backend
+    from nest_integrations.lm.auto_backend import resolve_backend
+    from nest_integrations.lm.backend import add_backend_args, apply_backend_args
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--refresh", action="store_true", help="measure again and overwrite")

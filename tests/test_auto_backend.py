@@ -1,0 +1,149 @@
+"""``backend="auto"`` (``lm.auto_backend``): the faster exact engine for the embedded model,
+measured once per machine and cached beside the row-exactness verdicts; torch, silently, where
+llama.cpp is not installed or cannot run the request; ``--backend``/``backend=`` overrides.
+
+The rule is a pure function of measured costs (``choose_backend``), so its tests take costs;
+the cache is exercised through a record written as ``decide`` writes it; one slow test
+measures both real engines.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from nest_integrations import assembly
+from nest_integrations.lm import auto_backend, backend
+from nest_integrations.lm.auto_backend import Decision, choose_backend, decide, resolve_backend
+from nest_integrations.lm.row_exact import MachineCache
+
+EXACT = {"torch": True, "llama.cpp": True}
+
+
+class FileCache(MachineCache):
+    """The ``backends`` section of a JSON file of the test's own (not $NEST_HOME's)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__("backends")
+        self.file = path
+
+    def path(self) -> Path:  # type: ignore[override]
+        return self.file
+
+
+@pytest.fixture
+def auto(monkeypatch, tmp_path):
+    """``backend=None`` means auto (no $NEST_BACKEND), over a cache file of this test."""
+    monkeypatch.delenv(backend.BACKEND_ENV, raising=False)
+    cache = FileCache(tmp_path / "machine.json")
+    monkeypatch.setattr(auto_backend, "_CHOICES", cache)
+    return cache
+
+
+def record(choice: str, torch_s: float = 0.058, llama_s: float = 0.010) -> dict:
+    seconds = {"torch": torch_s, "llama.cpp": llama_s}
+    return {"seconds": seconds, "exact": EXACT, "choice": choice, "threads": 1,
+            "torch_dtype": "float32", "steps": 8, "measured": "test", "took_s": 0.0}
+
+
+def test_the_cheapest_exact_engine_is_chosen() -> None:
+    """Fastest exact wins; an inexact engine only when none is exact; ties go to torch."""
+    assert choose_backend({"torch": 0.058, "llama.cpp": 0.010}, EXACT) == "llama.cpp"
+    assert choose_backend({"torch": 0.010, "llama.cpp": 0.058}, EXACT) == "torch"
+    assert choose_backend({"torch": 0.058, "llama.cpp": 0.010},
+                          {"torch": True, "llama.cpp": False}) == "torch"
+    assert choose_backend({"torch": 0.058, "llama.cpp": 0.010}, {}) == "llama.cpp"
+    assert choose_backend({"torch": 0.02, "llama.cpp": 0.02}, EXACT) == "torch"
+    with pytest.raises(ValueError, match="at least one"):
+        choose_backend({}, {})
+
+
+def test_auto_is_torch_silently_without_llama_cpp(auto, monkeypatch, caplog) -> None:
+    """With ``llama_cpp`` not importable, auto is torch: nothing measured, nothing cached,
+    nothing logged above debug."""
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # how Python refuses an import
+    caplog.set_level("INFO")
+    assert backend.requested_backend() == "auto"
+    assert resolve_backend() == "torch"
+    assert assembly.EngineSpec().backend == "torch"
+    assert "not installed" in decide().reason
+    assert not auto.file.exists()
+    assert not [r for r in caplog.records if r.name == auto_backend.LOG.name]
+
+
+def test_auto_is_torch_where_llama_cpp_cannot_run_the_request(auto) -> None:
+    """Another model, a GPU, a torch dtype, KNN-SSD or another key source decide without
+    measuring; a GGUF file or a quantisation name means llama.cpp."""
+    cases = [
+        (dict(model="HuggingFaceTB/SmolLM2-360M"), "torch"),
+        (dict(device="cuda"), "torch"),
+        (dict(dtype="fp32"), "torch"),
+        (dict(decoding="knn-ssd"), "torch"),
+        (dict(key_source="block_input"), "torch"),
+        (dict(model="/models/x.gguf"), "llama.cpp"),
+        (dict(model="Q4_1"), "llama.cpp"),
+    ]
+    for kwargs, want in cases:
+        assert decide(**kwargs).backend == want, kwargs
+        assert resolve_backend(**kwargs) == want, kwargs
+    assert assembly.EngineSpec(dtype="fp32").backend == "torch"
+    assert not auto.file.exists()
+
+
+def test_the_cached_measurement_decides_and_backend_overrides(auto) -> None:
+    """A measured record in the machine's cache decides auto (no new measurement), for every
+    entry point; an explicit backend, the process default or $NEST_BACKEND overrides it."""
+    pytest.importorskip("llama_cpp", reason="the llamacpp extra (scripts/install.sh installs it)")
+    key = auto_backend._cache_key()
+    auto.get(key, lambda: record("llama.cpp"))
+    on_disk = json.loads(auto.file.read_text())["backends"][key]
+    assert on_disk["choice"] == "llama.cpp" and auto_backend.cached(key) == on_disk
+    got = decide()
+    assert isinstance(got, Decision) and got.backend == "llama.cpp"
+    assert "llama.cpp 10.0 ms a step (exact), torch 58.0 ms" in got.reason
+    assert assembly.EngineSpec().backend == "llama.cpp"
+    assert assembly.EngineSpec().config.key_source == "final_norm"
+    assert assembly.EngineSpec(backend="torch").backend == "torch"
+    assert assembly.EngineSpec(backend="auto").backend == "llama.cpp"
+    backend.set_default_backend("torch")
+    assert assembly.EngineSpec().backend == "torch"
+    backend.set_default_backend(None)
+
+
+def test_a_torch_verdict_is_kept_too(auto) -> None:
+    """Where torch measured faster, auto stays on torch."""
+    pytest.importorskip("llama_cpp", reason="the llamacpp extra (scripts/install.sh installs it)")
+    auto.get(auto_backend._cache_key(), lambda: record("torch", 0.009, 0.010))
+    assert decide().backend == "torch" and resolve_backend() == "torch"
+
+
+def test_bad_backend_values_name_the_choices(monkeypatch) -> None:
+    """``backend=`` and ``$NEST_BACKEND`` accept auto, torch and llama.cpp (and aliases)."""
+    assert backend.parse_backend("AUTO") == "auto"
+    assert backend.parse_backend("llamacpp") == "llama.cpp"
+    with pytest.raises(ValueError, match="auto, torch, llama.cpp"):
+        backend.parse_backend("onnx")
+    monkeypatch.setenv(backend.BACKEND_ENV, "onnx")
+    with pytest.raises(ValueError, match="NEST_BACKEND='onnx'"):
+        backend.requested_backend()
+    monkeypatch.setenv(backend.BACKEND_ENV, "llama.cpp")
+    assert backend.requested_backend() == "llama.cpp"
+    assert backend.requested_backend("torch") == "torch"
+
+
+@pytest.mark.slow
+def test_measuring_both_engines_is_short_and_cached(auto) -> None:
+    """The real measurement: a few one-token steps of each default engine (models loaded as
+    they run), cached once; the second ``decide`` reads the file."""
+    pytest.importorskip("llama_cpp", reason="the llamacpp extra (scripts/install.sh installs it)")
+    first = decide()
+    rec = first.record
+    assert set(rec["seconds"]) == {"torch", "llama.cpp"}
+    assert all(0 < s < 1.0 for s in rec["seconds"].values())
+    assert rec["choice"] == choose_backend(rec["seconds"], rec["exact"]) == first.backend
+    assert auto_backend.cached() == rec
+    auto.clear()  # forget the process's memo: the file answers
+    assert decide().record == rec
