@@ -2,6 +2,8 @@
 # Install llama-cpp-python (the `llamacpp` extra, the llama.cpp backend) into ./.venv, built
 # from its sdist once with a portable CPU configuration and kept in a wheelhouse.
 #   bash scripts/install_llamacpp.sh          # scripts/install.sh test / llamacpp call this
+#   bash scripts/install_llamacpp.sh --if-cached   # only where the wheelhouse has the wheel
+#                                                  # (no build; scripts/quickstart.sh)
 #
 # The wheel is looked up in $NEST_WHEELHOUSE (default ~/.cache/nest-integrations/wheels), one
 # folder per CPU level, and installed from there (seconds). Without one the sdist is built
@@ -42,6 +44,9 @@ case "$level" in
 esac
 wheels="${NEST_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/nest-integrations/wheels}/llama-cpp-python-$level"
 pip=".venv/bin/python -m pip"
+if [ "${1:-}" = "--if-cached" ] && ! ls "$wheels"/llama_cpp_python-"$version"-*.whl >/dev/null 2>&1; then
+  exit 0  # no wheel for this CPU level yet: no build, the torch backend serves
+fi
 if ! ls "$wheels"/llama_cpp_python-"$version"-*.whl >/dev/null 2>&1; then
   mkdir -p "$wheels"
   echo "building llama-cpp-python $version for $level CPUs, once (about 6-7 min on 2 cores)" >&2
