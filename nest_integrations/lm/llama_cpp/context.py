@@ -13,8 +13,9 @@
   output, so the tensor holds every row). The callback runs in Python for every graph node of
   every decode of that context (its cost: ``benchmarks/results/key_source.md``);
 - flash attention on: with it, row i of a T-token decode (T < 64) equals a one-token step bit
-  for bit for the embedded model's Q8_0 and Q4_0 (``docs/llama_cpp.md``; for other weight types
-  the model checks it and verifies drafts a row at a time where it does not hold);
+  for bit for the embedded model's Q8_0 and Q4_0 (``docs/decisions.md``, 'llama.cpp (issue
+  35)'); for other weight types the model checks it and verifies drafts a row at a time where
+  it does not hold;
 - llama.cpp's extra weight buffer types (repacked layouts of Q4_0, IQ4_NL, Q4_K ...) on, as in
   ``Llama``, so steps equal a user's ``Llama`` steps, except with a build that has AMX kernels
   (``repack_by_default``);
@@ -55,11 +56,10 @@ def kv_cache_type(kv_type: str | None) -> str:
 
     BF16 is the choice for lossless drafting on 2+ threads with short prompts: ggml splits a
     one-token step's attention over threads only for an F16/F32 cache, so with BF16 exact steps
-    run on every thread. Measured on the AMD EPYC, Q8_0, 2 threads: a step at 700 cached
-    positions takes 10.8 ms against 12.6 ms for an exact F16 step (one thread), but a prompt
-    decodes 1.3-1.7x slower (ggml's tiled flash attention takes F16/F32 caches only: 700 tokens
-    in 1.62 s against 0.96 s), which outweighs it on retrieval-augmented prompts; on one thread
-    BF16 steps cost about 10% more. Perplexity is the same (``docs/llama_cpp.md``)."""
+    run on every thread, faster than exact F16 steps on one thread. But a prompt decodes slower
+    (ggml's tiled flash attention takes F16/F32 caches only), which outweighs that on
+    retrieval-augmented prompts, and on one thread BF16 steps cost a little more; perplexity is
+    the same (``docs/decisions.md``, 'llama.cpp (issue 35)')."""
     name = "F16" if kv_type is None else str(kv_type).upper()
     if name not in KV_TYPES:
         raise ValueError(f"kv_type={kv_type!r} is not supported: use "
@@ -70,11 +70,11 @@ def kv_cache_type(kv_type: str | None) -> str:
 def repack_by_default(lib: Any) -> bool:
     """Whether a model loads with llama.cpp's extra weight buffer types (``use_extra_bufts``,
     on in ``Llama``): the repacked layouts of Q4_0, IQ4_NL, Q4_K ... (``REPACK`` in the system
-    info), so that steps run as a user's ``Llama`` runs them (on this build Q4_0 and IQ4_NL
-    steps took 7.5 ms against 10.7-10.9 ms unpacked: ``docs/llama_cpp.md``). Off where the
-    build has AMX kernels (``AMX_INT8`` in the system info: ``GGML_NATIVE=ON`` on a CPU that
-    lists AMX), which die of SIGILL where the kernel does not grant AMX tiles (these VMs);
-    the package's builds compile none (``scripts/install_llamacpp.sh``)."""
+    info), so that steps run as a user's ``Llama`` runs them, and the types with such a layout
+    step faster (``docs/decisions.md``, 'llama.cpp (issue 35)'). Off where the build has AMX
+    kernels (``AMX_INT8`` in the system info: ``GGML_NATIVE=ON`` on a CPU that lists AMX),
+    which die of SIGILL where the kernel does not grant AMX tiles (as on some VMs); the
+    package's builds compile none (``scripts/install_llamacpp.sh``)."""
     info = lib.llama_print_system_info().decode("utf-8", "replace")
     return "AMX_INT8 = 1" not in info
 

@@ -17,11 +17,10 @@ from nest_integrations.lm.llama_cpp.library import init, llama_cpp_module
 
 LOG = logging.getLogger(__name__)
 
-#: The embedded model's quantisation on llama.cpp, chosen by measurement (``docs/llama_cpp.md``,
-#: AMD EPYC, one thread): the shipped Q4_1 requantised to Q8_0 once (0.6 s, 138 MB in
-#: ``$NEST_HOME/models/gguf``) prefills 2.2x faster (llama.cpp's tiled matmul has Q8_0 and Q4_0
-#: kernels, no Q4_1 one) and steps 1.15x faster, at a held-out perplexity 0.3% above Q4_1's;
-#: Q4_0 is as fast but 20% worse. ``model="Q4_1"`` runs the shipped file as it is.
+#: The embedded model's quantisation on llama.cpp: the shipped Q4_1 requantised to Q8_0 once (in
+#: ``$NEST_HOME/models/gguf``) prefills and steps faster (llama.cpp's tiled matmul has Q8_0 and
+#: Q4_0 kernels, no Q4_1 one) at nearly Q4_1's held-out perplexity; Q4_0 is as fast but worse
+#: (``docs/decisions.md``, 'llama.cpp (issue 35)'). ``model="Q4_1"`` runs the shipped file as it is.
 DEFAULT_QUANT = "Q8_0"
 #: Quantisations ``resolve_gguf`` makes from the shipped model (``requantize``).
 QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "F16", "IQ4_NL")

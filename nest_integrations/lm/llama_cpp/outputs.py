@@ -92,10 +92,9 @@ def stack(parts: list[np.ndarray], width: int) -> np.ndarray:
 
 def _view(ptr: Any, rows: int, width: int) -> np.ndarray:
     """A view of the ``(rows, width)`` float32 block at ``ptr`` (a ctypes float pointer or an
-    address), valid until llama.cpp's next decode. ``np.ctypeslib.as_array`` builds the same
-    view through ctypes' buffer protocol, about 70 us a call right after a decode (its format
-    parsing is cold then): with a cached array type and ``np.frombuffer`` the view costs a
-    few, which counts on a 10 ms step."""
+    address), valid until llama.cpp's next decode. It is built with a cached ctypes array type
+    and ``np.frombuffer``, not ``np.ctypeslib.as_array``, whose buffer-protocol format parsing
+    is slow when cold, as it is right after each decode: a step reads its outputs once."""
     n = rows * width
     kind = _FLOAT_ARRAYS.get(n)
     if kind is None:
@@ -116,7 +115,7 @@ def floats(ptr: Any, rows: int, width: int) -> np.ndarray:
 def row_argmax(ptr: Any, rows: int, width: int) -> np.ndarray:
     """The argmax of each row of the ``(rows, width)`` float32 block at ``ptr`` (int64, the
     first maximum), read in place: a greedy step reads llama.cpp's logits once, instead of
-    copying them, wrapping the copy in a tensor and reading that (``docs/llama_cpp.md``)."""
+    copying them, wrapping the copy in a tensor and reading that."""
     return _view(ptr, rows, width).argmax(axis=1).astype(np.int64, copy=False)
 
 

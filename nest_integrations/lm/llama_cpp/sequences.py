@@ -52,8 +52,8 @@ def check_usable(cache: LlamaCppCache, tree_ok: bool = False) -> None:
 
 def release_cache(cache: LlamaCppCache) -> None:
     """Give the cache's sequences back now, not when it is collected: a cache kept alive by a
-    reference cycle would otherwise cost the next ``new_cache`` a full ``gc.collect()``,
-    0.2-0.3 s in a process holding many objects. The cache cannot be used afterwards."""
+    reference cycle would otherwise cost the next ``new_cache`` a full ``gc.collect()``, slow in
+    a process holding many objects. The cache cannot be used afterwards."""
     if cache._finalizer is not None:
         cache._finalizer()  # runs once: later calls (and collection) do nothing
     cache.released = True
@@ -96,8 +96,8 @@ class SequencePool:
         With no other live cache, a prompt is laid out in the KV cache from cell 0, as a fresh
         ``Llama`` lays it out; a prefill of 64+ tokens depends on that layout in its last bits
         (flash attention's KV tiles), so it then equals ``Llama``'s bit for bit. Every row
-        depends on it: a sequence laid out after another live cache's cells gave logits up to
-        1.1 apart over 20 steps (AMD EPYC, 2026-12-03), so a dead cache that a reference cycle
+        depends on it: a sequence laid out after another live cache's cells rounds otherwise
+        (``docs/decisions.md``, 'llama.cpp (issue 35)'), so a dead cache that a reference cycle
         keeps uncollected is collected here first."""
         if self.live():
             gc.collect()  # runs cache finalizers: their sequences are released
