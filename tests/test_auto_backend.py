@@ -120,6 +120,22 @@ def test_a_torch_verdict_is_kept_too(auto) -> None:
     assert decide().backend == "torch" and resolve_backend() == "torch"
 
 
+def test_a_failed_measurement_runs_torch_and_is_not_cached(auto, monkeypatch) -> None:
+    """A measurement that raises (a broken GGUF, say) leaves auto on torch for this request,
+    with the reason, and caches nothing: the next request measures again."""
+    pytest.importorskip("llama_cpp", reason="the llamacpp extra (scripts/install.sh installs it)")
+
+    def broken() -> dict:
+        raise OSError("GGUF unreadable")
+
+    monkeypatch.setattr(auto_backend, "measure_step_costs", broken)
+    got = decide()
+    assert got.backend == "torch" and "GGUF unreadable" in got.reason
+    assert auto_backend.cached() is None
+    monkeypatch.setattr(auto_backend, "measure_step_costs", lambda: record("llama.cpp"))
+    assert decide().backend == "llama.cpp"
+
+
 def test_bad_backend_values_name_the_choices(monkeypatch) -> None:
     """``backend=`` and ``$NEST_BACKEND`` accept auto, torch and llama.cpp (and aliases)."""
     assert backend.parse_backend("AUTO") == "auto"

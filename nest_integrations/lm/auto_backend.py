@@ -143,7 +143,12 @@ def decide(model: Any = None, device: Any = None, dtype: Any = None, decoding: s
     if not measure and cached(key) is None:
         return Decision("torch", "not measured on this machine yet (the first model load "
                                  "measures it)")
-    record = _choices().get(key, measure_step_costs)
+    try:
+        record = _choices().get(key, measure_step_costs)
+    except Exception as exc:  # noqa: BLE001 - a failed measurement must not stop the request
+        LOG.warning("backend auto: measuring the engines failed (%s); running torch, and "
+                    "measuring again next time", exc)
+        return Decision("torch", f"the measurement failed ({exc}); not cached")
     return Decision(str(record["choice"]), _explain(record), dict(record))
 
 
