@@ -22,7 +22,7 @@ interleaved in a rotating order per prompt, ``--rounds`` times), after the first
 The LM decodes, the planner and the cuts are observed by wrapping three methods for the run (as the
 harness's ``PrefillTimer`` does), and ``llama_decode`` by wrapping llama-cpp-python's function;
 the engine's code is unchanged. A row named ``ROW@logits`` is ``ROW`` with the loop reading
-each pass's logits where it would read their argmaxes (``DecodeLoop._argmax_rows`` off, as
+each pass's logits where it would read their argmaxes (``DecodeLoop.target.argmax`` off, as
 before ``forward_argmax``): interleaved with ``ROW``, the pair measures that path.
 
 Usage: NEST_THREADS=1 python -m benchmarks.step_profile --set held-out --per-set 10 --rounds 3
@@ -99,7 +99,7 @@ class Observer:
         def init_loop(loop: Any, *a: Any, **kw: Any) -> None:
             init(loop, *a, **kw)
             if me.logits_rows:
-                loop._argmax_rows = None
+                loop.target.argmax = False
 
         def timed_decode(rt: Any, tokens: Sequence[int], *a: Any, **kw: Any) -> Any:
             t0 = time.perf_counter()

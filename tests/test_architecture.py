@@ -351,3 +351,36 @@ def test_the_old_langchain_cycle_is_gone(module: str) -> None:
     assert "nest_integrations.integrations.langchain.retrievers" not in graph[
         "nest_integrations.integrations.langchain._engine"]
     assert module in graph
+
+
+# ------------------------------------------------------------------ the LM port is declared
+
+#: The decode loop stays the paper's step (issue 54): at most this many lines.
+LOOP_MAX_LINES = 350
+
+
+def lm_probes(source: str) -> list[str]:
+    """``getattr``/``hasattr`` calls on an LM object (a name ``lm`` or an attribute ``.lm``):
+    what ``lm.base.Capabilities`` replaces."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr") and node.args):
+            obj = node.args[0]
+            name = obj.id if isinstance(obj, ast.Name) else getattr(obj, "attr", None)
+            if name == "lm":
+                found.append(ast.unparse(node))
+    return found
+
+
+def test_decoding_reads_the_lm_capabilities_and_never_probes_the_lm() -> None:
+    """``decoding/`` looks an LM's optional members up in its ``Capabilities`` record only, and
+    the loop fits the paper's step; a planted probe is found."""
+    probes = {p.name: lm_probes(p.read_text(encoding="utf-8"))
+              for p in sorted((ROOT / "decoding").glob("*.py"))}
+    assert {name: found for name, found in probes.items() if found} == {}
+    assert lm_probes("x = getattr(self.lm, 'forward_argmax', None) or hasattr(lm, 'tokenizer')"
+                     ) == ["getattr(self.lm, 'forward_argmax', None)", "hasattr(lm, 'tokenizer')"]
+    assert lm_probes("getattr(self.drafter, 'cite', None)") == []
+    lines = (ROOT / "decoding" / "loop.py").read_text(encoding="utf-8").count("\n")
+    assert lines <= LOOP_MAX_LINES

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import nest_integrations.decoding.loop as loop_module
+import nest_integrations.decoding.target as target_module
 
 from nest_integrations.config import NestConfig
 from nest_integrations.core.token_memory import TokenMemory
@@ -482,14 +483,14 @@ def test_continuation_past_max_span(tiny_lm):
 def test_mean_lambda_averages_every_row(tiny_lm, monkeypatch):
     """stats.mean_lambda is the mean of lambda over every row of every mixture computed."""
     lams: list[float] = []
-    mixture = loop_module.nest_distribution
+    mixture = target_module.nest_distribution
 
     def spy(*args, **kwargs):
         dist = mixture(*args, **kwargs)
         lams.extend(float(x) for x in dist.lam.reshape(-1))
         return dist
 
-    monkeypatch.setattr(loop_module, "nest_distribution", spy)
+    monkeypatch.setattr(target_module, "nest_distribution", spy)
     res = make_engine(tiny_lm, config=_copying_cfg(relaxation=0.9)).generate(
         PASSAGE_TEXT[:40], max_new_tokens=24, passages=_rome()
     )

@@ -6,6 +6,7 @@ and bad input. Tiny random Llama here; the real model in tests/test_knn_ssd_real
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -278,7 +279,9 @@ def test_routing_adds_no_forward_pass(tiny_lm, tmp_path, monkeypatch):
         return res, len(calls) - s.forward_passes - s.draft_forwards
 
     assert run()[1] == 0
-    monkeypatch.setattr(HFLanguageModel, "capture_prompt_vector", None)
+    declared = HFLanguageModel.capabilities.fget  # an LM that declares no prompt vector
+    monkeypatch.setattr(HFLanguageModel, "capabilities",
+                        property(lambda lm: replace(declared(lm), prompt_vector=False)))
     assert run()[1] == 1
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -21,6 +20,7 @@ from nest_integrations.config import NestConfig
 from nest_integrations.core.citations import build_citations, last_citation
 from nest_integrations.core.token_memory import TokenMemory
 from nest_integrations.decoding.loop import DecodeLoop
+from nest_integrations.decoding.target import session
 from nest_integrations.decoding.prompts import (
     Prompt,
     chat_retry,
@@ -237,8 +237,7 @@ class NestEngine:
             raise ValueError("the prompt is empty: pass a non-empty string or user message")
         # an LM with its own thread pool (llama.cpp) keeps torch's few ops per step on one
         # thread while it decodes (``lm.backend.torch_on_one_thread``)
-        session = getattr(self.lm, "decoding_session", None)
-        with session() if session is not None else nullcontext():
+        with session(self.lm):
             t_start, stats = time.perf_counter(), NestStats()
             if passages is None:
                 passages = self.retrieve(query or question, cfg.n_passages, cfg)
@@ -262,7 +261,7 @@ class NestEngine:
             yield from self._deltas(loop, copied, (), request.live)
             result = self._result(loop, loop.method.uses_memory, request.live)
             stats.timing.total = time.perf_counter() - t_start
-            stats.mean_lambda = loop.lam_sum / loop.lam_n if loop.lam_n else 1.0
+            stats.mean_lambda = loop.distribution.mean_lambda
             yield StreamChunk(text="", result=result)
 
     # ----------------------------------------------------------------- results

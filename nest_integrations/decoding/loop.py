@@ -13,37 +13,29 @@ chosen by ``Method.needs_target``:
   but its last token (``pending``); each step feeds ``[pending] + draft`` in one pass, and row i
   scores draft token i. A step with no draft is an ordinary decoding step.
 
-``decode_ids`` runs the loop without an engine (the offline builders decode with it).
+The target's passes are ``target.py``'s, the drafter's side ``drafts.py``'s. ``decode_ids``
+runs the loop without an engine (the offline builders decode with it).
 """
 
 from __future__ import annotations
 
-import time
-from contextlib import nullcontext
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from nest_integrations.config import Guards, NestConfig
-from nest_integrations.core.mixture import Distribution, LMDistribution, nest_distribution
-from nest_integrations.core.sampling import host_row
+from nest_integrations.core.mixture import Distribution
 from nest_integrations.core.token_memory import TokenMemory
-from nest_integrations.core.verification import greedy_accept, greedy_tree_path
 from nest_integrations.core.topic import citation_words
-from nest_integrations.decoding.lookahead import LookAhead, Rows
+from nest_integrations.core.verification import greedy_accept, greedy_tree_path
+from nest_integrations.decoding.lookahead import LookAhead
+from nest_integrations.decoding.target import Rows, Target, TargetDistribution
 from nest_integrations.decoding.text_stream import OutputText
 from nest_integrations.decoding.verifiers import make_verifier, rows_are_exact
+from nest_integrations.decoding.drafts import Drafts
 from nest_integrations.drafters.base import (
-    RELAXED,
-    DecodeState,
-    Draft,
-    Drafter,
-    Method,
-    Source,
-    as_sources,
-    first_branch,
-    validate_draft,
-)
+    RELAXED, DecodeState, Draft, Drafter, Method, Source, as_sources, first_branch,
+)  # fmt: skip
 from nest_integrations.lm.base import LanguageModel
 from nest_integrations.types import Citation, NestStats, Passage, StreamChunk
 
@@ -55,24 +47,12 @@ class DecodeLoop:
     """One generation's decoding: build it, then iterate ``run()`` for stream chunks."""
 
     def __init__(
-        self,
-        lm: LanguageModel,
-        method: Method,
-        drafter: Drafter | None,
-        *,
-        config: NestConfig,
-        prompt_ids: list[int],
-        memory: TokenMemory | None,
-        passages: list[Passage],
-        offsets: list[Any],
-        max_new_tokens: int,
-        stop: list[str],
-        stats: NestStats,
-        generator: torch.Generator | None,
-        on_delta: OnDelta,
-        eos: frozenset[int] | None = None,
-        guards: Guards | None = None,
-    ) -> None:
+        self, lm: LanguageModel, method: Method, drafter: Drafter | None, *, config: NestConfig,
+        prompt_ids: list[int], memory: TokenMemory | None, passages: list[Passage],
+        offsets: list[Any], max_new_tokens: int, stop: list[str], stats: NestStats,
+        generator: torch.Generator | None, on_delta: OnDelta,
+        eos: frozenset[int] | None = None, guards: Guards | None = None,
+    ) -> None:  # fmt: skip
         self.lm, self.method, self.drafter, self.config = lm, method, drafter, config
         self.memory = memory if method.uses_memory else None
         self.stats = stats
@@ -80,27 +60,25 @@ class DecodeLoop:
         self.eos = lm.eos_token_ids if eos is None else frozenset(eos)
         #: NEST's Eq. 7 acceptance: the modes whose on-topic guards are on by default
         self.relaxed = method.verifier == RELAXED and not config.strict_acceptance
-        # relaxed decoding needs no bit-exact verify rows: the LM's faster passes, if it has them;
-        # nor does a decoding with no drafts at all (its steps as the backend's own generate's)
-        self._inexact_rows = (getattr(lm, "inexact_rows", None) if self.relaxed else
-                              getattr(lm, "steps_only", None) if drafter is None else None)
         if drafter is not None and not self.relaxed:  # lossless: greedy's output, bit for bit?
             stats.exact_rows = rows_are_exact(lm, method.name)
         self.guards = guards if guards is not None else Guards()
         self.out = OutputText(lm.detokenize, stop, repeat_guard=self.guards.stop_on_repeat)
         self.verifier = make_verifier(method, config, generator, self.eos, self.guards)
         #: lossless greedy on p_LM reads the logits' argmax (as greedy decoding picks a token:
-        #: no softmax, which could also merge two nearly equal logits into one probability)
+        #: no softmax, which could also merge two nearly equal logits into one probability);
+        #: draft-first passes then ask for the argmaxes alone where the LM returns them
         self._argmax_logits = (not method.uses_memory and method.verifier != RELAXED
                                and not self.verifier.sampling)
-        #: and where the LM can return each row's argmax alone (llama.cpp), draft-first passes
-        #: ask for that: no row of vocab_size floats copied out per token
-        self._argmax_rows = (getattr(lm, "forward_argmax", None) if self._argmax_logits
-                             and not method.needs_target else None)
-        self.cache = lm.new_cache()
+        # relaxed decoding needs no bit-exact verify rows (the LM's faster passes), nor does a
+        # decoding with no drafts (its steps as the backend's own generate's): ``Target``
+        self.target = Target(lm, stats, relaxed=self.relaxed, drafts=drafter is not None,
+                             argmax=self._argmax_logits and not method.needs_target)
+        self.cache = self.target.cache
         self.done = False
-        self.lam_sum, self.lam_n = 0.0, 0  # lambda's sum and count, for NestStats.mean_lambda
         self._on_delta = on_delta
+        #: the target at each row: p_M for NEST-family methods, else p_LM
+        self.distribution = TargetDistribution(method.uses_memory, self.memory, config, stats)
         self.state = DecodeState(
             prompt_ids=list(prompt_ids), out_ids=self.out.ids, budget=max_new_tokens,
             config=config, eos=self.eos, passages=passages, offsets=offsets, lm=lm,
@@ -108,7 +86,8 @@ class DecodeLoop:
             next_token=self.verifier.next_token, memory=self.memory, generator=generator,
             stats=stats,
         )  # fmt: skip
-        self.ahead = (LookAhead(self._pass, lm, self.cache, self.state, config.lookahead)
+        self.drafts = Drafts(drafter, self.state, lm.vocab_size)
+        self.ahead = (LookAhead(self.target.run, lm, self.cache, self.state, config.lookahead)
                       if config.lookahead and method.needs_target else None)
 
     def shows(self, citation: Citation) -> bool:
@@ -129,34 +108,7 @@ class DecodeLoop:
         """One target pass after the cache (look-ahead rows first, when there are any)."""
         if self.ahead is not None and self.ahead.tokens:
             return self.ahead.forward(ids)
-        return self._pass(ids, last, parents, argmax=argmax, until_rejected=until_rejected)
-
-    def _pass(self, ids: list[int], last: int | None = None,
-              parents: list[int] | None = None, keys: bool = True,
-              argmax: bool = False, until_rejected: bool = False) -> Rows:  # fmt: skip
-        """A chain (only the ``last`` rows' logits when set: saves the LM head), or a token tree
-        (``parents``, see ``lm.tree``); timed and counted. Relaxed decoding takes the LM's
-        faster, not bit-exact, attention where it has one (``inexact_rows``). ``keys=False``:
-        the LM's ``forward_logits`` where it has one (no key rows: they cost it a pass).
-        ``argmax`` (a chain, where ``_argmax_rows`` is set): each row's argmax, a list of ints,
-        in place of the logits (``verify_rows`` reads either); with ``until_rejected`` (a verify
-        chain) the LM may stop at the first rejected row (``forward_argmax``)."""
-        t0 = time.perf_counter()
-        logits_only = None if keys else getattr(self.lm, "forward_logits", None)
-        with self._inexact_rows() if self._inexact_rows is not None else nullcontext():
-            if parents is not None:
-                out = self.lm.forward_tree(ids, parents, self.cache)  # type: ignore[attr-defined]
-            elif argmax and self._argmax_rows is not None:
-                out = (self._argmax_rows(ids, self.cache, last=last, keys=keys,
-                                         until_rejected=True) if until_rejected
-                       else self._argmax_rows(ids, self.cache, last=last, keys=keys))
-            elif logits_only is not None:
-                out = logits_only(ids, self.cache, last=last)
-            else:
-                out = self.lm.forward(ids, self.cache, last=last)
-        self.stats.timing.lm += time.perf_counter() - t0
-        self.stats.forward_passes += 1
-        return out
+        return self.target.run(ids, last, parents, argmax=argmax, until_rejected=until_rejected)
 
     def feed(self, token: int) -> Rows:
         """Feed the last committed token alone (target-first), or with a look-ahead guess."""
@@ -168,65 +120,43 @@ class DecodeLoop:
         """Cached positions that hold committed tokens (a look-ahead guess follows them)."""
         if self.ahead is not None:
             return self.ahead.committed_length()
-        return self.lm.cache_length(self.cache)
+        return self.target.length()
 
     def prefill(self, argmax: bool = False) -> Rows:
         """The prompt's forward pass (last row only). When the drafter wants the prompt's
         vector (``wants_prompt_vector``) and the LM can capture it, the same pass also fills
-        ``state.prompt_vector``: no extra forward. ``argmax``: as in ``_pass``."""
-        capture = (getattr(self.lm, "capture_prompt_vector", None)
-                   if getattr(self.drafter, "wants_prompt_vector", False) else None)
-        if capture is None and not self._wants_keys():
-            return self._pass(self.state.prompt_ids, last=1, keys=False, argmax=argmax)
-        if capture is None:
-            return self.forward(self.state.prompt_ids, last=1, argmax=argmax)
-        with capture() as slot:
-            out = self.forward(self.state.prompt_ids, last=1, argmax=argmax)
-        self.state.prompt_vector = slot[-1] if slot else None
-        return out
+        ``state.prompt_vector``: no extra forward. ``argmax``: as in ``Target.run``."""
+        prompt = self.state.prompt_ids
+        if self.drafts.wants_prompt_vector and self.target.captures_prompt_vector:
+            out, self.state.prompt_vector = self.target.prefill_with_vector(
+                lambda: self.forward(prompt, last=1, argmax=argmax))
+            return out
+        if not self._wants_keys():
+            return self.target.run(prompt, last=1, keys=False, argmax=argmax)
+        return self.forward(prompt, last=1, argmax=argmax)
 
     def _wants_keys(self) -> bool:
         """Whether the prompt's last key vector is read: by NEST's memory, or as
         ``DecodeState.hidden`` by a drafter that does not say ``wants_hidden = False``."""
         if self.method.uses_memory or self.ahead is not None:
             return True
-        return self.drafter is not None and getattr(self.drafter, "wants_hidden", True)
+        return self.drafts.wants_hidden()
 
     def target_rows(self, logits: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """What a lossless draft-first step verifies against: the logits themselves for greedy
         on p_LM (only their argmax is read), else the target distribution's rows."""
-        if self._argmax_logits:
-            return logits
-        return self.distribution(logits, keys).p
+        return logits if self._argmax_logits else self.distribution(logits, keys).p
 
     def verify_rows(self, rows: torch.Tensor | list[int], keys: torch.Tensor,
                     draft: list[int], q: torch.Tensor | None) -> tuple[int, int]:
         """A draft-first pass's ``(n_accepted, next_token)``: on its logits, by the method's
-        verifier (``target_rows``); on each row's argmax (a list: ``_argmax_rows``), by
+        verifier (``target_rows``); on each row's argmax (a list: ``Target.argmax``), by
         greedy acceptance, the same rule on what it reads."""
         if isinstance(rows, list):
             return greedy_accept(rows, draft)
         p = self.target_rows(rows, keys)
         d = torch.as_tensor(draft, dtype=torch.long, device=p.device)
         return self.verifier.verify_and_correct(p, d, q)
-
-    def distribution(self, logits: torch.Tensor, keys: torch.Tensor) -> Distribution:
-        """The target at each row: p_M for NEST-family methods, else p_LM."""
-        t0 = time.perf_counter()
-        if not self.method.uses_memory:
-            dist: Distribution = LMDistribution(torch.softmax(logits.float(), dim=-1))
-        else:
-            cfg = self.config
-            dist = nest_distribution(
-                logits, keys, self.memory, n_neighbors=cfg.n_neighbors, alpha=cfg.rrc_offset,
-                tau=cfg.rrc_scale, lm_temperature=cfg.lm_temperature, mu=cfg.knn_temperature,
-                fixed_lm_weight=cfg.fixed_lm_weight,
-            )  # fmt: skip
-            lam = host_row(dist.lam)  # a numpy view on a CPU: no torch reduction per step
-            self.lam_sum += float(lam.sum() if lam is not None else dist.lam.sum())
-            self.lam_n += int(dist.lam.numel())
-        self.stats.timing.knn += time.perf_counter() - t0
-        return dist
 
     def commit(self, ids: list[int], sources: list[Source],
                copied: bool = False) -> Iterator[StreamChunk]:  # fmt: skip
@@ -252,57 +182,20 @@ class DecodeLoop:
         self.state.budget = self.budget
         yield from self._on_delta(self, bool(keep_src) and keep_src[0] is not None, keep_ids)
 
-    def propose(self, budget: int) -> Draft | None:
-        """The drafter's draft, validated and cut to ``budget`` (None: an ordinary step)."""
-        if self.drafter is None or budget < 1:
-            return None
-        self.state.budget = budget
-        t0 = time.perf_counter()
-        draft = self.drafter.propose(self.state)
-        self.stats.timing.draft += time.perf_counter() - t0
-        if draft is None or not draft.tokens:
-            return None
-        validate_draft(draft, self.lm.vocab_size)
-        if len(draft) > budget and draft.parents is None:  # the loop enforces the budget
-            draft = Draft(draft.tokens[:budget], as_sources(draft.sources, len(draft))[:budget],
-                          None if draft.q is None else draft.q[:budget], None, draft.chosen_first)
-        return draft
-
-    def cite(self, token: int) -> Source:
-        """The source of a token a plain step commits: the drafter's ``cite`` when it has one
-        (a copy drafter whose draft this token would have been), else None."""
-        cite = getattr(self.drafter, "cite", None)
-        return None if cite is None else cite(self.state, token)
-
-    def count_draft(self, draft: Draft) -> None:
-        """Count a draft the target is about to verify."""
-        d = self.stats.drafting
-        d.verify_steps += 1
-        d.drafted_tokens += len(draft)
-        if draft.parents is not None:
-            d.tree_steps += 1
-            d.tree_nodes += len(draft)
-
     # ----------------------------------------------------------------- schedules
     def run(self) -> Iterator[StreamChunk]:
         """Decode to the end, yielding the stream chunks of each commit. The cache is given
-        back when decoding ends (or the stream is closed), where the LM can (``release_cache``)."""
+        back when decoding ends (or the stream is closed): ``Target.release``."""
         try:
-            if self.method.needs_target:
-                yield from self._target_first()
-            else:
-                yield from self._draft_first()
+            yield from self._target_first() if self.method.needs_target else self._draft_first()
         finally:
-            release = getattr(self.lm, "release_cache", None)
-            if release is not None:
-                release(self.cache)
+            self.target.release()
         if self.out.finish():  # the repeat guard cut the last sentence
             self.done = True
             self.stats.finish_reason = "repeat"
 
-    def _ordinary_token(
-        self, dist: Distribution, draft: Draft | None
-    ) -> tuple[int, Source, int] | None:
+    def _ordinary_token(self, dist: Distribution, draft: Draft | None
+                        ) -> tuple[int, Source, int] | None:  # fmt: skip
         """Target-first: ``(token, source, n_accepted)`` when this step commits one token
         without a verify pass (no draft; a drafter's own ordinary step, i.e. a one-token
         ``chosen_first`` draft; or a draft whose first token the target rejects), else None."""
@@ -312,7 +205,7 @@ class DecodeLoop:
             return draft.tokens[0], as_sources(draft.sources, 1)[0], 1
         if draft.parents is not None:
             raise ValueError(f"{self.method.name}: token trees need a draft-first method")
-        self.count_draft(draft)
+        self.drafts.count(draft)
         first = torch.as_tensor(draft.tokens[:1], device=dist.p.device)
         if not draft.chosen_first and self.verifier.accept_count(dist, first) == 0:
             return self.verifier.next_token(dist), None, 0
@@ -320,7 +213,7 @@ class DecodeLoop:
 
     def _target_first(self) -> Iterator[StreamChunk]:
         """NEST's schedule (see the module docstring)."""
-        lm, v, stats = self.lm, self.verifier, self.stats
+        v, stats = self.verifier, self.stats
         logits, keys = self.prefill()
         cur: Rows | None = (logits[-1:], keys[-1:])
         pending: int | None = None
@@ -329,12 +222,12 @@ class DecodeLoop:
                 cur = self.feed(pending)  # type: ignore[arg-type]
             dist = self.distribution(*cur)
             self.state.dist, self.state.hidden, self.state.pending = dist, cur[1][-1], None
-            draft = self.propose(self.budget)
+            draft = self.drafts.propose(self.budget)
             step = self._ordinary_token(dist, draft)
             if step is not None:  # an ordinary step: one token, no verify pass
                 w, src, n = step
                 if draft is not None:
-                    self.drafter.update(self.state, draft, n)  # type: ignore[union-attr]
+                    self.drafts.update(draft, n)
                 yield from self.commit([w], [src])
                 pending, cur = w, None
                 continue
@@ -347,12 +240,12 @@ class DecodeLoop:
             # row i of vdist scores draft token i + 1 (token 0 was accepted above)
             m = 1 + (v.accept_count(vdist, d[1:]) if vdist is not None else 0)
             stats.drafting.accepted_tokens += m
-            self.drafter.update(self.state, draft, m)  # type: ignore[union-attr]
+            self.drafts.update(draft, m)
             yield from self.commit(tokens[:m], sources[:m], copied=True)
             if m == len(tokens):
                 cur = (logits[-1:], keys[-1:])  # the cache holds the whole draft
                 continue
-            lm.crop_cache(self.cache, before + m)  # keep exactly the accepted tokens
+            self.target.crop(before + m)  # keep exactly the accepted tokens
             cur = None
             if self.done or self.budget <= 0:
                 break
@@ -362,8 +255,7 @@ class DecodeLoop:
 
     def _draft_first(self) -> Iterator[StreamChunk]:
         """Lossless schedule: feed ``[pending] + draft`` in one pass (see the module docstring)."""
-        lm, stats = self.lm, self.stats
-        argmax = self._argmax_rows is not None
+        stats, argmax = self.stats, self.target.argmax
         logits, keys = self.prefill(argmax=argmax)
         _, first = self.verify_rows(logits[-1:], keys[-1:], [], None)
         self.state.hidden = keys[-1] if len(keys) else None  # none: nobody reads it (prefill)
@@ -371,49 +263,47 @@ class DecodeLoop:
         pending = first
         while not self.done and self.budget > 0:
             self.state.pending, self.state.dist = pending, None
-            draft = self.propose(self.budget - 1)  # leave room for the token after the draft
-            before = lm.cache_length(self.cache)
+            draft = self.drafts.propose(self.budget - 1)  # room for the token after the draft
+            before = self.target.length()
             if draft is None:
-                logits, keys = self._pass([pending], keys=self._wants_keys(), argmax=argmax)
+                logits, keys = self.target.run([pending], keys=self._wants_keys(), argmax=argmax)
                 _, c = self.verify_rows(logits, keys, [], None)
                 self.state.hidden = keys[-1] if len(keys) else None
-                yield from self.commit([c], [self.cite(c)], copied=True)
+                yield from self.commit([c], [self.drafts.cite(c)], copied=True)
                 pending = c
                 continue
-            if draft.parents is not None and getattr(lm, "rows_split_now", False):
+            if draft.parents is not None and self.target.rows_split_now():
                 draft = first_branch(draft)  # rows one at a time: a tree's rows cost a step each
-            self.count_draft(draft)
+            self.drafts.count(draft)
             if draft.parents is not None:
                 path, c, hidden = self._verify_tree(pending, draft, before)
             else:
                 path, c, hidden = self._verify_chain(pending, draft, before)
             stats.drafting.accepted_tokens += len(path)
             self.state.hidden = hidden
-            self.drafter.update(self.state, draft, len(path))  # type: ignore[union-attr]
+            self.drafts.update(draft, len(path))
             sources = as_sources(draft.sources, len(draft))
-            yield from self.commit([draft.tokens[i] for i in path], [sources[i] for i in path],
-                                   copied=True)
+            yield from self.commit([draft.tokens[i] for i in path],
+                                   [sources[i] for i in path], copied=True)
             if self.done or self.budget <= 0:
                 break
             yield from self.commit([c], [None])
             pending = c
 
-    def _verify_chain(
-        self, pending: int, draft: Draft, before: int
-    ) -> tuple[list[int], int, torch.Tensor]:
+    def _verify_chain(self, pending: int, draft: Draft, before: int
+                       ) -> tuple[list[int], int, torch.Tensor]:  # fmt: skip
         """Verify a chain in one pass: the accepted draft indices, the next token, the key
         vector at the last accepted position; the cache keeps pending and the accepted."""
         tokens = draft.tokens
         # (L + 1, V) logits, or L + 1 argmaxes: row i scores draft[i]
-        argmax = self._argmax_rows is not None
+        argmax = self.target.argmax
         logits, keys = self.forward([pending] + tokens, argmax=argmax, until_rejected=argmax)
         m, c = self.verify_rows(logits, keys, tokens, draft.q)
-        self.lm.crop_cache(self.cache, before + 1 + m)  # pending + the accepted draft tokens
+        self.target.crop(before + 1 + m)  # pending + the accepted draft tokens
         return list(range(m)), c, keys[m]
 
-    def _verify_tree(
-        self, pending: int, draft: Draft, before: int
-    ) -> tuple[list[int], int, torch.Tensor]:
+    def _verify_tree(self, pending: int, draft: Draft, before: int
+                      ) -> tuple[list[int], int, torch.Tensor]:  # fmt: skip
         """Greedy verification of a token tree in one pass (REST/SpecInfer style): follow the
         child equal to the target's argmax from the root; keep only that path in the cache."""
         if self.verifier.sampling:
@@ -424,23 +314,16 @@ class DecodeLoop:
         p = self.target_rows(logits, keys)  # row 0 follows pending, row i + 1 node i
         path = greedy_tree_path(p, draft.tokens, tree)
         node = path[-1] + 1 if path else 0
-        self.lm.select_cache(  # type: ignore[attr-defined]
-            self.cache, before, [0] + [i + 1 for i in path])
+        self.target.keep_path(before, [0] + [i + 1 for i in path])
         return path, int(p[node].argmax()), keys[node]
 
 
 def decode_ids(
-    lm: LanguageModel,
-    method: Method,
-    prompt_ids: list[int],
-    max_new_tokens: int,
-    *,
-    drafter: Drafter | None = None,
-    config: NestConfig | None = None,
-    stats: NestStats | None = None,
-    generator: torch.Generator | None = None,
+    lm: LanguageModel, method: Method, prompt_ids: list[int], max_new_tokens: int, *,
+    drafter: Drafter | None = None, config: NestConfig | None = None,
+    stats: NestStats | None = None, generator: torch.Generator | None = None,
     eos: frozenset[int] | None = None,
-) -> tuple[list[int], NestStats]:
+) -> tuple[list[int], NestStats]:  # fmt: skip
     """Decode ``prompt_ids`` with ``method`` (and ``drafter``) and no engine: no retrieval,
     no memory, no stop strings, no streaming. ``eos`` overrides the model's end tokens
     (``frozenset()``: never stop early). Returns the output ids (without the end token) and

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from nest_integrations.lm.base import capabilities_of
 from nest_integrations.types import Passage
 
 Prompt = str | Sequence[dict[str, str]]
@@ -61,21 +62,15 @@ def prompt_ids(
 
 
 def bos_prefix(lm: Any) -> list[int]:
-    """``[BOS]`` when the model's tokenizer adds a BOS token by default, else ``[]``."""
-    tok = getattr(lm, "tokenizer", None)
-    bos = getattr(tok, "bos_token_id", None)
-    if tok is None or not isinstance(bos, int):
-        return []
-    try:
-        ids = list(tok("a", add_special_tokens=True)["input_ids"])
-    except Exception:  # a tokenizer without the call API: no BOS to add
-        return []
-    return [bos] if ids and ids[0] == bos else []
+    """``[BOS]`` when the model's tokenizer adds a BOS token by default, else ``[]``
+    (``Capabilities.string_prefix``)."""
+    return list(capabilities_of(lm).string_prefix)
 
 
 def has_chat_template(lm: Any) -> bool:
-    """Whether the model's tokenizer has a chat template."""
-    return bool(getattr(getattr(lm, "tokenizer", None), "chat_template", None))
+    """Whether the model's ``chat_prompt`` applies a chat template
+    (``Capabilities.chat_template``)."""
+    return capabilities_of(lm).chat_template
 
 
 def check_string_prompts(mode: str) -> str:

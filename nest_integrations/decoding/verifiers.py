@@ -14,7 +14,7 @@ from nest_integrations.core import verification
 from nest_integrations.core.mixture import Distribution
 from nest_integrations.core.sampling import choose_token, warp
 from nest_integrations.drafters.base import LOSSLESS, RELAXED, Method
-from nest_integrations.lm.base import LanguageModel
+from nest_integrations.lm.base import LanguageModel, capabilities_of
 
 
 class Verifier:
@@ -139,16 +139,16 @@ _warned_inexact: set[tuple[int, str]] = set()
 
 
 def rows_are_exact(lm: LanguageModel, method: str) -> bool:
-    """``lm.exact_rows`` (False for an LM that does not say). Warns once per LM and method
-    when a lossless method drafts where verify rows are not bit-exact: then its output can
-    leave greedy's at a near-tie."""
-    exact = bool(getattr(lm, "exact_rows", False))
+    """``lm.exact_rows`` (False for an LM that does not say: ``Capabilities.exact_rows_checked``).
+    Warns once per LM and method when a lossless method drafts where verify rows are not
+    bit-exact: then its output can leave greedy's at a near-tie."""
+    exact = capabilities_of(lm).exact_rows_checked and bool(lm.exact_rows)
     if not exact and (id(lm), method) not in _warned_inexact:
         _warned_inexact.add((id(lm), method))
         warnings.warn(
             f"decoding={method!r} equals greedy decoding only where a verify pass gives each "
-            f"row the bits of a one-token step, and {getattr(lm, 'name', type(lm).__name__)!r} "
-            f"on {getattr(lm, 'device', 'its device')} does not guarantee that: the output may "
+            f"row the bits of a one-token step, and {lm.name!r} "
+            f"on {lm.device} does not guarantee that: the output may "
             "leave greedy's at a near-tie (result.stats.exact_rows is False; `nest info` "
             "shows the check)", RuntimeWarning, stacklevel=2)
     return exact

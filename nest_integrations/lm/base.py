@@ -8,9 +8,9 @@ Conventions:
 - Methods that draft token trees (DReSD, REST with ``shape="tree"``) also need
   ``forward_tree(ids, parents, cache)`` and ``select_cache(cache, start, keep)``; KNN-SSD needs
   ``forward_skip(ids, cache, skip)`` (``HFLanguageModel`` has all three).
-- Optional: ``forward_argmax(ids, cache, *, last=None, keys=False)``, ``forward`` returning each
-  row's argmax (a list of ints, the first maximum) in place of its logits; the loop's lossless
-  greedy verification then reads that alone (``LlamaCppLanguageModel``: no logits copied out).
+- Everything else an LM can do beyond these members it declares once, in ``capabilities``
+  (a ``Capabilities`` record; ``capabilities_of(lm)`` gives an LM that declares nothing the
+  defaults: plain ``forward`` for every pass). The decode loop reads the record, never probes.
 - Passages are encoded on their own, after ``passage_prefix`` (``[BOS, "\n"]`` for the HF
   adapter: the attention-sink position is not a key), never with the chat template (NEST
   spec §5, C12).
@@ -18,6 +18,7 @@ Conventions:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -86,3 +87,61 @@ class LanguageModel(Protocol):
         For passage tokens ``d[0..m-1]`` the model reads ``passage_prefix + d[0..m-2]`` and
         returns ``(m, key_dim)`` fp32 keys; key ``j`` predicts value ``d[j]``.
         """
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an LM can do beyond the port's required members: each field names the optional
+    member it vouches for. The defaults are an LM that declares nothing: every pass is a plain
+    ``forward``, nothing is claimed exact, string prompts get no BOS and no chat template.
+
+    An LM declares its record as ``capabilities`` (a class attribute or a property);
+    ``capabilities_of`` reads it. A wrapper that changes what the LM does (``lm.uncached``)
+    declares its own.
+    """
+
+    #: ``forward_logits(ids, cache, *, last=None)``: ``forward`` without key rows, returned as a
+    #: ``(0, key_dim)`` tensor (for an LM where keys cost a pass of their own: llama.cpp)
+    logits_only: bool = False
+    #: ``forward_argmax(ids, cache, *, last=None, keys=False, until_rejected=False)``: each
+    #: row's argmax (a list of ints, the first maximum) in place of its logits; what lossless
+    #: greedy verification reads (llama.cpp: no logits row copied out per token).
+    #: ``until_rejected`` (a verify pass) may stop at the first row that rejects the next id
+    argmax_rows: bool = False
+    #: ``capture_prompt_vector()``: a context whose forward passes leave the prompt's mean
+    #: final-layer hidden state in the list it yields (KNN-SSD's route, from the prefill)
+    prompt_vector: bool = False
+    #: ``release_cache(cache)``: give a cache's resources back now (the loop calls it when a
+    #: generation ends)
+    release_cache: bool = False
+    #: ``inexact_rows()``: a context in which passes may round rows differently from one-token
+    #: steps (faster): relaxed decoding (NEST) runs in it
+    inexact_rows: bool = False
+    #: ``steps_only()``: the context of a decoding with no verify pass (greedy, no drafter)
+    steps_only: bool = False
+    #: ``decoding_session()``: the context of one generation (the engine enters it around
+    #: retrieval and decoding)
+    decoding_session: bool = False
+    #: ``rows_split_now``: whether exact verify rows are now decoded one at a time (a token
+    #: tree is then verified as its first branch)
+    rows_split: bool = False
+    #: ``exact_rows``: the LM's checked verdict on whether a verify pass gives every row the
+    #: bits of a one-token step (False: the LM does not say, so it is not claimed)
+    exact_rows_checked: bool = False
+    #: whether ``chat_prompt`` applies a chat template (string prompts may then be sent as
+    #: one user message: ``decoding.prompts``)
+    chat_template: bool = False
+    #: ids put before a string prompt's tokens (``[BOS]`` when the tokenizer adds one by
+    #: default, as ``tokenizer(text)`` would)
+    string_prefix: tuple[int, ...] = ()
+
+
+#: The record of an LM that declares nothing.
+NO_CAPABILITIES = Capabilities()
+
+
+def capabilities_of(lm: Any) -> Capabilities:
+    """``lm.capabilities``, or ``NO_CAPABILITIES`` for an LM that declares none: the one place
+    an LM's optional members are looked up."""
+    caps = getattr(lm, "capabilities", None)
+    return caps if isinstance(caps, Capabilities) else NO_CAPABILITIES

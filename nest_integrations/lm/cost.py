@@ -54,6 +54,7 @@ from typing import Any, Sequence
 import torch
 
 from nest_integrations.lm.backend import machine_name
+from nest_integrations.lm.base import capabilities_of
 
 LOG = logging.getLogger(__name__)
 
@@ -139,13 +140,14 @@ def _lm_dtype(lm: Any) -> str:
     ``+inexact`` inside ``inexact_rows`` where that moves one-token steps from one thread to all:
     ``split_steps``; ``+repack`` with repacked weights; ``+rows1`` where exact verify rows are
     decoded one at a time: ``rows_split_now``)."""
+    caps = capabilities_of(lm)
     quantization = getattr(lm, "quantization", None)
     if quantization:
         kv = getattr(lm, "kv_type", "F16")
         return (f"gguf-{quantization}" + ("" if kv == "F16" else f"+kv{kv}")
                 + ("+inexact" if getattr(lm, "split_steps", False) else "")
                 + ("+repack" if getattr(lm, "repack", False) else "")
-                + ("+rows1" if getattr(lm, "rows_split_now", False) else ""))
+                + ("+rows1" if caps.rows_split and lm.rows_split_now else ""))
     model = getattr(lm, "model", None)
     dtype = getattr(model, "dtype", None)
     name = str(dtype).replace("torch.", "") if dtype is not None else "unknown"
@@ -154,7 +156,7 @@ def _lm_dtype(lm: Any) -> str:
 
 
 def _device(lm: Any) -> str:
-    return str(getattr(lm, "device", "cpu"))
+    return str(lm.device)
 
 
 def _threads(lm: Any) -> int:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from nest_integrations.lm import rowwise_attention
+from nest_integrations.lm.base import capabilities_of
 from nest_integrations.lm.packing import pack_linear_weights, packing_wanted
 from nest_integrations.lm.row_exact import (
     MachineCache,
@@ -97,11 +98,11 @@ def describe(lm: Any) -> dict[str, Any]:
     """What ``nest info`` and benchmark reports print: device, dtype (and how ``auto`` chose
     it), threads, whether lossless methods are exact here, and the row plans."""
     info: dict[str, Any] = {
-        "device": str(getattr(lm, "device", "cpu")),
+        "device": str(lm.device),
         "dtype": (str(lm.dtype).removeprefix("torch.") if hasattr(lm, "dtype")
                   else str(getattr(lm, "quantization", "unknown"))),
         "threads": torch.get_num_threads(),
-        "exact_rows": bool(getattr(lm, "exact_rows", False)),
+        "exact_rows": capabilities_of(lm).exact_rows_checked and bool(lm.exact_rows),
         "dtype_choice": getattr(lm, "dtype_choice", None),
     }
     if getattr(lm, "rows_one_at_a_time", False):  # llama.cpp, a type whose rows are not steps

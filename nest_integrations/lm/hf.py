@@ -42,6 +42,7 @@ import torch
 
 from nest_integrations.lm import backend, exactness, hf_text, rowwise_attention
 from nest_integrations.lm.backend import resolve_dtype
+from nest_integrations.lm.base import Capabilities
 from nest_integrations.lm.hf_keys import KeyHook, check_key_source, encode_passages
 
 LOG = logging.getLogger(__name__)
@@ -111,6 +112,7 @@ class HFLanguageModel:
         self.max_context = hf_text.max_context(config, tokenizer)
         self.eos_token_ids = hf_text.eos_token_ids(model, tokenizer)
         self.passage_prefix = hf_text.passage_prefix(tokenizer, config)
+        self._string_prefix = hf_text.string_prefix(tokenizer)
         self._lock = threading.RLock()
         #: where the key comes from, and its hook (``lm.hf_keys``)
         self._keys = KeyHook(model, self.key_source, self._lock)
@@ -127,6 +129,17 @@ class HFLanguageModel:
         #: How ``dtype="auto"`` chose the dtype, when it did (``lm.exactness``).
         self.dtype_choice: str | None = None
         self._exact: dict[int, bool] = {}
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this LM does beyond the port (``lm.base.Capabilities``): the prompt's vector
+        from the prefill, faster inexact rows for relaxed decoding, a checked ``exact_rows``,
+        the tokenizer's chat template (read now: a caller may set one) and default BOS."""
+        return Capabilities(
+            prompt_vector=True, inexact_rows=True, exact_rows_checked=True,
+            chat_template=bool(getattr(self.tokenizer, "chat_template", None)),
+            string_prefix=self._string_prefix,
+        )
 
     @property
     def rowwise_attention(self) -> bool:

@@ -94,6 +94,20 @@ def eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
+def string_prefix(tokenizer: Any) -> tuple[int, ...]:
+    """``(BOS,)`` when the tokenizer adds a BOS token by default (Llama, Mistral: as
+    ``tokenizer(text)`` would; SmolLM2/GPT-2 add none), else ``()``: what a string prompt's
+    tokens follow (``lm.base.Capabilities.string_prefix``)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if not isinstance(bos, int):
+        return ()
+    try:
+        ids = list(tokenizer("a", add_special_tokens=True)["input_ids"])
+    except Exception:  # a tokenizer without the call API: no BOS to add
+        return ()
+    return (bos,) if ids and ids[0] == bos else ()
+
+
 def passage_prefix(tokenizer: Any, config: Any) -> list[int]:
     """``[BOS, "\n"]`` (EOS when there is no BOS).
 

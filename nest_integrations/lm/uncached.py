@@ -8,9 +8,12 @@ layer skipping.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Sequence
 
 import torch
+
+from nest_integrations.lm.base import Capabilities, capabilities_of
 
 
 class UncachedLM:
@@ -19,6 +22,13 @@ class UncachedLM:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._lm, name)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The wrapped LM's, less the passes and cache calls this wrapper does not run
+        through its own ``forward`` and list cache."""
+        return replace(capabilities_of(self._lm), logits_only=False, argmax_rows=False,
+                       release_cache=False, rows_split=False)
 
     def new_cache(self) -> list[int]:
         return []

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from nest_integrations.lm.backend import KNN_SSD_UNSUPPORTED
+from nest_integrations.lm.base import Capabilities
 from nest_integrations.lm.llama_cpp import passes, trees, vocab
 from nest_integrations.lm.llama_cpp.context import LlamaCppRuntime
 from nest_integrations.lm.llama_cpp.gguf import default_gguf, fingerprint
@@ -67,6 +68,10 @@ class LlamaCppLanguageModel:
     backend = BACKEND
     #: why ``decoding="knn-ssd"`` cannot run here (``drafters.knn_ssd.check_layer_skip``)
     layer_skip_unsupported = KNN_SSD_UNSUPPORTED
+    #: what this LM does beyond the port (``lm.base.Capabilities``): the members below
+    capabilities = Capabilities(logits_only=True, argmax_rows=True, release_cache=True,
+                                inexact_rows=True, steps_only=True, decoding_session=True,
+                                rows_split=True, exact_rows_checked=True)
 
     def __init__(self, runtime: LlamaCppRuntime, *, name: str) -> None:
         self.runtime = runtime

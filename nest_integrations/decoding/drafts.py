@@ -1,0 +1,72 @@
+"""The decode loop's side of a drafter: drafts validated, cut to the budget and timed; the
+drafting counters; and what a drafter may say beyond the two-method interface
+(``drafters.base.Drafter``):
+
+- ``wants_prompt_vector = True``: the prefill also captures the prompt's vector;
+- ``wants_hidden = False``: no pass needs key rows for it (they may cost the LM a pass);
+- ``cite(state, token)``: the source of a token a plain step commits (a copy drafter whose
+  draft that token would have been).
+"""
+
+from __future__ import annotations
+
+import time
+
+from nest_integrations.drafters.base import (
+    DecodeState, Draft, Drafter, Source, as_sources, validate_draft,
+)  # fmt: skip
+from nest_integrations.types import NestStats
+
+
+class Drafts:
+    """The drafter of one generation (None: no drafts, every step an ordinary one) and the
+    ``DecodeState`` it reads."""
+
+    def __init__(self, drafter: Drafter | None, state: DecodeState, vocab_size: int) -> None:
+        self.drafter, self.state, self.vocab_size = drafter, state, vocab_size
+        self.stats: NestStats = state.stats
+        self._cite = getattr(drafter, "cite", None)
+
+    @property
+    def wants_prompt_vector(self) -> bool:
+        """Whether the drafter reads ``DecodeState.prompt_vector``."""
+        return bool(getattr(self.drafter, "wants_prompt_vector", False))
+
+    def wants_hidden(self) -> bool:
+        """Whether the drafter reads ``DecodeState.hidden`` now (unless it says otherwise)."""
+        return self.drafter is not None and getattr(self.drafter, "wants_hidden", True)
+
+    def propose(self, budget: int) -> Draft | None:
+        """The drafter's draft, validated and cut to ``budget`` (None: an ordinary step)."""
+        if self.drafter is None or budget < 1:
+            return None
+        state = self.state
+        state.budget = budget
+        t0 = time.perf_counter()
+        draft = self.drafter.propose(state)
+        self.stats.timing.draft += time.perf_counter() - t0
+        if draft is None or not draft.tokens:
+            return None
+        validate_draft(draft, self.vocab_size)
+        if len(draft) > budget and draft.parents is None:  # the loop enforces the budget
+            draft = Draft(draft.tokens[:budget], as_sources(draft.sources, len(draft))[:budget],
+                          None if draft.q is None else draft.q[:budget], None, draft.chosen_first)
+        return draft
+
+    def update(self, draft: Draft, n_accepted: int) -> None:
+        """Tell the drafter how much of ``draft`` was committed."""
+        self.drafter.update(self.state, draft, n_accepted)  # type: ignore[union-attr]
+
+    def cite(self, token: int) -> Source:
+        """The source of a token a plain step commits: the drafter's ``cite`` when it has one,
+        else None."""
+        return None if self._cite is None else self._cite(self.state, token)
+
+    def count(self, draft: Draft) -> None:
+        """Count a draft the target is about to verify."""
+        d = self.stats.drafting
+        d.verify_steps += 1
+        d.drafted_tokens += len(draft)
+        if draft.parents is not None:
+            d.tree_steps += 1
+            d.tree_nodes += len(draft)
