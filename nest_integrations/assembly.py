@@ -258,9 +258,10 @@ def load_model(
     from nest_integrations.lm.auto_backend import resolve_backend
     from nest_integrations.lm.hf import HFLanguageModel
 
-    key_source = NestConfig().key_source if key_source is None else key_source
     backend = resolve_backend(backend, model=model, device=device, dtype=dtype,
                               key_source=key_source)
+    # None: the backend's key source; an explicit one is kept (or refused where it cannot run)
+    key_source = backend_config(NestConfig(key_source=key_source), backend).key_source
     if backend == "llama.cpp":
         return _load_llama_cpp(model, device, key_source, dtype)
     if model is None:
@@ -274,9 +275,9 @@ def _load_llama_cpp(model: str | None, device: Any, key_source: Any, dtype: Any)
     from nest_integrations.lm.llama_cpp import LlamaCppLanguageModel, resolve_gguf
 
     check_backend("llama.cpp", dtype, device)
-    backend_config(NestConfig(key_source=key_source), "llama.cpp")  # refuses other sources
+    key_source = backend_config(NestConfig(key_source=key_source), "llama.cpp").key_source
     path, name = resolve_gguf(model)
-    return LlamaCppLanguageModel.from_gguf(path, name=name)
+    return LlamaCppLanguageModel.from_gguf(path, name=name, key_source=key_source)
 
 
 def shared_model(
@@ -299,10 +300,10 @@ def shared_model(
     backend = resolve_backend(backend, model=model, device=device, dtype=dtype,
                               key_source=key_source)
     name = None if model in (None, DEFAULT_MODEL_NAME) else model
-    key_source = NestConfig().key_source if key_source is None else key_source
-    if backend == "llama.cpp":  # one model per GGUF: its keys are final_norm, its dtype its own
+    # None: the backend's key source, so an unset and an explicit default share one model
+    key_source = backend_config(NestConfig(key_source=key_source), backend).key_source
+    if backend == "llama.cpp":  # one model per GGUF and key source, its dtype its own
         check_backend(backend, dtype, device)
-        key_source = backend_config(NestConfig(key_source=key_source), backend).key_source
         from nest_integrations.lm.llama_cpp import DEFAULT_QUANT, quant_type
 
         if isinstance(name, str) and quant_type(name) == DEFAULT_QUANT:

@@ -76,7 +76,9 @@ class NestConfig:
         ra_passages: RA-NEST: this many passages in the prompt (0 = off; paper RA: 3).
         key_source: the LM vector used as key and query: ``"ffn_input"`` (the paper's: the last
             layer's pre-FFN norm output), ``"block_input"`` (the official code's),
-            ``"final_norm"``, or an int index into ``hidden_states``.
+            ``"final_norm"``, or an int index into ``hidden_states``. None (unset): the
+            backend's own, ``"ffn_input"`` on torch and ``"final_norm"`` on llama.cpp
+            (``lm.backend.backend_config``; an engine takes its model's).
         n_neighbors: r, tokens retrieved from the token memory per step (paper: 1024).
     Mixture (Eqs. 2-4):
         knn_temperature: mu, inverse temperature of p_kNN (None = 1/sqrt(d)).
@@ -111,7 +113,7 @@ class NestConfig:
     n_passages: int = 40
     hybrid_retrieval: bool = False
     ra_passages: int = 0
-    key_source: KeySource = "ffn_input"
+    key_source: KeySource | None = None
     n_neighbors: int = 1024
     # -- mixture
     knn_temperature: float | None = None
@@ -166,10 +168,11 @@ class NestConfig:
             bad("relaxation", "a float in (0, 1]")
         if not (math.isfinite(self.lm_temperature) and self.lm_temperature > 0):
             bad("lm_temperature", "a float > 0")
-        if isinstance(self.key_source, bool) or not (
+        if self.key_source is not None and (isinstance(self.key_source, bool) or not (
             self.key_source in KEY_SOURCES or isinstance(self.key_source, int)
-        ):
-            bad("key_source", f"one of {KEY_SOURCES} or an int index into hidden_states")
+        )):
+            bad("key_source", f"None (the backend's), one of {KEY_SOURCES} or an int index into "
+                "hidden_states")
         if self.fixed_lm_weight is not None and not (0.0 <= self.fixed_lm_weight <= 1.0):
             bad("fixed_lm_weight", "None or a float in [0, 1]")
         if isinstance(self.ra_passages, bool) or not isinstance(self.ra_passages, int) or (

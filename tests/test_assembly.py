@@ -111,7 +111,8 @@ def test_query_engine_forwards_decoding() -> None:
 def test_spec_resolution() -> None:
     """Presets, hybrid and decoding are resolved once; bad values fail clearly."""
     spec = assembly.EngineSpec()
-    assert spec.config == assembly.resolve_config(assembly.DEFAULT_PRESET)
+    assert spec.config == assembly.backend_config(  # the preset, its key source the backend's
+        assembly.resolve_config(assembly.DEFAULT_PRESET), spec.backend)
     assert spec.decoding == assembly.DEFAULT_DECODING and not spec.opens_store
     assert assembly.EngineSpec(hybrid=True).config.hybrid_retrieval
     assert assembly.EngineSpec(config=spec.config.replace(hybrid_retrieval=True)).hybrid
@@ -351,7 +352,8 @@ def test_every_entry_point_resolves_the_same_spec(
         assert (spec.model, spec.device, spec.config, spec.decoding) == (
             want.model, want.device, want.config, want.decoding)
         assert assembly.persist_root(spec.persist_dir) == assembly.persist_root(want.persist_dir)
-    assert want.config == assembly.resolve_config(assembly.DEFAULT_PRESET)
+    assert want.config == assembly.backend_config(
+        assembly.resolve_config(assembly.DEFAULT_PRESET), want.backend)
     assert want.decoding == assembly.DEFAULT_DECODING
 
     # one token budget: the engine's default, both adapters, `nest ask`, the server
@@ -390,4 +392,5 @@ def test_the_engine_defaults_nothing_the_assembly_supplies_the_parts() -> None:
     assert engine.decoding == assembly.DEFAULT_DECODING
     built = assembly.build_engine(assembly.EngineSpec(), lm=lm)
     assert isinstance(built.key_store, InMemoryKeyStore)
-    assert built.config == assembly.resolve_config(assembly.DEFAULT_PRESET)
+    assert built.config == assembly.backend_config(
+        assembly.resolve_config(assembly.DEFAULT_PRESET), assembly.EngineSpec().backend)

@@ -196,6 +196,22 @@ def test_engine_spec_validates_and_normalises_dtype() -> None:
         assembly.EngineSpec(dtype="int8")
 
 
+def test_an_unset_key_source_is_the_backends_and_an_explicit_one_stays() -> None:
+    """``NestConfig.key_source`` unset (None) is each backend's (torch ``"ffn_input"``,
+    llama.cpp ``"final_norm"``); an explicit ``"ffn_input"`` stays on llama.cpp (its eval
+    callback computes it), and a key source llama.cpp cannot compute is refused."""
+    from nest_integrations.config import NestConfig
+
+    assert NestConfig().key_source is None
+    assert backend.backend_config(NestConfig(), "torch").key_source == "ffn_input"
+    assert backend.backend_config(NestConfig(), "llama.cpp").key_source == "final_norm"
+    explicit = NestConfig(key_source="ffn_input")
+    assert backend.backend_config(explicit, "llama.cpp").key_source == "ffn_input"
+    assert backend.backend_config(explicit, "torch") is explicit
+    with pytest.raises(ValueError, match="'block_input' is not available on the llama.cpp"):
+        backend.backend_config(NestConfig(key_source="block_input"), "llama.cpp")
+
+
 def test_shared_model_keys_on_the_resolved_dtype(monkeypatch) -> None:
     loads: list[tuple] = []
 

@@ -298,7 +298,7 @@ def run_eval(
     """
     from nest_integrations.index.keys import ensure_keys
 
-    cfg = settings.nest_config()
+    cfg = engine.check_config(settings.nest_config())  # an unset key source: the model's
     systems = make_systems(cfg, settings.systems, calibration=calibration)
     run = EvalRun(settings=settings, tasks=list(tasks), systems=systems)
     passages, run.retrieval = retrieve_all(retriever, tasks, settings.n_passages, progress)

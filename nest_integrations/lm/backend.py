@@ -233,33 +233,36 @@ def check_backend(backend: str, dtype: Any = None, device: Any = None,
 
 #: NEST's span length on llama.cpp when the config keeps the preset's (``backend_config``).
 LLAMA_CPP_MAX_SPAN = 8
+#: Each backend's key source where the config leaves it unset (``NestConfig.key_source=None``).
+DEFAULT_KEY_SOURCES = {"torch": "ffn_input", "llama.cpp": "final_norm"}
 
 
 def backend_config(cfg: NestConfig, backend: str) -> NestConfig:
-    """``cfg`` for ``backend``. On llama.cpp:
+    """``cfg`` for ``backend``: an unset key source becomes the backend's
+    (``DEFAULT_KEY_SOURCES``). On llama.cpp also:
 
-    - the key source is ``"final_norm"`` (its embeddings output); the default ``"ffn_input"``
-      is replaced, any other key source is a ``ValueError``;
-    - look-ahead is off: a guess rides on a multi-token pass, which costs about as many
-      one-token steps as it has tokens there (c(2)/c(1) 2.4-2.9, Q8_0, AMD EPYC; torch bf16's
-      is about 1.1), so wrong guesses cost more than right ones save (``grounded`` on the speed
-      benchmark's completion prompts: 36.5 tok/s with the preset's 8, 47.0 without,
-      ``docs/llama_cpp.md``). A guess never changes the output;
+    - an explicit key source stays: ``"final_norm"`` (its embeddings output) or ``"ffn_input"``
+      (the paper's, through llama.cpp's eval callback: ``lm.llama_cpp.KEY_LAYERS``); any other
+      is a ``ValueError``;
+    - look-ahead is off: a guess rides on a multi-token pass, which on llama.cpp costs about as
+      many one-token steps as it has tokens, so wrong guesses cost more than right ones save
+      (``docs/decisions.md``, 'llama.cpp (issue 35)'). A guess never changes the output;
     - NEST's spans are at most ``LLAMA_CPP_MAX_SPAN`` tokens when ``max_span`` is the preset's
-      (64; another value is kept): on that curve a rejected tail costs about a step per row,
-      and a fully accepted span goes on copying from its next row anyway (``grounded`` on the
-      speed benchmark: 23.7 tok/s with 64, 28.8 with 8, the same output on 30/30 prompts).
+      (64; another value is kept): on that curve a rejected tail costs about a step per row, and
+      a fully accepted span goes on copying from its next row anyway (the same output,
+      ``docs/decisions.md``, 'llama.cpp (issue 35)').
     """
-    if backend != "llama.cpp":
-        return cfg
     changes: dict[str, object] = {}
-    if cfg.key_source != "final_norm":
-        if cfg.key_source != NestConfig().key_source:
-            raise ValueError(
-                f"key_source={cfg.key_source!r} is not available on the llama.cpp backend: its "
-                "keys are the final norm's output (key_source='final_norm'); use "
-                "backend='torch' for other layers")
-        changes["key_source"] = "final_norm"
+    if cfg.key_source is None:
+        changes["key_source"] = DEFAULT_KEY_SOURCES.get(backend, DEFAULT_KEY_SOURCES["torch"])
+    if backend != "llama.cpp":
+        return cfg.replace(**changes) if changes else cfg
+    from nest_integrations.lm.llama_cpp.outputs import KEY_LAYERS
+
+    if cfg.key_source is not None and cfg.key_source not in KEY_LAYERS:
+        raise ValueError(
+            f"key_source={cfg.key_source!r} is not available on the llama.cpp backend: use "
+            f"one of {', '.join(map(repr, KEY_LAYERS))}, or backend='torch' for other layers")
     if cfg.lookahead:
         changes["lookahead"] = 0
     if cfg.max_span == NestConfig().max_span and cfg.max_span > LLAMA_CPP_MAX_SPAN:
