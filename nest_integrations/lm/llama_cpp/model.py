@@ -43,6 +43,12 @@ LOG = logging.getLogger(__name__)
 #: The backend's name in ``EngineSpec(backend=...)``, ``--backend`` and fingerprints.
 BACKEND = "llama.cpp"
 
+def _regime_property(name: str) -> Any:
+    """A read-only property of the LM that is its ``ThreadRegime``'s ``name``."""
+    return property(lambda lm: getattr(lm.regime, name),
+                    doc=f"``ThreadRegime.{name}`` of this model's context.")
+
+
 class LlamaCppLanguageModel:
     """A GGUF model on llama.cpp as a NEST ``LanguageModel`` (see the module docstring).
 
@@ -252,18 +258,9 @@ class LlamaCppLanguageModel:
         return self.runtime.kv_type
 
     # what the cost planner reads of the regime (``lm.cost``; ``ThreadRegime`` says what each is)
-
-    @property
-    def split_steps(self) -> bool:
-        return self.regime.split_steps
-
-    @property
-    def step_regimes(self) -> bool:
-        return self.regime.step_regimes
-
-    @property
-    def exact_curve_context(self) -> int:
-        return self.regime.exact_curve_context
+    split_steps = _regime_property("split_steps")
+    step_regimes = _regime_property("step_regimes")
+    exact_curve_context = _regime_property("exact_curve_context")
 
     def steps_on_every_thread(self) -> bool:
         return self.regime.steps_on_every_thread()
