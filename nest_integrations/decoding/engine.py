@@ -8,7 +8,6 @@ and guards, stage 2 builds the token memory (NEST-family methods), and the verif
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
 from dataclasses import dataclass, field
@@ -17,10 +16,10 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 import torch
 
 from nest_integrations.config import NestConfig
-from nest_integrations.core.citations import build_citations, last_citation
 from nest_integrations.core.token_memory import TokenMemory
 from nest_integrations.decoding.loop import DecodeLoop
 from nest_integrations.decoding.target import session
+from nest_integrations.decoding.text_stream import OutputText, TextStream
 from nest_integrations.decoding.prompts import (
     Prompt,
     chat_retry,
@@ -35,7 +34,7 @@ from nest_integrations.index.base import KeyStore
 from nest_integrations.lm.base import LanguageModel
 from nest_integrations.policy import AnswerPlan, AnswerPolicy, plan_answer
 from nest_integrations.retrieval.base import PassageRetriever
-from nest_integrations.types import Citation, NestResult, NestStats, Passage, StreamChunk
+from nest_integrations.types import NestResult, NestStats, Passage, StreamChunk
 
 if TYPE_CHECKING:
     from nest_integrations.attribution import Attributor, SentenceStream
@@ -137,10 +136,7 @@ class NestEngine:
 
     def check_config(self, config: NestConfig) -> NestConfig:
         """``config`` if this engine can decode with it, else a ``ValueError`` (its key source
-        must be the model's; unset, it becomes the model's). Edges that validate early (the
-        server) call this."""
-        if config.key_source is None:  # unset (``NestConfig.key_source``): the model's own
-            return config.replace(key_source=self.lm.key_source)
+        must be the model's). Edges that validate early (the server) call this."""
         if str(config.key_source) != str(self.lm.key_source):
             raise ValueError(
                 f"NestConfig.key_source={config.key_source!r} but the language model computes "
@@ -251,88 +247,41 @@ class NestEngine:
             stats.timing.retrieval = time.perf_counter() - t_start
             request = _Request(self, prompt, plan, cfg, stats, [s for s in (stop or []) if s],
                                {**self.drafter_options, **(drafter_options or {})})
-            loop = request.loop(as_chat, max_new_tokens)
-            yield from loop.run()
-            ended_at_once = (not loop.out.ids and stats.finish_reason == "stop"
-                             and not loop.out.stopped)
+            loop, text = request.loop(as_chat, max_new_tokens)
+            decoded = yield from text.follow(loop.run())
+            ended_at_once = (not decoded.out.ids and stats.finish_reason == "stop"
+                             and not decoded.out.stopped)
             if not as_chat and chat_retry(self.lm, prompt, self.string_prompts, ended_at_once):
                 stats.finish_reason = ""  # "auto": a completion that ended at once is a question
-                loop = request.loop(True, max_new_tokens)
-                yield from loop.run()
-            loop.done = True  # flush text held back for stop strings or partial characters
-            copied = bool(loop.out.sources) and loop.out.sources[-1] is not None
-            yield from self._deltas(loop, copied, (), request.live)
-            result = self._result(loop, loop.method.uses_memory, request.live)
+                loop, text = request.loop(True, max_new_tokens)
+                decoded = yield from text.follow(loop.run())
+            result = self._result(decoded.out, text, stats)
             stats.timing.total = time.perf_counter() - t_start
-            stats.mean_lambda = loop.distribution.mean_lambda
+            stats.mean_lambda = decoded.mean_lambda
             yield StreamChunk(text="", result=result)
 
     # ----------------------------------------------------------------- results
-    def _deltas(
-        self, loop: DecodeLoop, copied: bool, ids: Sequence[int] = (),
-        live: SentenceStream | None = None,
-    ) -> Iterator[StreamChunk]:
-        """Stream the text that is safe to show, with the citation of the last cited run that
-        the delta touches (also when the delta ends in uncited text: a run that grew while its
-        text was held back is reported with its full extent), and, with ``live`` (a
-        ``SentenceStream``), the support citations of the sentences this delta completes."""
-        out = loop.out
-        start = out.emitted
-        delta = out.delta(final=loop.done)
-        if not delta:
-            return
-        found = live.feed(out.text[: out.emitted]) if live is not None else None
-        support = tuple(found.citations) if found else ()
-        unsupported = tuple(found.unsupported) if found else ()
-        yield StreamChunk(text=delta, citation=self._delta_citation(loop, start),
-                          token_ids=tuple(ids), support=support, unsupported=unsupported)
-
-    def _delta_citation(self, loop: DecodeLoop, start: int) -> Citation | None:
-        out = loop.out
-        j = bisect.bisect_left(out.ends, out.emitted)  # last token the delta touches
-        j = min(j, len(out.ids) - 1)
-        while j >= 0 and out.sources[j] is None and out.ends[j] > start:
-            j -= 1
-        if j < 0 or out.sources[j] is None or out.ends[j] <= start:
-            return None
-        cite = last_citation(out.sources, out.ends, loop.state.passages, loop.state.offsets,
-                             kind=self._kind(loop.method.uses_memory), text=out.text, upto=j + 1)
-        ok = cite is not None and cite.end >= start  # a whitespace delta keeps its run open
-        return cite if ok and loop.shows(cite) else None
-
-    @staticmethod
-    def _kind(uses_memory: bool) -> str:
-        return "copy" if uses_memory else "verbatim"
-
-    def _result(
-        self, loop: DecodeLoop, uses_memory: bool, live: SentenceStream | None = None
-    ) -> NestResult:
-        stats, out = loop.stats, loop.out
+    def _result(self, out: OutputText, text: TextStream, stats: NestStats) -> NestResult:
         stats.new_tokens = len(out.ids)
         stats.copied_tokens = sum(out.copied)
         stats.attributed_tokens = sum(s is not None for s in out.sources)
         if not stats.finish_reason:
             stats.finish_reason = "length"
-        passages = loop.state.passages
+        passages = text.passages
         pid = [p.id for p in passages]
         result = NestResult(
             text=out.text,
             token_ids=list(out.ids),
-            citations=[
-                c
-                for c in build_citations(out.sources, out.ends, passages, loop.state.offsets,
-                                         kind=self._kind(uses_memory))
-                if loop.shows(c)
-            ],
+            citations=text.citations(),
             stats=stats,
             passages=list(passages),
             token_sources=[(pid[s[0]], s[1]) if s is not None else None for s in out.sources],
         )
-        if live is not None:
-            self._attribute(result, live)
+        if text.live is not None:
+            self._attribute(result, text.live)
         return result
 
-    def _sentence_stream(
+    def sentence_stream(
         self, config: NestConfig, passages: Sequence[Passage]
     ) -> SentenceStream:
         """``NestConfig.attribute``: a ``SentenceStream`` over this generation's passages, with
@@ -368,21 +317,23 @@ class NestEngine:
         (perplexity) uses it to condition on exactly the generation prompt."""
         return prompt_ids(self.lm, prompt, ra)
 
-    def _check_length(self, n_prompt: int, max_new_tokens: int) -> int:
-        ctx = self.lm.max_context
-        if n_prompt >= ctx:
-            raise ValueError(
-                f"the prompt is {n_prompt} tokens but the model's context is {ctx} tokens: "
-                "shorten the prompt (or lower ra_passages)"
-            )
-        if n_prompt + max_new_tokens > ctx:
-            LOG.warning(
-                "max_new_tokens=%d does not fit the context (%d prompt tokens of %d): "
-                "generating at most %d tokens",
-                max_new_tokens, n_prompt, ctx, ctx - n_prompt,
-            )
-            return ctx - n_prompt
-        return max_new_tokens
+
+def _fit_budget(lm: LanguageModel, n_prompt: int, max_new_tokens: int) -> int:
+    """``max_new_tokens``, or fewer where the prompt and they would not fit the context."""
+    ctx = lm.max_context
+    if n_prompt >= ctx:
+        raise ValueError(
+            f"the prompt is {n_prompt} tokens but the model's context is {ctx} tokens: "
+            "shorten the prompt (or lower ra_passages)"
+        )
+    if n_prompt + max_new_tokens > ctx:
+        LOG.warning(
+            "max_new_tokens=%d does not fit the context (%d prompt tokens of %d): "
+            "generating at most %d tokens",
+            max_new_tokens, n_prompt, ctx, ctx - n_prompt,
+        )
+        return ctx - n_prompt
+    return max_new_tokens
 
 
 def _check_budget(max_new_tokens: Any) -> None:
@@ -404,7 +355,6 @@ class _Request:
     stats: NestStats
     stop: list[str]
     options: dict[str, Any]
-    live: SentenceStream | None = None  # NestConfig.attribute: sentences judged (one per loop)
     generator: torch.Generator | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
@@ -415,8 +365,9 @@ class _Request:
             else:
                 self.generator.seed()
 
-    def loop(self, as_chat: bool, max_new_tokens: int) -> DecodeLoop:
-        """A decode loop over the prompt read as chat messages or raw text."""
+    def loop(self, as_chat: bool, max_new_tokens: int) -> tuple[DecodeLoop, TextStream]:
+        """A decode loop over the prompt read as chat messages or raw text, and the text
+        stream that turns its commits into chunks."""
         engine, plan, cfg, stats = self.engine, self.plan, self.config, self.stats
         passages = plan.passages
         method = plan.method_for(as_chat or not isinstance(self.prompt, str))
@@ -426,16 +377,19 @@ class _Request:
         stats.timing.keys += time.perf_counter() - t0
         stats.n_passages, stats.n_keys = len(passages), len(memory) if memory is not None else 0
         ids = prompt_ids(engine.lm, self.prompt, plan.prompt_passages, as_chat=as_chat)
-        max_new = engine._check_length(len(ids), max_new_tokens)
+        max_new = _fit_budget(engine.lm, len(ids), max_new_tokens)
         stats.prompt_tokens = len(ids)
-        self.live = live = engine._sentence_stream(cfg, passages) if cfg.attribute else None
+        live = engine.sentence_stream(cfg, passages) if cfg.attribute else None
         ctx = DrafterContext(engine.lm, cfg, ids, passages, memory, self.options,
                              engine.retriever, stats, plan.prompt_passages, plan.guards)
         drafter = method.make_drafter(ctx) if method.make_drafter is not None else None
         offsets = list(memory.offsets) if memory is not None else [None] * len(passages)
-        return DecodeLoop(
+        loop = DecodeLoop(
             engine.lm, method, drafter, config=cfg, prompt_ids=ids, memory=memory,
             passages=passages, offsets=offsets, max_new_tokens=max_new, stop=self.stop,
             stats=stats, generator=self.generator, guards=plan.guards,
-            on_delta=lambda lp, copied, ids=(): engine._deltas(lp, copied, ids, live),
-        )
+        )  # fmt: skip
+        text = TextStream(loop.out, passages, offsets, kind="copy" if method.uses_memory
+                          else "verbatim", min_tokens=cfg.min_citation_tokens,
+                          min_words=plan.guards.min_citation_words, live=live)
+        return loop, text

@@ -13,45 +13,52 @@ chosen by ``Method.needs_target``:
   but its last token (``pending``); each step feeds ``[pending] + draft`` in one pass, and row i
   scores draft token i. A step with no draft is an ordinary decoding step.
 
-The target's passes are ``target.py``'s, the drafter's side ``drafts.py``'s. ``decode_ids``
-runs the loop without an engine (the offline builders decode with it).
+The target's passes are ``target.py``'s, the drafter's side ``drafts.py``'s. ``run()`` yields a
+``text_stream.Commit`` per commit (the text stream turns them into chunks; a consumer stops the
+loop by closing it) and returns the output. ``decode_ids`` runs the loop without an engine.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Generator, Iterator
 
 import torch
 
 from nest_integrations.config import Guards, NestConfig
 from nest_integrations.core.mixture import Distribution
 from nest_integrations.core.token_memory import TokenMemory
-from nest_integrations.core.topic import citation_words
 from nest_integrations.core.verification import greedy_accept, greedy_tree_path
 from nest_integrations.decoding.lookahead import LookAhead
 from nest_integrations.decoding.target import Rows, Target, TargetDistribution
-from nest_integrations.decoding.text_stream import OutputText
+from nest_integrations.decoding.text_stream import Commit, OutputText
 from nest_integrations.decoding.verifiers import make_verifier, rows_are_exact
 from nest_integrations.decoding.drafts import Drafts
 from nest_integrations.drafters.base import (
     RELAXED, DecodeState, Draft, Drafter, Method, Source, as_sources, first_branch,
 )  # fmt: skip
 from nest_integrations.lm.base import LanguageModel
-from nest_integrations.types import Citation, NestStats, Passage, StreamChunk
+from nest_integrations.types import NestStats, Passage
 
-#: ``on_delta(loop, copied, ids)``: the stream chunks of the text a commit made safe to show.
-OnDelta = Callable[["DecodeLoop", bool, Sequence[int]], Iterator[StreamChunk]]
+
+@dataclass(frozen=True)
+class Decoded:
+    """What a finished loop returns: its output text (ids, sources, text) and NEST's mean
+    lambda over the rows it mixed (1.0 when it mixed none)."""
+
+    out: OutputText
+    mean_lambda: float
 
 
 class DecodeLoop:
-    """One generation's decoding: build it, then iterate ``run()`` for stream chunks."""
+    """One generation's decoding: build it, then iterate ``run()`` for its commits."""
 
     def __init__(
         self, lm: LanguageModel, method: Method, drafter: Drafter | None, *, config: NestConfig,
         prompt_ids: list[int], memory: TokenMemory | None, passages: list[Passage],
         offsets: list[Any], max_new_tokens: int, stop: list[str], stats: NestStats,
-        generator: torch.Generator | None, on_delta: OnDelta,
-        eos: frozenset[int] | None = None, guards: Guards | None = None,
+        generator: torch.Generator | None, eos: frozenset[int] | None = None,
+        guards: Guards | None = None,
     ) -> None:  # fmt: skip
         self.lm, self.method, self.drafter, self.config = lm, method, drafter, config
         self.memory = memory if method.uses_memory else None
@@ -75,8 +82,7 @@ class DecodeLoop:
         self.target = Target(lm, stats, relaxed=self.relaxed, drafts=drafter is not None,
                              argmax=self._argmax_logits and not method.needs_target)
         self.cache = self.target.cache
-        self.done = False
-        self._on_delta = on_delta
+        self.done = False  # set by the loop itself: EOS, a stop string, the budget
         #: the target at each row: p_M for NEST-family methods, else p_LM
         self.distribution = TargetDistribution(method.uses_memory, self.memory, config, stats)
         self.state = DecodeState(
@@ -89,12 +95,6 @@ class DecodeLoop:
         self.drafts = Drafts(drafter, self.state, lm.vocab_size)
         self.ahead = (LookAhead(self.target.run, lm, self.cache, self.state, config.lookahead)
                       if config.lookahead and method.needs_target else None)
-
-    def shows(self, citation: Citation) -> bool:
-        """Whether a citation is reported: at least ``min_citation_tokens`` tokens and the
-        guards' ``min_citation_words`` words; shorter copies stay plain text."""
-        return (citation.n_tokens >= self.config.min_citation_tokens
-                and citation_words(citation.text) >= self.guards.min_citation_words)
 
     # ----------------------------------------------------------------- shared steps
     @property
@@ -158,9 +158,8 @@ class DecodeLoop:
         d = torch.as_tensor(draft, dtype=torch.long, device=p.device)
         return self.verifier.verify_and_correct(p, d, q)
 
-    def commit(self, ids: list[int], sources: list[Source],
-               copied: bool = False) -> Iterator[StreamChunk]:  # fmt: skip
-        """Append tokens, cut at EOS, the budget and stop strings; stream the new text."""
+    def commit(self, ids: list[int], sources: list[Source], copied: bool = False) -> Commit:
+        """Append tokens, cut at EOS, the budget and stop strings: what was committed."""
         keep_ids, keep_src = [], []
         for tok, src in zip(ids, sources):
             if tok in self.eos:
@@ -180,12 +179,13 @@ class DecodeLoop:
             self.done = True
             self.stats.finish_reason = self.stats.finish_reason or "length"
         self.state.budget = self.budget
-        yield from self._on_delta(self, bool(keep_src) and keep_src[0] is not None, keep_ids)
+        return Commit(tuple(keep_ids), tuple(keep_src), self.done)
 
     # ----------------------------------------------------------------- schedules
-    def run(self) -> Iterator[StreamChunk]:
-        """Decode to the end, yielding the stream chunks of each commit. The cache is given
-        back when decoding ends (or the stream is closed): ``Target.release``."""
+    def run(self) -> Generator[Commit, None, Decoded]:
+        """Decode to the end, yielding each commit (the last one, empty, ends the text), and
+        return the output. The cache is given back when decoding ends or the consumer closes
+        the generator (``Target.release``)."""
         try:
             yield from self._target_first() if self.method.needs_target else self._draft_first()
         finally:
@@ -193,6 +193,8 @@ class DecodeLoop:
         if self.out.finish():  # the repeat guard cut the last sentence
             self.done = True
             self.stats.finish_reason = "repeat"
+        yield Commit((), (), True)  # the text has ended: what was held back may be shown
+        return Decoded(self.out, self.distribution.mean_lambda)
 
     def _ordinary_token(self, dist: Distribution, draft: Draft | None
                         ) -> tuple[int, Source, int] | None:  # fmt: skip
@@ -211,7 +213,7 @@ class DecodeLoop:
             return self.verifier.next_token(dist), None, 0
         return None
 
-    def _target_first(self) -> Iterator[StreamChunk]:
+    def _target_first(self) -> Iterator[Commit]:
         """NEST's schedule (see the module docstring)."""
         v, stats = self.verifier, self.stats
         logits, keys = self.prefill()
@@ -228,7 +230,7 @@ class DecodeLoop:
                 w, src, n = step
                 if draft is not None:
                     self.drafts.update(draft, n)
-                yield from self.commit([w], [src])
+                yield self.commit([w], [src])
                 pending, cur = w, None
                 continue
             assert draft is not None
@@ -241,7 +243,7 @@ class DecodeLoop:
             m = 1 + (v.accept_count(vdist, d[1:]) if vdist is not None else 0)
             stats.drafting.accepted_tokens += m
             self.drafts.update(draft, m)
-            yield from self.commit(tokens[:m], sources[:m], copied=True)
+            yield self.commit(tokens[:m], sources[:m], copied=True)
             if m == len(tokens):
                 cur = (logits[-1:], keys[-1:])  # the cache holds the whole draft
                 continue
@@ -250,16 +252,16 @@ class DecodeLoop:
             if self.done or self.budget <= 0:
                 break
             c = v.next_token(vdist, m - 1)  # type: ignore[arg-type]
-            yield from self.commit([c], [None])
+            yield self.commit([c], [None])
             pending = c
 
-    def _draft_first(self) -> Iterator[StreamChunk]:
+    def _draft_first(self) -> Iterator[Commit]:
         """Lossless schedule: feed ``[pending] + draft`` in one pass (see the module docstring)."""
         stats, argmax = self.stats, self.target.argmax
         logits, keys = self.prefill(argmax=argmax)
         _, first = self.verify_rows(logits[-1:], keys[-1:], [], None)
         self.state.hidden = keys[-1] if len(keys) else None  # none: nobody reads it (prefill)
-        yield from self.commit([first], [None])
+        yield self.commit([first], [None])
         pending = first
         while not self.done and self.budget > 0:
             self.state.pending, self.state.dist = pending, None
@@ -269,7 +271,7 @@ class DecodeLoop:
                 logits, keys = self.target.run([pending], keys=self._wants_keys(), argmax=argmax)
                 _, c = self.verify_rows(logits, keys, [], None)
                 self.state.hidden = keys[-1] if len(keys) else None
-                yield from self.commit([c], [self.drafts.cite(c)], copied=True)
+                yield self.commit([c], [self.drafts.cite(c)], copied=True)
                 pending = c
                 continue
             if draft.parents is not None and self.target.rows_split_now():
@@ -283,11 +285,11 @@ class DecodeLoop:
             self.state.hidden = hidden
             self.drafts.update(draft, len(path))
             sources = as_sources(draft.sources, len(draft))
-            yield from self.commit([draft.tokens[i] for i in path],
-                                   [sources[i] for i in path], copied=True)
+            yield self.commit([draft.tokens[i] for i in path], [sources[i] for i in path],
+                              copied=True)
             if self.done or self.budget <= 0:
                 break
-            yield from self.commit([c], [None])
+            yield self.commit([c], [None])
             pending = c
 
     def _verify_chain(self, pending: int, draft: Draft, before: int
@@ -336,8 +338,7 @@ def decode_ids(
     loop = DecodeLoop(
         lm, method, drafter, config=config if config is not None else NestConfig(temperature=0.0),
         prompt_ids=list(prompt_ids), memory=None, passages=[], offsets=[],
-        max_new_tokens=max_new_tokens, stop=[], stats=stats, generator=generator,
-        on_delta=lambda *_: iter(()), eos=eos,
+        max_new_tokens=max_new_tokens, stop=[], stats=stats, generator=generator, eos=eos,
     )  # fmt: skip
     for _ in loop.run():
         pass

@@ -17,20 +17,34 @@ special token a WordPiece decode would start its next token without a space or k
 Checked against whole decodes on random ids with special tokens mixed in (WordPiece, byte-level
 BPE, SentencePiece): what still differs, once in 1,500 SentencePiece sequences, is a character
 whose byte tokens a special token splits.
+
+``TextStream`` is the consumer side of the decode loop: the loop yields a ``Commit`` per commit
+and ``TextStream.follow`` turns each into the ``StreamChunk``s of the text it made safe to show,
+with the citation of the copy that text belongs to. Data flows one way: nothing calls back into
+the loop, and a consumer that stops iterating closes it.
 """
 
 from __future__ import annotations
 
 import bisect
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Sequence, TypeVar
 
+from nest_integrations.core.citations import build_citations, last_citation
 from nest_integrations.core.topic import (
     GuardScan,
+    citation_words,
     open_guarded_start,
     open_junk_start,
     open_loop_start,
     open_repeat_start,
 )
+from nest_integrations.types import Citation, Passage, StreamChunk
+
+if TYPE_CHECKING:
+    from nest_integrations.attribution import SentenceStream
+
+R = TypeVar("R")
 
 _ANCHOR_EVERY = 8  # tokens between anchor moves (a decode covers at most about this many)
 
@@ -236,3 +250,89 @@ def stop_prefix_overlap(text: str, stops: Sequence[str]) -> int:
                 best = k
                 break
     return best
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What one commit of the decode loop added to its ``OutputText``: the token ids (cut at
+    EOS, the budget and stop strings) and their sources (``(passage, position)`` or None for
+    the LM's own), and whether the text has ended (``done``: the rest may be shown)."""
+
+    ids: tuple[int, ...]
+    sources: tuple[Any, ...]
+    done: bool
+
+
+class TextStream:
+    """The stream of one decoding: its commits in, ``StreamChunk``s and citations out.
+
+    Args:
+        out: the ``OutputText`` the loop commits to (read here, never written).
+        passages, offsets: the generation's passages and their token char offsets (the same
+            lists the drafters add to).
+        kind: the citations' kind (``"copy"`` for NEST's memory, else ``"verbatim"``).
+        min_tokens, min_words: a citation is shown from this many tokens and words
+            (``NestConfig.min_citation_tokens``, ``Guards.min_citation_words``).
+        live: a ``SentenceStream`` (``NestConfig.attribute``): the support citations of the
+            sentences each delta completes.
+    """
+
+    def __init__(
+        self, out: OutputText, passages: list[Passage], offsets: list[Any], *, kind: str,
+        min_tokens: int, min_words: int, live: SentenceStream | None = None,
+    ) -> None:
+        self.out, self.passages, self.offsets, self.kind = out, passages, offsets, kind
+        self.min_tokens, self.min_words, self.live = min_tokens, min_words, live
+
+    def shows(self, citation: Citation) -> bool:
+        """Whether a citation is reported: at least ``min_tokens`` tokens and ``min_words``
+        words; shorter copies stay plain text."""
+        return (citation.n_tokens >= self.min_tokens
+                and citation_words(citation.text) >= self.min_words)
+
+    def follow(self, commits: Generator[Commit, None, R]) -> Generator[StreamChunk, None, R]:
+        """The chunks of each commit; returns what ``commits`` returns (closed with this)."""
+        try:
+            while True:
+                try:
+                    commit = next(commits)
+                except StopIteration as end:
+                    return end.value
+                yield from self.chunks(commit)
+        finally:
+            commits.close()
+
+    def chunks(self, commit: Commit) -> Iterator[StreamChunk]:
+        """The text that is safe to show after ``commit``, with the citation of the last cited
+        run that the delta touches (also when the delta ends in uncited text: a run that grew
+        while its text was held back is reported with its full extent), and, with ``live``, the
+        support citations of the sentences this delta completes."""
+        out, live = self.out, self.live
+        start = out.emitted
+        delta = out.delta(final=commit.done)
+        if not delta:
+            return
+        found = live.feed(out.text[: out.emitted]) if live is not None else None
+        support = tuple(found.citations) if found else ()
+        unsupported = tuple(found.unsupported) if found else ()
+        yield StreamChunk(text=delta, citation=self._delta_citation(start),
+                          token_ids=commit.ids, support=support, unsupported=unsupported)
+
+    def _delta_citation(self, start: int) -> Citation | None:
+        out = self.out
+        j = bisect.bisect_left(out.ends, out.emitted)  # last token the delta touches
+        j = min(j, len(out.ids) - 1)
+        while j >= 0 and out.sources[j] is None and out.ends[j] > start:
+            j -= 1
+        if j < 0 or out.sources[j] is None or out.ends[j] <= start:
+            return None
+        cite = last_citation(out.sources, out.ends, self.passages, self.offsets,
+                             kind=self.kind, text=out.text, upto=j + 1)
+        ok = cite is not None and cite.end >= start  # a whitespace delta keeps its run open
+        return cite if ok and self.shows(cite) else None
+
+    def citations(self) -> list[Citation]:
+        """The citations of the whole output that are shown."""
+        out = self.out
+        return [c for c in build_citations(out.sources, out.ends, self.passages, self.offsets,
+                                           kind=self.kind) if self.shows(c)]
