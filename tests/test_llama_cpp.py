@@ -1083,10 +1083,28 @@ def test_engine_spec_backend_switch_and_refusals():
     assert assembly.EngineSpec().config.lookahead == NestConfig.from_preset("grounded").lookahead
     with pytest.raises(ValueError, match="no API to skip layers"):
         assembly.EngineSpec(backend="llama.cpp", decoding="knn-ssd")
-    with pytest.raises(ValueError, match="final norm"):
+    with pytest.raises(ValueError, match="'block_input' is not available on the llama.cpp"):
         assembly.EngineSpec(backend="llama.cpp", config=NestConfig(key_source="block_input"))
     with pytest.raises(ValueError, match="quantisation"):
         assembly.EngineSpec(backend="llama.cpp", dtype="bf16")
+
+
+def test_an_explicit_ffn_input_key_source_is_kept_on_llama_cpp():
+    """``key_source="ffn_input"`` asked for on llama.cpp is what the engine's model computes
+    (the paper's key, through llama.cpp's eval callback), never silently the backend's
+    ``final_norm``; an unset key source (None) is ``final_norm`` there, one model for both."""
+    asked = assembly.EngineSpec(backend="llama.cpp", config=NestConfig(key_source="ffn_input"))
+    unset = assembly.EngineSpec(backend="llama.cpp")
+    named = assembly.EngineSpec(backend="llama.cpp", config=NestConfig(key_source="final_norm"))
+    assert NestConfig().key_source is None
+    assert (asked.config.key_source, unset.config.key_source) == ("ffn_input", "final_norm")
+    lm = assembly.spec_model(asked)
+    assert lm.key_source == "ffn_input" and lm.runtime.capture is not None
+    assert assembly.spec_model(unset).key_source == "final_norm"
+    assert assembly.spec_model(named) is assembly.spec_model(unset)
+    engine = assembly.build_engine(asked, lm=lm)
+    assert engine.config.key_source == "ffn_input"
+    assert engine.check_config(NestConfig()).key_source == "ffn_input"  # unset: the model's
     with pytest.raises(ValueError, match="backend='vllm' is not supported"):
         assembly.EngineSpec(backend="vllm")
     with pytest.raises(ValueError, match="not a GGUF file"):

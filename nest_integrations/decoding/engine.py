@@ -136,7 +136,10 @@ class NestEngine:
 
     def check_config(self, config: NestConfig) -> NestConfig:
         """``config`` if this engine can decode with it, else a ``ValueError`` (its key source
-        must be the model's). Edges that validate early (the server) call this."""
+        must be the model's; unset, it becomes the model's). Edges that validate early (the
+        server) call this."""
+        if config.key_source is None:  # unset (``NestConfig.key_source``): the model's own
+            return config.replace(key_source=self.lm.key_source)
         if str(config.key_source) != str(self.lm.key_source):
             raise ValueError(
                 f"NestConfig.key_source={config.key_source!r} but the language model computes "
