@@ -1087,6 +1087,10 @@ def test_engine_spec_backend_switch_and_refusals():
         assembly.EngineSpec(backend="llama.cpp", config=NestConfig(key_source="block_input"))
     with pytest.raises(ValueError, match="quantisation"):
         assembly.EngineSpec(backend="llama.cpp", dtype="bf16")
+    with pytest.raises(ValueError, match="backend='vllm' is not supported"):
+        assembly.EngineSpec(backend="vllm")
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        assembly.load_model("HuggingFaceTB/SmolLM2-135M-Instruct", backend="llama.cpp")
 
 
 def test_an_explicit_ffn_input_key_source_is_kept_on_llama_cpp():
@@ -1105,10 +1109,6 @@ def test_an_explicit_ffn_input_key_source_is_kept_on_llama_cpp():
     engine = assembly.build_engine(asked, lm=lm)
     assert engine.config.key_source == "ffn_input"
     assert engine.check_config(NestConfig()).key_source == "ffn_input"  # unset: the model's
-    with pytest.raises(ValueError, match="backend='vllm' is not supported"):
-        assembly.EngineSpec(backend="vllm")
-    with pytest.raises(ValueError, match="not a GGUF file"):
-        assembly.load_model("HuggingFaceTB/SmolLM2-135M-Instruct", backend="llama.cpp")
 
 
 def test_shared_model_and_engine_on_llama_cpp(lm):
