@@ -64,6 +64,11 @@ class NestEngine(decoding_engine.NestEngine):
         """See ``assembly.from_defaults``."""
         return from_defaults(*args, **kwargs)
 
+    def preset_config(self, name: str) -> NestConfig:
+        """The preset's config adapted to this engine's backend (``engine_config``): a
+        per-call ``config="paper"`` works on llama.cpp too."""
+        return engine_config(self, name)
+
 
 # --------------------------------------------------------------------------------- resolution
 

@@ -337,6 +337,41 @@ def test_bad_input_errors(tiny_lm):
         make_engine(tiny_lm, config=NestConfig(key_source="block_input"))
 
 
+def test_a_preset_name_is_taken_wherever_a_config_or_policy_is(tiny_lm):
+    """``config="paper"`` per call is that preset's config and policy (as ``from_defaults``
+    reads it), ``policy="grounded"`` that preset's policy; another type is a TypeError that
+    names the accepted ones (it was an AttributeError on ``'str'.key_source``)."""
+    from nest_integrations.policy import AnswerPolicy
+
+    engine = make_engine(tiny_lm, config=NestConfig.from_preset("paper-13b"),
+                         policy=AnswerPolicy.from_preset("grounded"))
+    passages = [_passage(PASSAGE_TEXT, "rome")]
+    named = engine.generate(PASSAGE_TEXT[:30], max_new_tokens=8, passages=passages,
+                            config="paper")
+    built = engine.generate(PASSAGE_TEXT[:30], max_new_tokens=8, passages=passages,
+                            config=NestConfig.from_preset("paper"),
+                            policy=AnswerPolicy.from_preset("paper"))
+    assert named.token_ids == built.token_ids and named.stats.decoding == built.stats.decoding
+    for name in ("paper", "grounded"):  # the preset's config with the model's key source
+        assert engine.settings(name) == (engine.check_config(NestConfig.from_preset(name)),
+                                         AnswerPolicy.from_preset(name))
+    assert engine.settings(None, "paper") == (engine.config, AnswerPolicy.from_preset("paper"))
+    assert engine.settings() == (engine.config, engine.policy)
+    assert len(list(engine.stream("Hello", max_new_tokens=2, policy="paper"))) >= 1
+    with pytest.raises(TypeError, match="NestConfig, a preset name .*'paper'"):
+        engine.generate("Hello", config={"relaxation": 0.1})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="AnswerPolicy, a preset name"):
+        engine.generate("Hello", policy=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown NEST preset"):
+        engine.generate("Hello", config="nope")
+    # the public engine adapts a preset to its model's backend, as from_defaults does
+    from nest_integrations import assembly
+
+    built = assembly.build_engine(assembly.EngineSpec(backend="torch"), lm=tiny_lm)
+    assert built.settings("paper")[0] == assembly.engine_config(built, "paper")
+    assert built.generate("Hello", config="paper", max_new_tokens=2).token_ids
+
+
 def test_stream_with_stop_string_across_tokens(tiny_lm):
     """A stop string spanning a token boundary is never streamed, and deltas add up."""
     engine = make_engine(tiny_lm)

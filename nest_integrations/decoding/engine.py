@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 
-from nest_integrations.config import NestConfig
+from nest_integrations.config import PRESETS, NestConfig
 from nest_integrations.core.token_memory import TokenMemory
 from nest_integrations.decoding.loop import DecodeLoop
 from nest_integrations.decoding.target import session
@@ -134,6 +134,31 @@ class NestEngine:
         #: ``NestConfig.attribute``: one ``attribution.Attributor`` per scorer, built on use
         self._attributors: dict[str, Attributor] = {}
 
+    def preset_config(self, name: str) -> NestConfig:
+        """The config of the preset ``name`` (``config.PRESETS``) for this engine's model
+        (the assembly's engine adapts it to the model's backend)."""
+        return NestConfig.from_preset(name)
+
+    def settings(
+        self, config: NestConfig | str | None = None, policy: AnswerPolicy | str | None = None
+    ) -> tuple[NestConfig, AnswerPolicy]:
+        """A call's ``(config, policy)``: None = the engine's; a preset name (``PRESETS``)
+        = that preset's config for this model (``preset_config``) and, unless ``policy`` is
+        given, its policy; a policy name = that preset's policy. Other types: a TypeError."""
+        if isinstance(policy, str):
+            policy = AnswerPolicy.from_preset(policy)
+        elif policy is not None and not isinstance(policy, AnswerPolicy):
+            raise TypeError(f"policy must be an AnswerPolicy, a preset name ({_names()}) or "
+                            f"None, not {type(policy).__name__}")
+        if isinstance(config, str):
+            name, config = config, self.preset_config(config)
+            policy = policy if policy is not None else AnswerPolicy.from_preset(name)
+        elif config is not None and not isinstance(config, NestConfig):
+            raise TypeError(f"config must be a NestConfig, a preset name ({_names()}) or None, "
+                            f"not {type(config).__name__}")
+        cfg = self.check_config(config) if config is not None else self.config
+        return cfg, policy if policy is not None else self.policy
+
     def check_config(self, config: NestConfig) -> NestConfig:
         """``config`` if this engine can decode with it, else a ``ValueError`` (its key source
         must be the model's; unset, it becomes the model's). Edges that validate early (the
@@ -150,11 +175,11 @@ class NestEngine:
 
     # ----------------------------------------------------------------- stage 1 and 2
     def retrieve(
-        self, query: str, k: int | None = None, config: NestConfig | None = None
+        self, query: str, k: int | None = None, config: NestConfig | str | None = None
     ) -> list[Passage]:
         """Stage 1: the top-k passages for ``query`` (k defaults to ``n_passages``), each once
         (the policy then reorders them: ``plan``)."""
-        cfg = config or self.config
+        cfg = self.settings(config)[0]
         if self.retriever is None or not query.strip():
             return []
         seen: set[str] = set()
@@ -162,14 +187,15 @@ class NestEngine:
                 if not (p.id in seen or seen.add(p.id))]
 
     def plan(
-        self, question: str, passages: Sequence[Passage], *, config: NestConfig | None = None,
-        policy: AnswerPolicy | None = None, decoding: str | None = None,
+        self, question: str, passages: Sequence[Passage], *,
+        config: NestConfig | str | None = None, policy: AnswerPolicy | str | None = None,
+        decoding: str | None = None,
         raw_text: bool = False,
     ) -> AnswerPlan:
         """The policy's plan for one request (``policy.plan_answer``): the method, stage 1's
         passages reordered, the RA prompt's passages, the guards (``raw_text``: the prompt is
         raw text to continue, which the relevance gate judges)."""
-        cfg, pol = config or self.config, policy or self.policy
+        cfg, pol = self.settings(config, policy)
         return plan_answer(pol, question, passages, self.retriever, n_ra=cfg.ra_passages,
                            decoding=(decoding, self.decoding), raw_text=raw_text)
 
@@ -187,8 +213,8 @@ class NestEngine:
         *,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         stop: Sequence[str] | None = None,
-        config: NestConfig | None = None,
-        policy: AnswerPolicy | None = None,
+        config: NestConfig | str | None = None,
+        policy: AnswerPolicy | str | None = None,
         passages: Sequence[Passage] | None = None,
         query: str | None = None,
         decoding: str | None = None,
@@ -198,8 +224,9 @@ class NestEngine:
 
         ``passages`` skips stage-1 retrieval; ``query`` overrides the retrieval query (default:
         the prompt, or the last user message). ``config`` and ``policy`` override the engine's
-        for this call, ``decoding`` the method (see ``drafters.METHODS``) and
-        ``drafter_options`` its drafter's options.
+        for this call (a ``NestConfig`` / ``AnswerPolicy``, or a preset name: ``settings``),
+        ``decoding`` the method (see ``drafters.METHODS``) and ``drafter_options`` its
+        drafter's options.
         """
         result = None
         for chunk in self.stream(
@@ -223,8 +250,8 @@ class NestEngine:
         *,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         stop: Sequence[str] | None = None,
-        config: NestConfig | None = None,
-        policy: AnswerPolicy | None = None,
+        config: NestConfig | str | None = None,
+        policy: AnswerPolicy | str | None = None,
         passages: Sequence[Passage] | None = None,
         query: str | None = None,
         decoding: str | None = None,
@@ -232,7 +259,7 @@ class NestEngine:
     ) -> Iterator[StreamChunk]:
         """Like ``generate`` but yields text deltas with their citation; the last chunk has
         empty text and carries the ``NestResult``. Retrieve -> plan -> loop -> result."""
-        cfg = self.check_config(config) if config is not None else self.config
+        cfg, pol = self.settings(config, policy)
         _check_budget(max_new_tokens)
         question = query_of(prompt)
         if not question.strip():
@@ -244,7 +271,7 @@ class NestEngine:
             if passages is None:
                 passages = self.retrieve(query or question, cfg.n_passages, cfg)
             as_chat = string_as_chat(self.lm, prompt, self.string_prompts)
-            plan = self.plan(query or question, passages, config=cfg, policy=policy,
+            plan = self.plan(query or question, passages, config=cfg, policy=pol,
                              decoding=decoding, raw_text=isinstance(prompt, str) and not as_chat)
             stats.relevance = plan.relevance
             stats.timing.retrieval = time.perf_counter() - t_start
@@ -337,6 +364,10 @@ def _fit_budget(lm: LanguageModel, n_prompt: int, max_new_tokens: int) -> int:
         )
         return ctx - n_prompt
     return max_new_tokens
+
+
+def _names() -> str:
+    return ", ".join(repr(n) for n in PRESETS)
 
 
 def _check_budget(max_new_tokens: Any) -> None:
