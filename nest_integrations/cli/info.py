@@ -118,7 +118,9 @@ def _print_backend(b: dict[str, Any]) -> None:
         + (f" [{b['dtype_choice']}]" if b.get("dtype_choice") else ""))
     if b["exact_rows"]:
         out("Lossless:     exact here: verify rows equal one-token steps bit for bit, so "
-            "greedy, prompt-lookup, rag-copy, DReSD, REST and KNN-SSD equal greedy decoding"
+            "greedy, prompt-lookup, rag-copy, DReSD, REST"
+            + (" and KNN-SSD" if b.get("backend") != "llama.cpp" else "")
+            + " equal greedy decoding"
             + (" (this model's multi-row decodes are not: verify rows are decoded one at a "
                "time, so drafts save no time)" if b.get("rows_one_at_a_time") else ""))
     else:
