@@ -160,3 +160,26 @@ def test_ingest_once_on_torch_then_ask_on_llama_cpp(tmp_path: Path, capsys) -> N
                  "llama.cpp"]) == 2
     assert "no collection 'nope'" in capsys.readouterr().err
     assert snapshot(keys) == before
+
+
+def test_a_lazy_store_caches_each_backend_in_its_own_namespace(tmp_path: Path) -> None:
+    """``--keys lazy``: each backend's keys go to a cache namespace of their own; a torch eager
+    store left in the dir is read through by torch only."""
+    from nest_integrations.index.lazy_cache import LazyKeyCache, lazy_cache_stats
+    from nest_integrations.index.lazy_mode import configure_lazy
+
+    keys = tmp_path / "keys"
+    torch_lm = backend_lm("torch")
+    llama_lm = backend_lm("llama.cpp", seed=1, key_source="final_norm")
+    with DiskKeyStore.open(keys, torch_lm) as store:
+        torch_keys = ensure_keys(store, torch_lm, PASSAGES[:2])
+    configure_lazy(keys, max_bytes=10**6)
+    with LazyKeyCache.open(keys, llama_lm) as cache:
+        assert cache.source is None  # the eager store holds torch's keys, not llama.cpp's
+        ensure_keys(cache, llama_lm, PASSAGES)
+    with LazyKeyCache.open(keys, torch_lm) as cache:
+        got = cache.get_keys(PASSAGES)
+        assert all(np.array_equal(g.keys, k.keys) for g, k in zip(got, torch_keys))
+        assert got[2:] == [None, None] and cache.source_hits == 2
+    spaces = {s["fingerprint"]: s["n_entries"] for s in lazy_cache_stats(keys)["namespaces"]}
+    assert spaces == {llama_lm.fingerprint: len(PASSAGES), torch_lm.fingerprint: 0}
