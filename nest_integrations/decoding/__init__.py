@@ -4,9 +4,12 @@
   return a ``NestResult`` (or stream ``StreamChunk``s);
 - ``prompts``: the chat template, the retrieval-augmented templates, what a string prompt means;
 - ``loop``: the ONE verify-and-commit loop (``DecodeLoop``), shared by every decoding method in
-  ``drafters/``; ``verifiers``: its acceptance rules (relaxed Eq. 7, exact greedy, speculative
-  sampling); ``lookahead``: NEST's look-ahead guesses;
-- ``text_stream``: incremental output text, token ends, stop strings, streamed deltas.
+  ``drafters/``; ``target``: its target passes, as the LM's declared ``Capabilities`` allow,
+  and the target distribution; ``drafts``: the drafter's side; ``verifiers``: its acceptance
+  rules (relaxed Eq. 7, exact greedy, speculative sampling); ``lookahead``: NEST's look-ahead
+  guesses;
+- ``text_stream``: incremental output text, token ends, stop strings; the loop's commits turned
+  into streamed chunks and citations (``TextStream``).
 
 Engines are built by ``nest_integrations.assembly`` (``from_defaults``, ``build_engine``);
 ``from nest_integrations import NestEngine`` is the public name.
