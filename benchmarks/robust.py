@@ -284,7 +284,8 @@ def build_stores(work: Path, sets: Iterable[str], qs: Any, profiles: Any, pydoc:
 
 def system_spec(name: str, collection: str, root: Path) -> assembly.EngineSpec:
     """``rag``, ``default``, ``default@only`` (a title_context variant), ``default@ungated``
-    (no relevance gate for raw text) or ``copy``, each
+    (no relevance gate for raw text), ``default@noev`` (no evidence first),
+    ``default@ev-SCORER[-MIN]`` (evidence first with that scorer and threshold) or ``copy``, each
     optionally ``llama.cpp:``-prefixed and ``~SOURCE``-suffixed (``root``: the store root of
     ``store_id(name)``)."""
     backend, name = split_backend(name)
@@ -302,6 +303,12 @@ def system_spec(name: str, collection: str, root: Path) -> assembly.EngineSpec:
         policy = AnswerPolicy.from_preset("grounded")
         if variant == "ungated":  # no relevance gate: raw text is always continued by copying
             policy = policy.replace(completion_relevance=None)
+        elif variant == "noev":  # no evidence first: chat questions decoded with rag-copy
+            policy = policy.replace(evidence=None)
+        elif variant.startswith("ev-"):  # ev-SCORER[-MIN]: evidence first with that scorer
+            scorer, _, least = variant[3:].partition("-")
+            policy = policy.replace(evidence=scorer, **({"evidence_min": float(least)}
+                                                        if least else {}))
         elif variant:
             policy = policy.replace(title_context=variant)
         if base == "default-fixed":  # no cost model: fixed spans and fixed rag-copy drafts
@@ -323,8 +330,19 @@ def score(item: Item, result: Any) -> dict[str, Any]:
            "gold_cited_chars": sum(len(c.text) for c in cites if c.doc_id == item.gold_doc_id),
            "min_cite_words": min((len(c.text.split()) for c in cites), default=None),
            "exact_rows": result.stats.exact_rows}
+    shown = [c for c in cites if c.kind in ("copy", "verbatim")]
+    texts = {p.id: p.text for p in result.passages}
+    out["cut_words"] = sum(cuts_word(text, c, texts.get(c.passage_id)) for c in shown)
+    out["n_cites"] = len(shown)
+    out["shown_chars"] = sum(len(c.text) for c in shown)
+    out["shown_gold_chars"] = sum(len(c.text) for c in shown if c.doc_id == item.gold_doc_id)
+    out["answer_chars"] = len(text.strip())
     if item.kind == "closed":
         out["correct"] = grounded.answer_correct(text, item.answer, item.distractors)
+        out["right_cited"] = out["correct"] and any(
+            c.doc_id == item.gold_doc_id and grounded.answer_correct(c.text, item.answer)
+            for c in shown)
+        out["cited_wrong"] = not out["correct"] and bool(shown)
         out["wrong_attribute"] = wrong_attribute(text, item.answer, item.attribute,
                                                  [tuple(a) for a in item.other_attributes],
                                                  item.distractors, item.other_entities)
@@ -333,6 +351,17 @@ def score(item: Item, result: Any) -> dict[str, Any]:
         out["rouge_l"] = rouge_l(text, item.gold_text)
         out["degenerate"] = degenerate(text)
     return out
+
+
+def cuts_word(text: str, c: Any, src: str | None = None) -> bool:
+    """Whether citation ``c`` starts or ends inside a word or a number, in the answer or in its
+    passage's text ``src`` (a letter or digit on both sides of an edge)."""
+
+    def inside(t: str | None, i: int) -> bool:
+        return t is not None and 0 < i < len(t) and t[i - 1].isalnum() and t[i].isalnum()
+
+    return (inside(text, c.start) or inside(text, c.end)
+            or inside(src, c.passage_start) or inside(src, c.passage_end))
 
 
 def run(items: list[Item], systems: list[str], roots: dict[str, Path], max_closed: int,
@@ -389,8 +418,16 @@ def summarize(records: list[dict[str, Any]], systems: list[str], reference: str 
                    "gold_cited": (sum(r["gold_cited_chars"] for r in rr) / cited) if cited else None,
                    "min_cite_words": min((r["min_cite_words"] for r in rr
                                           if r["min_cite_words"] is not None), default=None)}
+            shown = sum(r.get("shown_chars", 0) for r in rr)
+            row.update(cut_words=sum(r.get("cut_words", 0) for r in rr),
+                       n_cites=sum(r.get("n_cites", 0) for r in rr),
+                       cited_share=shown / max(1, sum(r.get("answer_chars", 0) for r in rr)),
+                       shown_gold=(sum(r.get("shown_gold_chars", 0) for r in rr) / shown
+                                   if shown else None))
             if rr[0]["kind"] == "closed":
                 a, b = [r["correct"] for r in rr], [r["correct"] for r in ref]
+                row.update(right_cited=sum(r.get("right_cited", False) for r in rr),
+                           cited_wrong=sum(r.get("cited_wrong", False) for r in rr))
                 row.update(correct=sum(a), wrong_attribute=sum(r["wrong_attribute"] for r in rr),
                            won=sum(x and not y for x, y in zip(a, b)),
                            lost=sum(y and not x for x, y in zip(a, b)),
@@ -413,27 +450,34 @@ def markdown(rows: list[dict[str, Any]], reference: str = "rag") -> str:
     if closed:
         out += ["## Closed questions", "",
                 f"| set | family | system | n | correct | won / lost vs {reference} | McNemar p | "
+                "right and cited | wrong and cited | citations (cut a word) | "
                 "wrong-attribute | gold-cited | shortest citation (words) | tok/s |",
-                "|---|---|---|---|---|---|---|---|---|---|---|"]
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in closed:
             pval = "" if r["p"] is None else f"{r['p']:.3g}"
             gc = "" if r["gold_cited"] is None else f"{100 * r['gold_cited']:.1f}%"
             short = "" if r["min_cite_words"] is None else r["min_cite_words"]
             out.append(f"| {r['set']} | {r['family']} | {r['system']} | {r['n']} | "
                        f"{r['correct']} | {r['won']} / {r['lost']} | {pval} | "
+                       f"{r['right_cited']} | {r['cited_wrong']} | {r['n_cites']} "
+                       f"({r['cut_words']}) | "
                        f"{r['wrong_attribute']} | {gc} | {short} | {r['tok_s']:.1f} |")
     opened = [r for r in rows if "rouge_l" in r]
     if opened:
         out += ["", "## Open-ended prompts", "",
                 f"| set | family | system | n | ROUGE-L | vs {reference} (95% CI) | degenerate | "
+                "cited share (on gold) | citations (cut a word) | "
                 "gold-cited | shortest citation (words) | tok/s |",
-                "|---|---|---|---|---|---|---|---|---|---|"]
+                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in opened:
             diff = (f"{r['rouge_diff']:+.1f} ({r['ci'][0]:+.1f} to {r['ci'][1]:+.1f})"
                     if "rouge_diff" in r else "")
             gc = "" if r["gold_cited"] is None else f"{100 * r['gold_cited']:.1f}%"
+            sg = "" if r["shown_gold"] is None else f" ({100 * r['shown_gold']:.0f}%)"
             out.append(f"| {r['set']} | {r['family']} | {r['system']} | {r['n']} | "
-                       f"{r['rouge_l']:.1f} | {diff} | {r['degenerate']} | {gc} | "
+                       f"{r['rouge_l']:.1f} | {diff} | {r['degenerate']} | "
+                       f"{100 * r['cited_share']:.0f}%{sg} | {r['n_cites']} ({r['cut_words']}) | "
+                       f"{gc} | "
                        f"{r['min_cite_words'] if r['min_cite_words'] is not None else ''} | "
                        f"{r['tok_s']:.1f} |")
     return "\n".join(out) + "\n"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from nest_integrations.cli.formatting import number_sources, render, with_markers
 from nest_integrations.types import Citation, NestResult, NestStats, Passage
 
@@ -29,7 +31,7 @@ def test_single_token_matches_are_not_marked():
     cites = [Citation("The", 0, 3, "a", "doc-a", 0, 3, 0, 3, 1, {})]
     res = NestResult(text, [1, 2, 3], cites, NestStats(new_tokens=3))
     assert with_markers(res) == "The cat sat."
-    assert with_markers(res, min_tokens=1) == "The[1] cat sat."
+    assert with_markers(res, min_tokens=1) == "The cat sat.[1]"
     assert "Sources: none" in render(res)
 
 
@@ -37,3 +39,23 @@ def test_render_without_citations_says_so():
     res = NestResult("hello", [1], [], NestStats(new_tokens=1))
     assert "Sources: none" in render(res)
     assert with_markers(res) == "hello"
+
+
+def test_markers_go_at_the_end_of_the_sentence_or_line_never_inside_a_word_or_code():
+    """A span that ends inside a line of code or a word gets its marker where the line or the
+    sentence ends (the quickstart's "if[1] not expression" and "expression[1]1")."""
+    text = ('The simple form is equivalent to\n\n   if not expression: raise AssertionError\n'
+            'The form "assert expression1, expression2" is equivalent to this')
+    a = text.index("if not")
+    b = text.index("expression1")
+    cites = [_cite("a", 0, a + 2, text[: a + 2]), _cite("b", text.index("The form"), b + 10,
+                                                         text[text.index("The form"): b + 10])]
+    res = NestResult(text, [1] * 10, cites, NestStats(new_tokens=10))
+    marked = with_markers(res)
+    assert "if[" not in marked and "expression[" not in marked
+    assert marked.startswith("The simple form is equivalent to\n\n   if not expression: raise "
+                             "AssertionError[1]\n")
+    assert marked.endswith("is equivalent to this[2]")
+    for m in re.finditer(r"\[\d\]", marked):  # a marker follows no letter inside a word
+        after = marked[m.end(): m.end() + 1]
+        assert not after.isalnum()

@@ -11,6 +11,8 @@ way and labelled "verbatim match" in the source list.
 
 from __future__ import annotations
 
+import re
+
 from nest_integrations import output
 from nest_integrations.types import Citation, NestResult
 
@@ -29,16 +31,36 @@ def shown(result: NestResult, min_tokens: int = 2) -> list[Citation]:
 
 
 def with_markers(result: NestResult, min_tokens: int = 2) -> str:
-    """The answer text with ``[n]`` after each cited span."""
+    """The answer text with ``[n]`` at the end of the sentence or line where each cited span
+    ends (never inside a word or a line of code), each passage's number once per place."""
     cites = shown(result, min_tokens)
     numbers = number_sources(cites)
-    out, pos = [], 0
+    text = result.text
+    places: dict[int, list[int]] = {}
     for c in cites:
-        out.append(result.text[pos : c.end])
-        out.append(f"[{numbers[c.passage_id]}]")
-        pos = c.end
-    out.append(result.text[pos:])
+        marks = places.setdefault(marker_place(text, c.end), [])
+        if numbers[c.passage_id] not in marks:
+            marks.append(numbers[c.passage_id])
+    out, pos = [], 0
+    for at in sorted(places):
+        out.append(text[pos:at] + "".join(f"[{n}]" for n in places[at]))
+        pos = at
+    out.append(text[pos:])
     return "".join(out)
+
+
+_SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s|$)|[:;](?=[ \t]*(?:\n|$))|\n")
+
+
+def marker_place(text: str, end: int) -> int:
+    """Where the marker of a span ending at ``end`` goes: after the first sentence end (``.``,
+    ``!`` or ``?`` before whitespace, ``:`` or ``;`` before a line break) or before the first
+    line break from the span's last character on, else at the end of the text (trailing
+    whitespace kept outside)."""
+    m = _SENTENCE_END.search(text, max(0, end - 1))
+    if m is None:
+        return len(text.rstrip())
+    return m.start() if m.group() == "\n" else m.end()
 
 
 def source_lines(result: NestResult, width: int = 100, min_tokens: int = 2) -> list[str]:

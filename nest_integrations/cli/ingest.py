@@ -173,6 +173,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         out(f"Ingested into collection {report.collection!r} ({report.location})")
         formats = ", ".join(f"{v} {k}" for k, v in report.formats.items())
         out(f"  documents   {report.documents:,}" + (f": {formats}" if formats else ""))
+        out(f"  titles      {report.titled:,} of {report.documents:,} documents have a title "
+            "other than their id" + ("" if report.titled else
+                                     " (JSONL: a top-level or metadata \"title\")"))
         out(
             f"  passages    {report.passages:,} ({report.added:,} added, "
             f"{report.unchanged:,} unchanged, {report.removed:,} removed)"

@@ -19,7 +19,13 @@ output; WordPiece decodes "Rome." as "Rome ."; normalizers change characters. Th
   pieces (``difflib`` matching blocks of the two texts), each trimmed again; pieces shorter than
   ``MIN_PIECE_CHARS`` non-space characters or without a letter or digit are dropped. A piece's
   ``n_tokens`` counts the run's tokens whose output text overlaps it.
+- **Word rule**: a citation never starts or ends inside a word or a number, in the output or in
+  the passage (``snap_to_words``: its edges move inward, in both texts at once, past any partial
+  word; "Aruba is King" cited from "ruba is King" becomes "is King", a number's decimal or
+  thousands separator counts as inside it). Dangling brackets and separators at its edges go too.
 - A run whose texts share nothing citable gives no citation (its tokens keep their sources).
+- **Adjacent runs merge**: two citations of one passage whose gap reads the same in the output
+  and in the passage ("equivalent to" + "\n\n   " + "if not expression") are one citation.
 
 Without the output text (``text=None`` and ``token_ends`` carrying none) the ranges are used as
 computed (exact for byte-level BPE over a round-tripping passage, not in general).
@@ -80,7 +86,27 @@ def build_citations(
     cites: list[Citation] = []
     for i, j in source_runs(sources):
         cites.extend(_citations(sources, token_ends, passages, offsets, i, j, kind, text))
-    return cites
+    return merge_adjacent(cites, passages, text) if text is not None else cites
+
+
+def merge_adjacent(cites: Sequence[Citation], passages: Sequence[Passage],
+                   text: str) -> list[Citation]:
+    """``cites`` (in output order) with each two neighbours of one passage and kind joined where
+    the gap between them reads the same in ``text`` and in the passage."""
+    by_id = {p.id: p for p in passages}
+    out: list[Citation] = []
+    for c in cites:
+        prev = out[-1] if out else None
+        passage = by_id.get(c.passage_id)
+        if (prev is not None and passage is not None and prev.passage_id == c.passage_id
+                and prev.kind == c.kind and c.start >= prev.end
+                and c.passage_start >= prev.passage_end
+                and text[prev.end:c.start] == passage.text[prev.passage_end:c.passage_start]):
+            out[-1] = make_citation(passage, prev.start, c.end, prev.passage_start,
+                                    c.passage_end, prev.n_tokens + c.n_tokens, c.kind)
+        else:
+            out.append(c)
+    return out
 
 
 def last_citation(
@@ -135,7 +161,8 @@ def _citations(
     e = int(token_ends[j - 1])
     if text is None:  # no output text to check against: the ranges as computed
         return [make_citation(passage, s, e, ps, pe, j - i, kind)]
-    pieces = exact_pieces(text, s, e, passage.text, ps, pe)
+    pieces = [snapped for piece in exact_pieces(text, s, e, passage.text, ps, pe)
+              if (snapped := snap_to_words(text, passage.text, *piece)) is not None]
     if len(pieces) == 1:
         (s2, e2, ps2, pe2), = pieces
         return [make_citation(passage, s2, e2, ps2, pe2, j - i, kind)]
@@ -175,6 +202,46 @@ def exact_pieces(
         b0 = b + (a0 - a)
         pieces.append((s + a0, s + a1, ps + b0, ps + b0 + (a1 - a0)))
     return pieces
+
+
+#: Characters a citation does not start with, and does not end with (after the word rule).
+_NO_START = " \t\r\n,;:.)]}»”’"
+_NO_END = " \t\r\n,;([{«“‘"
+
+
+def word_edge(text: str, i: int) -> bool:
+    """Whether position ``i`` of ``text`` is not inside a word or a number: a letter or digit on
+    both sides is inside, and so is a ``.`` or ``,`` between two digits ("77.5", "1,000")."""
+    if i <= 0 or i >= len(text):
+        return True
+    a, b = text[i - 1], text[i]
+    if a.isalnum() and b.isalnum():
+        return False
+    if b in ".," and a.isdigit() and i + 1 < len(text) and text[i + 1].isdigit():
+        return False
+    if a in ".," and b.isdigit() and i >= 2 and text[i - 2].isdigit():
+        return False
+    return True
+
+
+def snap_to_words(
+    out: str, src: str, s: int, e: int, ps: int, pe: int
+) -> tuple[int, int, int, int] | None:
+    """An exact piece (``out[s:e] == src[ps:pe]``) narrowed until both its edges are word edges
+    in both texts, then past edge whitespace and dangling separators or brackets (the word rule
+    of the module docstring); None when nothing citable is left."""
+    while s < e and not (word_edge(out, s) and word_edge(src, ps)):
+        s, ps = s + 1, ps + 1
+    while e > s and not (word_edge(out, e) and word_edge(src, pe)):
+        e, pe = e - 1, pe - 1
+    while s < e and out[s] in _NO_START:
+        s, ps = s + 1, ps + 1
+    while e > s and out[e - 1] in _NO_END:
+        e, pe = e - 1, pe - 1
+    piece = out[s:e]
+    if len(piece.replace(" ", "")) < MIN_PIECE_CHARS or not any(ch.isalnum() for ch in piece):
+        return None
+    return s, e, ps, pe
 
 
 def trim_span(text: str, start: int, end: int) -> tuple[int, int]:

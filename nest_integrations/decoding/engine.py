@@ -404,7 +404,8 @@ class _Request:
         stream that turns its commits into chunks."""
         engine, plan, cfg, stats = self.engine, self.plan, self.config, self.stats
         passages = plan.passages
-        method = plan.method_for(as_chat or not isinstance(self.prompt, str))
+        chat = as_chat or not isinstance(self.prompt, str)
+        method = plan.method_for(chat)
         stats.decoding = method.name
         t0 = time.perf_counter()
         memory = engine.build_memory(passages) if passages and method.uses_memory else None
@@ -415,7 +416,8 @@ class _Request:
         stats.prompt_tokens = len(ids)
         live = engine.sentence_stream(cfg, passages) if cfg.attribute else None
         ctx = DrafterContext(engine.lm, cfg, ids, passages, memory, self.options,
-                             engine.retriever, stats, plan.prompt_passages, plan.guards)
+                             engine.retriever, stats, plan.prompt_passages, plan.guards,
+                             evidence=plan.evidence if chat else None)
         drafter = method.make_drafter(ctx) if method.make_drafter is not None else None
         offsets = list(memory.offsets) if memory is not None else [None] * len(passages)
         loop = DecodeLoop(

@@ -16,6 +16,7 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 
 from nest_integrations.config import Guards, NestConfig
+from nest_integrations.core.evidence import EvidenceSpan
 from nest_integrations.core.mixture import Distribution
 from nest_integrations.core.token_memory import TokenMemory
 from nest_integrations.lm.base import LanguageModel
@@ -180,6 +181,8 @@ class DrafterContext:
     stats: NestStats = field(default_factory=NestStats)
     prompt_passages: list[Passage] | None = None  # the RA prompt's (None: the first ra_passages)
     guards: Guards = field(default_factory=Guards)  # the answer policy's output guards
+    #: the answer's evidence (``core.evidence``): a copying drafter copies it first, and only it
+    evidence: EvidenceSpan | None = None
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from contextlib import nullcontext
 
 import torch
 
+from nest_integrations.core.evidence import EvidenceSpan, evidence_rows
 from nest_integrations.core.proposers import span_draft, span_start, use_span
 from nest_integrations.core.topic import answer_document
 from nest_integrations.drafters.base import DecodeState, Draft, DrafterContext, Source
@@ -46,6 +47,7 @@ class NestDrafter:
         self.config = ctx.config
         self._rows: list[int] | None = None  # memory rows of the last draft (None: token mode)
         self._stream_row: int | None = None  # continue copying here after a full acceptance
+        self._quote: list[int] = []  # the evidence sentence's rows, quoted before any draft
         self._lock = ctx.guards.lock_document and not self.config.strict_acceptance
         self.document: str | None = None  # the answer's document, once a copy fixes it
         self._allowed: torch.Tensor | None = None  # (passages,) bool: that document's passages
@@ -61,6 +63,30 @@ class NestDrafter:
         doc_of = {p.id: p.doc_id for p in ctx.passages}
         ids = self.memory.passage_ids if self.memory is not None else []
         self._doc_of = [doc_of.get(pid) for pid in ids]  # per memory passage index
+        if ctx.evidence is not None and self.memory is not None:
+            self._quote_first(ctx.evidence)
+
+    def _quote_first(self, evidence: EvidenceSpan) -> None:
+        """Evidence first, then copy (``core.evidence``): the memory keeps only the evidence
+        window's rows; the answer opens with the evidence sentence, quoted a token a step (each
+        committed as a chosen token, cited to its row), and NEST's spans go on from the
+        window's next row (relaxed acceptance, as any continuation)."""
+        memory = self.memory
+        if evidence.passage_id not in memory.passage_ids:
+            return
+        p = memory.passage_ids.index(evidence.passage_id)
+        a, b = evidence_rows(memory.offsets[p], evidence.start, evidence.end)
+        if a >= b:
+            return
+        first, last = memory.starts[p] + a, memory.starts[p] + b
+        memory.mask([r for r in range(len(memory)) if not first <= r < last])
+        q_end = evidence.sentence_end if evidence.sentence_end is not None else evidence.end
+        _, qb = evidence_rows(memory.offsets[p], evidence.start, q_end)
+        self._quote = list(range(first, memory.starts[p] + max(qb, a + 1)))
+        if self._lock:
+            self.document = self._doc_of[p]
+            self._allowed = torch.tensor([d == self.document for d in self._doc_of],
+                                         dtype=torch.bool)
 
     def propose(self, state: DecodeState) -> Draft | None:
         memory, cfg = self.memory, self.config
@@ -69,6 +95,11 @@ class NestDrafter:
         limit = min(cfg.max_span, state.budget)
         if self.planner is not None:  # the first token is decided: a span verifies the rest
             limit = min(limit, 1 + self.planner.length())
+        if self._quote:  # evidence first: its sentence, a token a step, then copy on from there
+            row = self._quote.pop(0)
+            if not self._quote and row + 1 < len(memory) and not memory.is_used(row + 1):
+                self._stream_row = row + 1
+            return self._draft([row], chosen_first=True)
         if self._stream_row is not None:  # continuation of the last fully accepted span
             rows = self._paying(span_draft(memory, self._stream_row, limit, state.eos))
             self._stream_row = None

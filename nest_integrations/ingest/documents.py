@@ -274,10 +274,17 @@ def _load_jsonl(
         if not isinstance(meta, dict):
             issues.add(rel, '"metadata" must be a JSON object', lineno)
             continue
-        given = record.get("id")
+        key = "id" if record.get("id") is not None else "_id"  # BEIR's corpus.jsonl: "_id"
+        given = record.get(key)
         if given is not None and not isinstance(given, (str, int)):
-            issues.add(rel, '"id" must be a string or an integer', lineno)
+            issues.add(rel, f'"{key}" must be a string or an integer', lineno)
             continue
+        top_title = record.get("title")  # BEIR and Hugging Face dumps keep it at the top level
+        if top_title is not None and not isinstance(top_title, str):
+            issues.add(rel, '"title" must be a string', lineno)
+            continue
+        if top_title and top_title.strip() and not meta.get("title"):
+            meta = {**meta, "title": top_title.strip()}
         doc_id = str(given) if given is not None else text_hash_id(body)
         if doc_id in seen:
             issues.add(rel, f"duplicate id {doc_id!r} (first on line {seen[doc_id]})", lineno)

@@ -48,6 +48,9 @@ class IngestReport:
     collection: str
     location: str
     documents: int = 0
+    #: documents with a title of their own (a heading, ``metadata.title`` or a top-level
+    #: ``title``), not their id or file name: the title index finds only these by name
+    titled: int = 0
     passages: int = 0
     added: int = 0
     unchanged: int = 0
@@ -173,6 +176,7 @@ class IngestPipeline:
         )
         report = IngestReport(self.store.collection_name, self.store.location, issues=issues)
         report.documents = len(docs)
+        report.titled = sum(1 for d in docs if d.title and d.title not in (d.doc_id, d.source))
         report.formats = describe_formats(docs)
         keys = self.with_keys if with_keys is None else with_keys
         lazy = self.key_mode() == "lazy"

@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from nest_integrations.config import GROUNDED_MIN_CITATION_WORDS, PRESETS, Guards
+from nest_integrations.core.evidence import EvidenceSpan
 from nest_integrations.drafters import Method, get_method
+from nest_integrations.policy.evidence import EVIDENCE_SCORERS, choose_evidence
 from nest_integrations.retrieval.titles import (
     LOOKUP_LIMIT,
     TitleMatch,
@@ -64,6 +66,13 @@ class AnswerPolicy:
             must reach for ``completion_decoding`` to continue raw text; below it, or with no
             passage, raw text is decoded with ``decoding``. None: no gate.
         guards: the output guards (``config.Guards``).
+        evidence: evidence first, then copy (``policy.evidence``): the scorer that chooses the
+            prompt passages' sentence that answers a chat question (one of
+            ``EVIDENCE_SCORERS``), or None (off).
+        evidence_min: the chosen sentence's score needed to answer from it; below it (no
+            sentence holds enough of the question) the question is decoded with ``decoding``.
+        evidence_decoding: the method that copies the evidence (its memory is the evidence
+            window; ``drafters.nest``).
     """
 
     title_match: bool = False
@@ -72,6 +81,9 @@ class AnswerPolicy:
     completion_decoding: str | None = None
     completion_relevance: float | None = None
     guards: Guards = field(default_factory=Guards)
+    evidence: str | None = None
+    evidence_min: float = 0.0
+    evidence_decoding: str = "nest"
 
     def __post_init__(self) -> None:
         if not isinstance(self.title_match, bool):
@@ -88,6 +100,16 @@ class AnswerPolicy:
                               or not 0.0 <= r <= 2.0):
             raise ValueError(f"AnswerPolicy.completion_relevance={r!r} is invalid: allowed None "
                              "or a number in [0, 2] (1.0: as close as the passage's own opening)")
+        if self.evidence is not None and self.evidence not in EVIDENCE_SCORERS:
+            raise ValueError(f"AnswerPolicy.evidence={self.evidence!r} is invalid: allowed None "
+                             f"or one of {EVIDENCE_SCORERS}")
+        m = self.evidence_min
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.0 <= m <= 1.0:
+            raise ValueError(f"AnswerPolicy.evidence_min={m!r} is invalid: allowed a number "
+                             "in [0, 1]")
+        if get_method(self.evidence_decoding).make_drafter is None:
+            raise ValueError(f"AnswerPolicy.evidence_decoding={self.evidence_decoding!r} is "
+                             "invalid: a method that copies (one with a drafter)")
         if not isinstance(self.guards, Guards):
             raise ValueError("AnswerPolicy.guards must be a config.Guards")
 
@@ -120,6 +142,12 @@ class AnswerPolicy:
 #: lead openings of the sample corpus's Wikipedia side against Wikipedia leads it does not
 #: hold), ``python -m benchmarks.completion_gate``.
 GROUNDED_COMPLETION_RELEVANCE = 0.735
+#: ``grounded``'s evidence scorer and threshold (docs/decisions.md, "Evidence first, then
+#: copy"): of the three scorers, the one whose scores separate the dev split's answerable
+#: questions (entities and open-ended prompts) from unanswerable ones (entity questions asked of
+#: the sample corpus), and the threshold between them, ``python -m benchmarks.evidence``.
+GROUNDED_EVIDENCE = "combined"
+GROUNDED_EVIDENCE_MIN = 0.36
 _GROUNDED_GUARDS = Guards(stop_on_repeat=True, min_citation_words=GROUNDED_MIN_CITATION_WORDS,
                           lock_document=True, confidence_guard=0.3, eos_guard=0.5)
 #: The policy part of each preset (``config.PRESETS`` holds the algorithm part).
@@ -128,7 +156,8 @@ POLICIES: dict[str, AnswerPolicy] = {
     "grounded": AnswerPolicy(title_match=True, title_context="only", decoding="rag-copy",
                              completion_decoding="nest",
                              completion_relevance=GROUNDED_COMPLETION_RELEVANCE,
-                             guards=_GROUNDED_GUARDS),
+                             guards=_GROUNDED_GUARDS, evidence=GROUNDED_EVIDENCE,
+                             evidence_min=GROUNDED_EVIDENCE_MIN),
     "copy": AnswerPolicy(title_match=True, title_context="first", decoding="nest",
                          guards=_GROUNDED_GUARDS),
 }
@@ -147,6 +176,7 @@ class AnswerPlan:
     matches: list[TitleMatch] = field(default_factory=list)
     completion_method: Method | None = None
     relevance: float | None = None  # the relevance gate's measure, when it ran
+    evidence: EvidenceSpan | None = None  # the chosen evidence, when a chat answer copies it
 
     def method_for(self, as_chat: bool) -> Method:
         """The method of the prompt as read: chat messages, or raw text to continue."""
@@ -188,7 +218,13 @@ def plan_answer(
     n_ra = n_ra or method.ra_passages
     prompt = prompt_passages(retrieved if policy.title_context == "off" else ranked, n_ra,
                              policy.title_context)
-    return AnswerPlan(method, ranked, prompt, policy.guards, matches, completion, relevance)
+    evidence = None
+    if policy.evidence is not None and not raw_text and not any(decoding) and prompt:
+        found = choose_evidence(question, prompt, policy.evidence, retriever)
+        if found is not None and found.score >= policy.evidence_min:
+            evidence, method = found, get_method(policy.evidence_decoding)
+    return AnswerPlan(method, ranked, prompt, policy.guards, matches, completion, relevance,
+                      evidence)
 
 
 def gate_relevance(prompt: str, passages: Sequence[Passage], retriever: Any = None) -> float:
@@ -238,6 +274,7 @@ def _mark(p: Passage) -> Passage:
     return dataclasses.replace(p, metadata={**(p.metadata or {}), "title_match": True})
 
 
-__all__ = ["FALLBACK_DECODING", "GROUNDED_COMPLETION_RELEVANCE", "POLICIES", "TITLE_CONTEXTS",
+__all__ = ["FALLBACK_DECODING", "GROUNDED_COMPLETION_RELEVANCE", "GROUNDED_EVIDENCE",
+           "GROUNDED_EVIDENCE_MIN", "POLICIES", "TITLE_CONTEXTS",
            "AnswerPlan", "AnswerPolicy", "gate_relevance", "named_first", "plan_answer",
            "prompt_passages"]

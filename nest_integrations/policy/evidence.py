@@ -1,0 +1,81 @@
+"""Choosing the evidence of an answer before decoding (``core.evidence``): the sentence of the
+prompt's passages that best answers the question, and the window NEST copies from.
+
+Scorers (``EVIDENCE_SCORERS``):
+
+- ``"overlap"``: the IDF-weighted share of the question's content words the sentence holds
+  (``core.evidence.overlap_scores``);
+- ``"embedding"``: the cosine of question and sentence under the retriever's embedder (the
+  packaged MiniLM when it has none);
+- ``"combined"``: their mean.
+
+The window runs from the best sentence to the end of its passage (at most ``window_chars``
+characters, cut at a sentence end): an explanation goes on where the passage goes on, and the
+model's own end-of-answer decides where a short answer stops (``Guards.eos_guard``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import numpy as np
+
+from nest_integrations.core.evidence import EvidenceSpan, overlap_scores, sentence_spans
+from nest_integrations.types import Passage
+
+LOG = logging.getLogger(__name__)
+
+EVIDENCE_SCORERS = ("overlap", "embedding", "combined")
+
+
+def choose_evidence(
+    question: str,
+    passages: Sequence[Passage],
+    scorer: str = "overlap",
+    retriever: Any = None,
+    window_chars: int = 1200,
+) -> EvidenceSpan | None:
+    """The evidence window for ``question`` in ``passages`` (the RA prompt's), or None when no
+    passage has a sentence. Ties go to the earlier sentence (stage-1 order, then text order)."""
+    if scorer not in EVIDENCE_SCORERS:
+        raise ValueError(f"evidence scorer {scorer!r} is unknown: choose one of "
+                         f"{EVIDENCE_SCORERS}")
+    cands = [(p, s, e) for p in passages for s, e in sentence_spans(p.text)]
+    if not cands:
+        return None
+    texts = [p.text[s:e] for p, s, e in cands]
+    scores = np.zeros(len(cands))
+    if scorer in ("overlap", "combined"):
+        scores += overlap_scores(question, texts)
+    if scorer in ("embedding", "combined"):
+        scores += _cosines(question, texts, retriever)
+    if scorer == "combined":
+        scores /= 2.0
+    best = int(np.argmax(scores))  # the first of equal maxima
+    p, s, e = cands[best]
+    end = _window_end(p.text, s, e, window_chars)
+    LOG.debug("evidence (%s %.3f): %r", scorer, scores[best], p.text[s:e][:80])
+    return EvidenceSpan(p.id, s, end, float(scores[best]), sentence_end=e)
+
+
+def _window_end(text: str, start: int, first_end: int, window_chars: int) -> int:
+    """The end of the window that starts at ``start``: the last sentence end within
+    ``window_chars`` of it (at least the first sentence's)."""
+    end = first_end
+    for s, e in sentence_spans(text):
+        if s >= first_end and e - start <= window_chars:
+            end = e
+    return end
+
+
+def _cosines(question: str, texts: Sequence[str], retriever: Any) -> np.ndarray:
+    from nest_integrations.attribution.embedder import default_embedder, embed
+    from nest_integrations.retrieval.relevance import embedder_of
+
+    embedder = embedder_of(retriever) or default_embedder()
+    m = embed(embedder, [question, *texts])
+    return np.clip(m[1:] @ m[0], 0.0, 1.0)
+
+
+__all__ = ["EVIDENCE_SCORERS", "choose_evidence"]

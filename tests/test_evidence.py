@@ -1,0 +1,164 @@
+"""Evidence first, then copy: the sentence choice (``core.evidence``, ``policy.evidence``), the
+plan that decodes from it, and citations a person can check (``core.citations``' word rule)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from nest_integrations.core.citations import build_citations, snap_to_words, word_edge
+from nest_integrations.core.evidence import (
+    content_words,
+    evidence_rows,
+    overlap_scores,
+    sentence_spans,
+)
+from nest_integrations.policy import AnswerPolicy, plan_answer
+from nest_integrations.policy.evidence import choose_evidence
+from nest_integrations.types import Passage
+
+PROFILE = ("Tumouland\n\nPeople and society\nPopulation: 8,915,496 (2020 est.)\n"
+           "Life expectancy at birth: 76.6 years\nOfficial language: Pusaic\n\nGovernment\n"
+           "Capital: Mapudo\nHead of government: Prime Minister Setrugo Trafa (since 2020)\n")
+PROSE = ('The "assert" statement\n**********************\n\nAssert statements are a convenient '
+         "way to insert debugging assertions\ninto a program:\n\n   assert_stmt ::= \"assert\" "
+         "expression\n\nThe simple form is equivalent to\n\n   if not expression: raise "
+         "AssertionError\n")
+
+
+def _texts(text: str) -> list[str]:
+    return [text[s:e] for s, e in sentence_spans(text)]
+
+
+def test_sentences_split_field_lines_and_keep_wrapped_prose_whole() -> None:
+    assert "Life expectancy at birth: 76.6 years" in _texts(PROFILE)
+    assert "Capital: Mapudo" in _texts(PROFILE)
+    # a wrapped line that goes on in lower case stays in its sentence
+    assert ("Assert statements are a convenient way to insert debugging assertions\n"
+            "into a program:") in _texts(PROSE)
+    for s, e in sentence_spans(PROFILE + PROSE):  # exact, trimmed spans
+        text = (PROFILE + PROSE)[s:e]
+        assert text == text.strip() and text
+
+
+def test_the_attribute_asked_for_outweighs_the_words_every_sentence_shares() -> None:
+    sentences = _texts(PROFILE)
+    for question, want in [("What is the life expectancy at birth in Tumouland?", "Life expectancy"),
+                           ("Tumouland capital?", "Capital: Mapudo"),
+                           ("Who heads the government of Tumouland?", "Head of government")]:
+        scores = overlap_scores(question, sentences)
+        assert sentences[int(np.argmax(scores))].startswith(want), question
+
+
+def test_a_heading_that_only_restates_the_question_is_no_evidence() -> None:
+    sentences = _texts(PROSE)
+    scores = overlap_scores("How does the assert statement work?", sentences)
+    assert scores[0] == 0.0  # 'The "assert" statement' holds no word beyond the question's
+    assert sentences[int(np.argmax(scores))].startswith("Assert statements are")
+
+
+def test_content_words_fold_case_accents_plurals_and_drop_function_words() -> None:
+    assert content_words("What are the Statements of Émile?") == ["statement", "emile"]
+    assert overlap_scores("", ["a sentence"]).tolist() == [0.0]
+
+
+def test_evidence_rows_are_the_tokens_overlapping_the_window() -> None:
+    offsets = np.array([[0, 3], [3, 8], [8, 12], [12, 20]])
+    assert evidence_rows(offsets, 3, 12) == (1, 3)
+    assert evidence_rows(offsets, 4, 9) == (1, 3)  # partly covered tokens count
+    assert evidence_rows(offsets, 30, 40) == (0, 0)
+
+
+def test_the_plan_answers_from_evidence_above_the_threshold_and_falls_back_below() -> None:
+    passages = [Passage("p1", PROFILE, "profile/tumouland", metadata={"title": "Tumouland"})]
+    policy = AnswerPolicy(decoding="rag-copy", evidence="overlap", evidence_min=0.3)
+    plan = plan_answer(policy, "What is the life expectancy at birth?", passages, n_ra=1)
+    assert plan.method.name == "nest" and plan.evidence is not None
+    ev = plan.evidence
+    assert PROFILE[ev.start:ev.sentence_end] == "Life expectancy at birth: 76.6 years"
+    assert ev.end >= ev.sentence_end  # the window goes on in the passage
+    weak = plan_answer(policy, "Which river crosses Zanzibar?", passages, n_ra=1)
+    assert weak.method.name == "rag-copy" and weak.evidence is None
+    named = plan_answer(policy, "What is the life expectancy?", passages, n_ra=1,
+                        decoding=("greedy",))
+    assert named.method.name == "greedy" and named.evidence is None  # a named method wins
+    raw = plan_answer(policy, "Life expectancy at birth:", passages, n_ra=1, raw_text=True)
+    assert raw.evidence is None  # raw text is continued, not answered
+
+
+def test_choose_evidence_rejects_an_unknown_scorer_and_needs_sentences() -> None:
+    with pytest.raises(ValueError, match="evidence scorer 'bm25' is unknown"):
+        choose_evidence("q", [Passage("p", "Some text.")], scorer="bm25")
+    assert choose_evidence("q", [Passage("p", " \n ")]) is None
+    with pytest.raises(ValueError, match="AnswerPolicy.evidence='bm25' is invalid"):
+        AnswerPolicy(evidence="bm25")
+    with pytest.raises(ValueError, match="evidence_min"):
+        AnswerPolicy(evidence_min=1.5)
+
+
+# ----------------------------------------------------------------------------- citations
+
+
+def test_word_edges_treat_separators_inside_numbers_as_inside() -> None:
+    t = "life 77.5 years (2024) and 1,000 people"
+    assert not word_edge(t, t.index("77.5") + 2) and not word_edge(t, t.index("77.5") + 3)
+    assert not word_edge(t, t.index("1,000") + 1) and not word_edge(t, t.index("1,000") + 2)
+    assert word_edge(t, t.index("years")) and word_edge(t, 0) and word_edge(t, len(t))
+
+
+def test_a_citation_cut_inside_a_word_or_number_is_narrowed_to_whole_words() -> None:
+    src = "The chief of state of Aruba is King WILLEM-ALEXANDER; life 77.5 years (2024 est.)"
+    out = "ruba is King"
+    ps = src.index("ruba")
+    assert snap_to_words(out, src, 0, len(out), ps, ps + len(out)) == (5, 12, ps + 5, ps + 12)
+    piece = ".5 years (202"
+    ps = src.index(piece)
+    # both edges cut a number: only "years" is left, too short a citation of its own to keep
+    s, e, p0, p1 = snap_to_words(piece, src, 0, len(piece), ps, ps + len(piece))
+    assert piece[s:e] == "years" == src[p0:p1]
+
+
+def _tokens(text: str) -> tuple[list[str], np.ndarray]:
+    """A character-pair tokenizer: tokens cut words anywhere (the hardest case for the rule)."""
+    toks = [text[i:i + 2] for i in range(0, len(text), 2)]
+    offs = np.array([(i, min(i + 2, len(text))) for i in range(0, len(text), 2)])
+    return toks, offs
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_citations_never_start_or_end_inside_a_word_and_stay_exact(seed: int) -> None:
+    """Random copies of random runs of a passage, tokenised so runs start and end anywhere:
+    every citation is an exact slice of both texts and no edge is inside a word or number."""
+    rng = random.Random(seed)
+    words = ["state", "Aruba", "77.5", "1,000", "King", "of", "the", "is", "(2024)", "years"]
+    src = " ".join(rng.choice(words) for _ in range(40))
+    passage = Passage("p", src, "d")
+    toks, offs = _tokens(src)
+    sources, out, ends = [], "", []
+    for _ in range(4):
+        a = rng.randrange(len(toks) - 1)
+        b = min(len(toks), a + rng.randint(1, 8))
+        out += rng.choice(["", " ", "x"])  # text the model wrote itself
+        if len(out):
+            sources.append(None)
+            ends.append(len(out))
+        for j in range(a, b):
+            out += toks[j]
+            sources.append((0, j))
+            ends.append(len(out))
+    for c in build_citations(sources, ends, [passage], [offs], text=out):
+        assert out[c.start:c.end] == c.text == src[c.passage_start:c.passage_end]
+        for t, i in ((out, c.start), (out, c.end), (src, c.passage_start), (src, c.passage_end)):
+            assert word_edge(t, i), (c.text, out, src)
+
+
+def test_adjacent_runs_of_one_passage_merge_into_one_citation() -> None:
+    src = "The simple form is equivalent to\n\n   if not expression: raise AssertionError"
+    toks, offs = _tokens(src)
+    # two runs of the same passage, skipping token 10 in the positions but writing its text
+    sources = [(0, j) for j in range(0, 10)] + [None] + [(0, j) for j in range(11, len(toks))]
+    ends = list(np.cumsum([len(t) for t in toks]))
+    cites = build_citations(sources, ends, [Passage("p", src, "d")], [offs], text=src)
+    assert len(cites) == 1 and cites[0].text == src
