@@ -1,7 +1,9 @@
-"""The answer policy (``policy.answer``): presets name a policy and a config; ``grounded`` decodes
-every question losslessly against its RA prompt (so its answer is greedy decoding of that prompt,
-whatever the phrasing), ``paper`` is the paper's algorithm with no guards, and the guards are
-prefix-exact: they only end an answer early, and a stream never shows text the answer drops."""
+"""The answer policy (``policy.answer``): presets name a policy and a config; ``grounded`` answers
+a chat question from its evidence (the prompt passages' sentence that says the answer, quoted and
+cited, then NEST's copying) and, where no sentence holds enough of the question, losslessly
+against its RA prompt (greedy decoding of that prompt, whatever the phrasing); ``paper`` is the
+paper's algorithm with no guards, and the guards are prefix-exact: they only end an answer
+early, and a stream never shows text the answer drops."""
 
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ def test_every_preset_names_a_policy_and_a_config():
     assert paper == AnswerPolicy() and paper.guards == Guards() and not paper.title_match
     assert paper.method().name == "nest"
     grounded = POLICIES["grounded"]
-    assert grounded.title_match and grounded.method().name == "rag-copy"
+    assert grounded.title_match and grounded.method().name == "rag-copy"  # without evidence
+    assert grounded.evidence == "combined" and grounded.evidence_decoding == "nest"
     assert grounded.method(completion=True).name == "nest"  # raw text to continue: copying
     assert grounded.guards.stop_on_repeat and grounded.guards.min_citation_words == 3
     assert POLICIES["copy"].method().name == "nest"
@@ -56,11 +59,16 @@ def test_the_method_is_the_calls_then_the_engines_then_the_policys():
 
 def test_grounded_continues_raw_text_by_copying_and_answers_chat_losslessly(grounded):
     """The call's form decides (not its wording): a string to continue gets NEST's relaxed
-    copying, the same text as a chat message the lossless RA answer."""
+    copying of the text that follows, the same text as a chat message an answer from its
+    evidence (or, without evidence, the lossless RA answer)."""
     text = "Cambodia is a country in Southeast Asia. Its capital is"
     raw = grounded.generate(text, max_new_tokens=8)
     chat = grounded.generate([{"role": "user", "content": text}], max_new_tokens=8)
-    assert raw.stats.decoding == "nest" and chat.stats.decoding == "rag-copy"
+    assert raw.stats.decoding == "nest" and chat.stats.decoding == "nest"
+    assert grounded.plan(text, grounded.retrieve(text), raw_text=True).evidence is None
+    plain = grounded.generate([{"role": "user", "content": text}], max_new_tokens=8,
+                              policy=POLICIES["grounded"].replace(evidence=None))
+    assert plain.stats.decoding == "rag-copy"
 
 
 VIKINGS = ("The Vikings were seafaring people from Scandinavia who raided, traded and settled "
@@ -157,13 +165,41 @@ def grounded(tiny_lm):
                        policy=POLICIES["grounded"])
 
 
+GOLD = {"Cambodia": ("cambodia", "71.4"), "Malawi": ("malawi", "Lilongwe")}
+
+
 @pytest.mark.parametrize("question", PHRASINGS)
-def test_grounded_answers_are_greedy_decoding_of_their_ra_prompt(grounded, question):
-    """Whatever the phrasing, the default's answer is the RA-LM's own greedy answer to its
-    prompt (the guards may only end it earlier), with the named document in the prompt."""
+def test_grounded_answers_open_with_the_sentence_that_says_it(grounded, question):
+    """Whatever the phrasing, the default chooses the named document's sentence that holds the
+    value (evidence first), and the answer opens with that sentence, copied and cited exactly to
+    it: the citation holds the value, on the gold document."""
+    doc, value = next(v for k, v in GOLD.items() if k.lower() in question.lower())
     messages = [{"role": "user", "content": question}]
-    result = grounded.generate(messages, max_new_tokens=24)
     plan = grounded.plan(question, grounded.retrieve(question))
+    ev = plan.evidence
+    assert ev is not None and plan.method.name == "nest"
+    passage = next(p for p in plan.passages if p.id == ev.passage_id)
+    sentence = passage.text[ev.start:ev.sentence_end]
+    assert passage.doc_id == doc and value in sentence
+    result = grounded.generate(messages, max_new_tokens=24)
+    assert result.stats.decoding == "nest"
+    assert result.text.strip().startswith(sentence), (result.text, sentence)
+    first = result.citations[0]
+    assert first.kind == "copy" and first.doc_id == doc and value in first.text
+    assert result.text[first.start:first.end] == first.text
+    assert passage.text[first.passage_start:first.passage_end] == first.text
+
+
+@pytest.mark.parametrize("question", PHRASINGS)
+def test_without_evidence_grounded_answers_are_greedy_decoding_of_their_ra_prompt(grounded,
+                                                                                  question):
+    """Where the default answers without evidence (no sentence holds enough of the question),
+    its answer is the RA-LM's own greedy answer to its prompt (the guards may only end it
+    earlier), with the named document in the prompt."""
+    messages = [{"role": "user", "content": question}]
+    no_evidence = POLICIES["grounded"].replace(evidence=None)
+    result = grounded.generate(messages, max_new_tokens=24, policy=no_evidence)
+    plan = grounded.plan(question, grounded.retrieve(question), policy=no_evidence)
     assert result.stats.decoding == "rag-copy" and result.stats.exact_rows is not False
     ids = prompt_ids(grounded.lm, messages, plan.prompt_passages)
     assert result.stats.prompt_tokens == len(ids)

@@ -147,7 +147,7 @@ GROUNDED_COMPLETION_RELEVANCE = 0.735
 #: questions (entities and open-ended prompts) from unanswerable ones (entity questions asked of
 #: the sample corpus), and the threshold between them, ``python -m benchmarks.evidence``.
 GROUNDED_EVIDENCE = "combined"
-GROUNDED_EVIDENCE_MIN = 0.36
+GROUNDED_EVIDENCE_MIN = 0.33
 _GROUNDED_GUARDS = Guards(stop_on_repeat=True, min_citation_words=GROUNDED_MIN_CITATION_WORDS,
                           lock_document=True, confidence_guard=0.3, eos_guard=0.5)
 #: The policy part of each preset (``config.PRESETS`` holds the algorithm part).

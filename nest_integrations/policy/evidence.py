@@ -6,7 +6,8 @@ Scorers (``EVIDENCE_SCORERS``):
 - ``"overlap"``: the IDF-weighted share of the question's content words the sentence holds
   (``core.evidence.overlap_scores``);
 - ``"embedding"``: the cosine of question and sentence under the retriever's embedder (the
-  packaged MiniLM when it has none);
+  packaged MiniLM when it has none), the sentence read after its document's title (a sentence
+  that names its subject by a pronoun is still about it);
 - ``"combined"``: their mean.
 
 The window runs from the best sentence to the end of its passage (at most ``window_chars``
@@ -48,8 +49,8 @@ def choose_evidence(
     scores = np.zeros(len(cands))
     if scorer in ("overlap", "combined"):
         scores += overlap_scores(question, texts)
-    if scorer in ("embedding", "combined"):
-        scores += _cosines(question, texts, retriever)
+    if scorer in ("embedding", "combined"):  # each sentence read under its document's title
+        scores += _cosines(question, [_titled(p, p.text[s:e]) for p, s, e in cands], retriever)
     if scorer == "combined":
         scores /= 2.0
     best = int(np.argmax(scores))  # the first of equal maxima
@@ -67,6 +68,13 @@ def _window_end(text: str, start: int, first_end: int, window_chars: int) -> int
         if s >= first_end and e - start <= window_chars:
             end = e
     return end
+
+
+def _titled(passage: Passage, sentence: str) -> str:
+    """``sentence`` as the embedder reads it: after its document's title, so that a sentence
+    that names its subject only by a pronoun ("Its capital is Lilongwe.") is still about it."""
+    title = str((passage.metadata or {}).get("title") or "").strip()
+    return f"{title}: {sentence}" if title and title.lower() not in sentence.lower() else sentence
 
 
 def _cosines(question: str, texts: Sequence[str], retriever: Any) -> np.ndarray:
