@@ -28,6 +28,15 @@ from nest_integrations.evaluation.corpora import WikiLead, sha1_key
 from nest_integrations.jsonl import jsonl_values
 
 
+#: How reports and plots title each task.
+TASK_TITLES = {
+    "completion-in": "Completion, in-corpus",
+    "completion-out": "Completion, held-out",
+    "qa": 'QA "What is X?"',
+    "entity-qa": "Grounded entity QA",
+}
+
+
 @dataclass(frozen=True)
 class Example:
     """One evaluation input.
