@@ -19,7 +19,7 @@ os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
 os.environ.setdefault("NEST_THREADS", "1")
 # The product default backend is "auto" (lm.auto_backend: llama.cpp where it is installed and
 # faster); tests run torch unless they name a backend, so no result depends on whether the
-# llamacpp extra is installed. tests/test_auto_backend.py tests auto itself.
+# llamacpp extra is installed. tests/lm/test_auto_backend.py tests auto itself.
 os.environ.setdefault("NEST_BACKEND", "torch")
 
 import pytest  # noqa: E402

@@ -69,7 +69,7 @@ def test_a_skip_outside_the_list_fails_ci_and_is_named(tmp_path: Path) -> None:
 def test_the_allowed_list_allows_no_missing_dependency_or_browser() -> None:
     rules = read_skip_rules()
     assert rules  # the file parses
-    ids = ["tests/test_dresd.py", "tests/test_dresd.py::test_x",
+    ids = ["tests/dresd/test_dresd.py", "tests/dresd/test_dresd.py::test_x",
            "tests/server/test_server_page.py::test_playground_streams_highlights_and_shows_exact"
            "_sources",
            "tests/integrations/langchain/test_standard_integration.py::TestChatNestCorpus::test_x"]
@@ -83,7 +83,7 @@ def test_the_allowed_list_allows_no_missing_dependency_or_browser() -> None:
     # the standard suites' own skips are allowed, only in those suites
     suite = "tests/integrations/langchain/test_standard_integration.py::TestChatNestCorpus::test_x"
     assert any(r.allows(suite, "Test requires tool calling.") for r in rules)
-    assert not any(r.allows("tests/test_engine.py::test_x", "Test requires tool calling.")
+    assert not any(r.allows("tests/decoding/test_engine.py::test_x", "Test requires tool calling.")
                    for r in rules)
 
 

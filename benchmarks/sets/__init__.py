@@ -10,5 +10,5 @@
   ``profiles`` by ``python -m benchmarks.completion_gate``).
 
 The loop that runs them through systems is ``benchmarks.harness.qa_dev``. Tests:
-``tests/test_quality.py``, ``tests/test_phrasings.py``.
+``tests/evaluation/test_quality.py``, ``tests/benchmarks/test_phrasings.py``.
 """

@@ -19,7 +19,7 @@ Module map:
 - ``suite``: end to end (model + datastore + tasks -> files);
 - ``nest eval`` is ``nest_integrations/cli/eval.py``.
 
-Tests: ``tests/test_evaluation.py``, ``tests/test_quality.py``.
+Tests: ``tests/evaluation/test_evaluation.py``, ``tests/evaluation/test_quality.py``.
 """
 
 from nest_integrations.evaluation.metrics import (

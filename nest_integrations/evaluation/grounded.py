@@ -1,6 +1,6 @@
 """Grounded-QA metrics: is the answer right, are its citations on the right document, does it
 copy off-topic text, does it run on past the answer? Pure functions (hand-computed cases in
-tests/test_evaluation.py).
+tests/evaluation/test_evaluation.py).
 
 Definitions (one question, one output):
 

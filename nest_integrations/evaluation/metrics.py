@@ -1,4 +1,5 @@
-"""Evaluation metrics: pure functions, each with a hand-computed case in tests/test_evaluation.py.
+"""Evaluation metrics: pure functions, each with a hand-computed case in
+tests/evaluation/test_evaluation.py.
 
 The official NEST evaluation had bugs that these functions avoid on purpose (spec §12):
 

@@ -1,5 +1,5 @@
 """Open-ended answer metrics: content, degeneration, run-on into other documents, and where the
-citations point. Pure functions (hand-computed cases in tests/test_quality.py).
+citations point. Pure functions (hand-computed cases in tests/evaluation/test_quality.py).
 
 - **ROUGE-L** (``rouge_l``): F-measure of the answer against the gold passage (``metrics.rouge``).
 - **degenerate** (``degenerate``): the answer is empty, mostly punctuation (under half of its

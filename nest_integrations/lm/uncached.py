@@ -2,8 +2,8 @@
 
 Its "cache" is just the list of token ids seen so far, so cropping can never go wrong. It is
 the oracle for the KV-cache invariant: the loop over this wrapper must give exactly the tokens
-it gives over the cached model (``tests/test_drafters.py``). Chains only: no token trees, no
-layer skipping.
+it gives over the cached model (``tests/drafters/test_drafters.py``). Chains only: no token trees,
+no layer skipping.
 """
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ def live_server(tmp_path_factory: pytest.TempPathFactory, default_lm: Any) -> An
     )
     app = create_app(engine, settings)
     # these tests check that citations reach the wire exactly, on short answers: the policy's
-    # guards (tests/test_topic.py) are off, so every citation is kept and shown (by default
+    # guards (tests/core/test_topic.py) are off, so every citation is kept and shown (by default
     # citations under 3 words are hidden, and copies from a second document dropped)
     app.state.nest.base_policy = app.state.nest.base_policy.replace(guards=Guards())
     sock = _free_socket()

@@ -17,17 +17,8 @@ from nest_integrations.decoding.engine import NestEngine
 from nest_integrations.index.in_memory_store import InMemoryKeyStore
 from nest_integrations.server import ServerSettings, create_app
 from nest_integrations.server import protocol as P
-from tests.server.test_server_gate import (
-    KEY,
-    PASSAGES,
-    WAIT,
-    Server,
-    _error,
-    _in_thread,
-    chat,
-    idle,
-    running,
-    until,
+from tests.server.live_server import (
+    KEY, PASSAGES, WAIT, Server, chat, expect_error, idle, in_thread, running, until
 )
 
 MAX_CHARS = 600
@@ -125,12 +116,12 @@ def test_an_attribution_waits_in_the_queue_and_gets_429_when_full(held: Server) 
     go = threading.Event()
     eng.start = go
     n_calls = len(eng.calls)
-    first, out1 = _in_thread(lambda: held.post("/v1/chat/completions", chat("running")))
+    first, out1 = in_thread(lambda: held.post("/v1/chat/completions", chat("running")))
     until(lambda: len(eng.calls) == n_calls + 1, "the generation runs, held")
-    second, out2 = _in_thread(lambda: held.post("/v1/attributions", {"text": TEXT}))
+    second, out2 = in_thread(lambda: held.post("/v1/attributions", {"text": TEXT}))
     until(lambda: gate.pending == 2, "the attribution is queued")
     r = held.post("/v1/attributions", {"text": TEXT})
-    err = _error(r, 429, "busy")
+    err = expect_error(r, 429, "busy")
     assert err["code"] == "rate_limit_exceeded" and r.headers["retry-after"].isdigit()
     assert not out2  # still waiting for the model
     go.set()
@@ -157,16 +148,16 @@ def test_an_attribution_waits_in_the_queue_and_gets_429_when_full(held: Server) 
 ])  # fmt: skip
 def test_errors_are_clear_4xx(held: Server, body: dict, status: int, needle: str,
                               param: str) -> None:
-    err = _error(held.post("/v1/attributions", body), status, needle)
+    err = expect_error(held.post("/v1/attributions", body), status, needle)
     assert err["param"] == param
     assert held.gate.pending == 0  # refused before taking a place
 
 
 def test_auth_and_body_cap(held: Server) -> None:
     for key, needle in ((None, "Missing API key"), ("wrong", "Incorrect API key")):
-        err = _error(held.post("/v1/attributions", {"text": TEXT}, key=key), 401, needle)
+        err = expect_error(held.post("/v1/attributions", {"text": TEXT}, key=key), 401, needle)
         assert err["code"] == "invalid_api_key"
-    _error(held.post("/v1/attributions", {"text": "y" * 9000}), 413, "cap of 8,192")
+    expect_error(held.post("/v1/attributions", {"text": "y" * 9000}), 413, "cap of 8,192")
     r = httpx.get(held.url + "/v1/attributions", headers={"Authorization": f"Bearer {KEY}"})
     assert r.status_code == 405
 

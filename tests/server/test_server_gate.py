@@ -11,134 +11,22 @@ versions are in ``test_server_api.py`` (slow set).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import socket
 import threading
-import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
-from nest_integrations.config import NestConfig
-from nest_integrations.decoding.engine import NestEngine
-from nest_integrations.index.in_memory_store import InMemoryKeyStore
-from nest_integrations.retrieval.in_memory import InMemoryRetriever
-from nest_integrations.server import ServerSettings, create_app
+from nest_integrations.server import ServerSettings
+from tests.server.live_server import (
+    KEY, WAIT, Server, chat, expect_error, idle, in_thread, running, until
+)
 
-KEY = "gate-key"
 MAX_QUEUE = 1  # 2 places: one running, one waiting
 MAX_BODY = 4096
 CAP = 32
-WAIT = 60.0  # a deadline for conditions that must become true (a hang fails, nothing else)
-PASSAGES = [
-    "Belly dance is a Middle Eastern dance that originated in Egypt.",
-    "The assert statement is a convenient way to insert debugging assertions into a program.",
-    "Paris is the capital and most populous city of France.",
-]
-
-
-@dataclass
-class Call:
-    """One generation the engine was asked for."""
-
-    prompt: Any
-    chunks: int = 0
-    finished: bool = False  # the engine's stream ran to its end
-    closed: bool = False  # the stream was closed (finished or cancelled)
-
-
-@dataclass
-class HeldEngine:
-    """The real engine; ``start`` / ``after_first`` (Events) hold a generation before it starts
-    / after its first chunk until the test sets them. ``None``: no hold."""
-
-    engine: Any
-    start: threading.Event | None = None
-    after_first: threading.Event | None = None
-    calls: list[Call] = field(default_factory=list)
-    lock: threading.Condition = field(default_factory=threading.Condition)
-
-    def __getattr__(self, name: str) -> Any:  # lm, retriever, decoding, ...
-        return getattr(self.engine, name)
-
-    def stream(self, prompt: Any, **kwargs: Any) -> Any:
-        call = Call(prompt)
-        start, after_first = self.start, self.after_first
-        with self.lock:
-            self.calls.append(call)
-            self.lock.notify_all()
-        try:
-            if start is not None:
-                assert start.wait(WAIT)
-            for chunk in self.engine.stream(prompt, **kwargs):
-                call.chunks += 1
-                yield chunk
-                if call.chunks == 1 and after_first is not None:
-                    assert after_first.wait(WAIT)
-            call.finished = True
-        finally:
-            call.closed = True
-
-
-@dataclass
-class Server:
-    url: str
-    app: Any
-    engine: HeldEngine
-
-    @property
-    def gate(self) -> Any:
-        return self.app.state.gate
-
-    def post(self, path: str, body: Any = None, *, key: str | None = KEY,
-             content: bytes | None = None, **kw: Any) -> httpx.Response:
-        headers = {"Content-Type": "application/json", **kw.pop("headers", {})}
-        if key is not None:
-            headers["Authorization"] = f"Bearer {key}"
-        data = content if content is not None else json.dumps(body).encode()
-        return httpx.post(self.url + path, content=data, headers=headers, timeout=WAIT, **kw)
-
-    def get(self, path: str, key: str | None = KEY) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        return httpx.get(self.url + path, headers=headers, timeout=WAIT)
-
-
-def until(cond: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for: {what}"
-        time.sleep(0.005)
-
-
-def chat(content: str = "What is belly dance?", **extra: Any) -> dict[str, Any]:
-    return {"model": "nest", "messages": [{"role": "user", "content": content}],
-            "max_tokens": 8, **extra}
-
-
-@contextlib.contextmanager
-def running(tiny_lm: Any, settings: ServerSettings) -> Iterator[Server]:
-    """A real uvicorn server over the tiny engine (``HeldEngine``) with ``settings``."""
-    engine = HeldEngine(NestEngine(tiny_lm, InMemoryRetriever(PASSAGES), InMemoryKeyStore(),
-                                   NestConfig()))
-    app = create_app(engine, settings)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))  # held open and handed to uvicorn: nobody else can take it
-    port = sock.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    until(lambda: srv.started or not thread.is_alive(), "uvicorn started")
-    assert srv.started
-    try:
-        yield Server(f"http://127.0.0.1:{port}", app, engine)
-    finally:
-        srv.should_exit = True
-        thread.join(WAIT)
-        sock.close()
 
 
 @pytest.fixture(scope="module")
@@ -149,33 +37,10 @@ def server(tiny_lm) -> Any:
         yield srv
 
 
-def idle(server: Server) -> Iterator[Server]:
-    """The server with holds cleared, idle, before and after the test."""
-    server.engine.start = server.engine.after_first = None
-    until(lambda: server.gate.pending == 0, "the gate is idle")
-    yield server
-    server.engine.start = server.engine.after_first = None
-    until(lambda: server.gate.pending == 0, "the gate is idle after the test")
-
-
 @pytest.fixture
 def held(server: Server) -> Any:
     """The server with holds cleared, idle, before and after the test."""
     yield from idle(server)
-
-
-def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list]:
-    out: list = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except Exception as exc:  # noqa: BLE001 - checked by the test
-            out.append(exc)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, out
 
 
 def _raw_stream(server: Server, body: dict[str, Any]) -> socket.socket:
@@ -228,10 +93,10 @@ def test_queue_is_fifo_and_full_queue_gets_429_with_retry_after(held: Server) ->
     go = threading.Event()
     eng.start = go
     rejected_before, n_calls = gate.rejected, len(eng.calls)
-    first, out1 = _in_thread(lambda: held.post("/v1/chat/completions", chat("first question")))
+    first, out1 = in_thread(lambda: held.post("/v1/chat/completions", chat("first question")))
     with eng.lock:
         assert eng.lock.wait_for(lambda: len(eng.calls) == n_calls + 1, WAIT)  # running, held
-    second, out2 = _in_thread(lambda: held.post("/v1/chat/completions", chat("second question")))
+    second, out2 = in_thread(lambda: held.post("/v1/chat/completions", chat("second question")))
     until(lambda: gate.pending == 2, "the second request is queued")
     assert gate.status()["running"] == 1 and gate.status()["queued"] == 1
     # Every place is taken: the next requests are refused at once, streamed or not.
@@ -306,14 +171,14 @@ def test_client_gone_while_queued_gives_back_its_place(held: Server) -> None:
     go = threading.Event()
     eng.start = go
     n_calls = len(eng.calls)
-    first, out = _in_thread(lambda: held.post("/v1/chat/completions", chat("running")))
+    first, out = in_thread(lambda: held.post("/v1/chat/completions", chat("running")))
     until(lambda: len(eng.calls) == n_calls + 1, "the first request runs")
     sock = _raw_stream(held, chat("queued, then gone"))
     until(lambda: gate.pending == 2, "the streamed request is queued")
     assert held.post("/v1/chat/completions", chat()).status_code == 429  # really full
     sock.close()
     until(lambda: gate.pending == 1, "the gone client's place was given back")
-    third, out3 = _in_thread(lambda: held.post("/v1/chat/completions", chat("third")))
+    third, out3 = in_thread(lambda: held.post("/v1/chat/completions", chat("third")))
     until(lambda: gate.pending == 2, "a new request takes the freed place")
     go.set()
     first.join(WAIT)
@@ -323,20 +188,9 @@ def test_client_gone_while_queued_gives_back_its_place(held: Server) -> None:
     assert prompts == ["running", "third"]  # the gone client's generation never started
 
 
-# ------------------------------------------------------------------------------ caps, auth, 404
-
-
-def _error(r: httpx.Response, status: int, needle: str) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"}
-    assert needle in err["message"], err
-    return err
-
-
 def test_body_cap_413_declared_and_streamed(held: Server) -> None:
     big = json.dumps(chat("x" * (MAX_BODY + 10))).encode()
-    err = _error(held.post("/v1/chat/completions", content=big), 413, f"cap of {MAX_BODY:,}")
+    err = expect_error(held.post("/v1/chat/completions", content=big), 413, f"cap of {MAX_BODY:,}")
     assert err["code"] == "request_too_large"
 
     def chunked():  # no Content-Length: the cap is checked while reading
@@ -346,13 +200,13 @@ def test_body_cap_413_declared_and_streamed(held: Server) -> None:
     r = httpx.post(held.url + "/v1/chat/completions", content=chunked(), timeout=WAIT,
                    headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
     assert "content-length" not in {k.lower() for k in r.request.headers}
-    _error(r, 413, f"cap of {MAX_BODY:,}")
+    expect_error(r, 413, f"cap of {MAX_BODY:,}")
     padded = {**chat(), "pad": "x" * (MAX_BODY // 2)}  # under the cap (unknown fields ignored)
     assert held.post("/v1/chat/completions", padded).status_code == 200
 
 
 def test_max_tokens_cap(held: Server) -> None:
-    err = _error(held.post("/v1/chat/completions", chat(max_tokens=CAP + 1)), 400,
+    err = expect_error(held.post("/v1/chat/completions", chat(max_tokens=CAP + 1)), 400,
                  f"cap of {CAP} tokens")
     assert err["param"] == "max_tokens"
     r = held.post("/v1/completions", {"model": "nest", "prompt": "The assert", "max_tokens": CAP})
@@ -368,7 +222,7 @@ def test_auth_401_on_every_api_route(held: Server, path: str, method: str) -> No
     body = chat() if "chat" in path else {"prompt": "x"}
     for key, needle in ((None, "Missing API key"), ("wrong", "Incorrect API key")):
         r = held.post(path, body, key=key) if method == "post" else held.get(path, key=key)
-        assert _error(r, 401, needle)["code"] == "invalid_api_key"
+        assert expect_error(r, 401, needle)["code"] == "invalid_api_key"
     assert held.gate.pending == 0  # refused before taking a place
     ok = held.post(path, body) if method == "post" else held.get(path)
     assert ok.status_code in (200, 404), ok.text  # the right key gets through
@@ -376,10 +230,10 @@ def test_auth_401_on_every_api_route(held: Server, path: str, method: str) -> No
 
 
 def test_404s(held: Server) -> None:
-    err = _error(held.post("/v1/chat/completions", {**chat(), "model": "gpt-4o"}), 404,
+    err = expect_error(held.post("/v1/chat/completions", {**chat(), "model": "gpt-4o"}), 404,
                  "The model 'gpt-4o' does not exist")
     assert err["param"] == "model" and err["code"] == "model_not_found"
-    _error(held.get("/v1/passages/no-such-passage"), 404, "no passage 'no-such-passage'")
-    _error(held.get("/v1/nothing-here"), 404, "Not Found")
-    _error(held.get("/static/..secret"), 404, "no static file")
+    expect_error(held.get("/v1/passages/no-such-passage"), 404, "no passage 'no-such-passage'")
+    expect_error(held.get("/v1/nothing-here"), 404, "Not Found")
+    expect_error(held.get("/static/..secret"), 404, "no static file")
     assert held.gate.pending == 0

@@ -26,7 +26,7 @@ from nest_integrations.index.store import DiskKeyStore
 from nest_integrations.types import Passage
 from tests.fakes import FakeLM
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 D = 16
 #: Bytes of one cached entry of a 4-token passage: 20-byte header + 4 * (2*16 fp16 + 4 id + 8 off).
 ENTRY = 20 + 4 * (2 * D + 12)

@@ -20,7 +20,7 @@ from nest_integrations.attribution import (
 )
 from nest_integrations.retrieval.in_memory import InMemoryRetriever
 from nest_integrations.types import Citation, Passage
-from tests.test_tokenizers import EXTRA, PASSAGE_TEXT, any_lm  # noqa: F401  (fixture)
+from tests.tokenizer_cases import EXTRA, PASSAGE_TEXT, any_lm  # noqa: F401  (fixture)
 
 ANABASIS = (
     "Anabasis is the most famous work of the Ancient Greek professional soldier and writer "

@@ -33,7 +33,7 @@ from nest_integrations.index.store import DiskKeyStore
 from nest_integrations.retrieval.in_memory import InMemoryRetriever
 from nest_integrations.types import Passage
 from tests._crash import KillAt, run_child
-from tests.test_dresd import TEXTS, CountingSource  # ten one-sentence passages
+from tests.dresd_texts import TEXTS, CountingSource  # ten one-sentence passages
 
 PASSAGES = [Passage(id=f"p{i}", text=t, doc_id=f"d{i}") for i, t in enumerate(TEXTS)]
 #: Longer passages (each holds all ten texts): enough tokens to train an int8 codec.

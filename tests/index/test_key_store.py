@@ -20,7 +20,7 @@ from nest_integrations.index.store import DiskKeyStore
 from nest_integrations.types import Passage, PassageKeys
 from tests.fakes import FakeLM
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TEXTS = [
     "The Eiffel Tower is in Paris.",
     "Water boils at 100 degrees Celsius at sea level.",
@@ -275,7 +275,7 @@ def test_keys_persist_across_process_restarts(tmp_path: Path) -> None:
         from nest_integrations.index.keys import ensure_keys
         from nest_integrations.index.store import DiskKeyStore
         from tests.fakes import FakeLM
-        from tests.test_key_store import _numbered
+        from tests.index.test_key_store import _numbered
         lm = FakeLM(key_dim=16)
         store = DiskKeyStore.open(sys.argv[1], lm)
         keys = ensure_keys(store, lm, _numbered(0, 40))
@@ -320,7 +320,7 @@ def test_crash_between_append_and_commit_leaves_a_consistent_store(tmp_path: Pat
         from nest_integrations.index.keys import ensure_keys
         from nest_integrations.index.store import DiskKeyStore
         from tests.fakes import FakeLM
-        from tests.test_key_store import _numbered
+        from tests.index.test_key_store import _numbered
         lm = FakeLM(key_dim=16)
         store = DiskKeyStore.open(sys.argv[1], lm)
         write = store._write_shard

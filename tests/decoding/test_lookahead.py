@@ -19,7 +19,7 @@ import pytest
 from nest_integrations.decoding.lookahead import LookAhead
 from nest_integrations.config import NestConfig
 from tests.engines import make_engine
-from tests.test_engine import PASSAGE_TEXT, UNRELATED_TEXT, _passage
+from tests.passages import PASSAGE_TEXT, UNRELATED_TEXT, make_passage
 
 PROMPTS = [PASSAGE_TEXT[:40], "The Mediterranean Sea in Europe and the city of Rome",
            UNRELATED_TEXT[:50]]
@@ -32,7 +32,7 @@ CONFIGS = {
 
 
 def _passages():
-    return [_passage(PASSAGE_TEXT, "rome"), _passage(UNRELATED_TEXT, "bio")]
+    return [make_passage(PASSAGE_TEXT, "rome"), make_passage(UNRELATED_TEXT, "bio")]
 
 
 def _run(lm, cfg: NestConfig, prompt: str, lookahead: int, n: int = 40):

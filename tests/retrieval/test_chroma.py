@@ -28,7 +28,7 @@ from nest_integrations.retrieval.in_memory import InMemoryRetriever
 from nest_integrations.types import Passage
 from tests.fakes import FakeLM
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 DOCS = {
     "python.txt": "Python is a programming language.\n\nIt emphasises readability. "

@@ -23,34 +23,11 @@ from nest_integrations.dresd.pca import fit_transform
 from nest_integrations.types import Passage
 
 import faiss  # noqa: E402,F401  (a required dependency: imported, so a broken install fails)
-
-TEXTS = [
-    "The Roman Empire was the post-Republican state of ancient Rome.",
-    "Python is a high-level, general-purpose programming language.",
-    "The assert statement is a convenient way to insert debugging assertions into a program.",
-    "A generator function returns an iterator that yields values one at a time.",
-    "Paris is the capital and most populous city of France.",
-    "The mitochondrion is an organelle found in the cells of most eukaryotes.",
-    "The for statement is used to iterate over the elements of a sequence.",
-    "Mount Everest is Earth's highest mountain above sea level.",
-    "The lambda expression creates an anonymous function in Python.",
-    "Photosynthesis converts light energy into chemical energy in plants.",
-]
+from tests.dresd_texts import TEXTS, CountingSource
 
 
 def _passages(n: int = 10) -> list[Passage]:
     return [Passage(id=f"p{i}", text=t, doc_id=f"d{i}") for i, t in enumerate(TEXTS[:n])]
-
-
-class CountingSource(PassageSource):
-    def __init__(self, *a, fail_after: int | None = None, **kw):
-        super().__init__(*a, **kw)
-        self.calls: list[int] = []
-        self.fail_after = fail_after
-
-    def batch(self, i):
-        self.calls.append(i)
-        return super().batch(i)
 
 
 @pytest.fixture(scope="module")

@@ -42,14 +42,8 @@ from nest_integrations.lm.llama_cpp import (  # noqa: E402
 )
 from nest_integrations.types import Passage  # noqa: E402
 from tests.invariants import citations_cover_copied_tokens, cited_text_matches_source  # noqa: E402
-from tests.test_lossless_oracles import (  # noqa: E402
-    AlteredAnswers,
-    Case,
-    alter,
-    assert_partial,
-    break_verification,
-    chat_text,
-    run_oracle,
+from tests.oracles import (  # noqa: E402
+    AlteredAnswers, Case, alter, assert_partial, break_verification, chat_text, run_oracle
 )
 
 N = 32
@@ -1197,7 +1191,7 @@ def test_framework_adapters_take_the_backend(lm):
 def test_cli_ingest_and_ask_on_llama_cpp(tmp_path, capsys):
     """``nest ingest --backend llama.cpp`` encodes keys with the GGUF model and ``nest ask
     --backend llama.cpp`` answers from them; asked on torch, the same store answers too (its
-    keys get a namespace of their own: ``tests/test_one_store.py``)."""
+    keys get a namespace of their own: ``tests/index/test_one_store.py``)."""
     from nest_integrations.cli import main
     from nest_integrations.lm import backend
 

@@ -28,7 +28,7 @@ from nest_integrations.evaluation.tasks import (
 )
 
 SAMPLE_WIKI = (
-    Path(__file__).resolve().parents[1]
+    Path(__file__).resolve().parents[2]
     / "nest_integrations"
     / "data"
     / "sample"

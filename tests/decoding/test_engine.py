@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import pytest
@@ -37,26 +36,9 @@ from tests.invariants import (
     citations_cover_copied_tokens,
     citations_ordered,
 )
+from tests.passages import PASSAGE_TEXT, UNRELATED_TEXT, make_passage
 
 QUESTION = [{"role": "user", "content": "Tell me about the history of the Roman Empire."}]
-
-PASSAGE_TEXT = (
-    "The Roman Empire was the post-Republican state of ancient Rome. It included large "
-    "territorial holdings around the Mediterranean Sea in Europe, North Africa, and Western "
-    "Asia, and was ruled by emperors. From the accession of Caesar Augustus as the first Roman "
-    "emperor to the military anarchy of the 3rd century, it was a Principate with Italia as "
-    "the metropole of its provinces and the city of Rome as its sole capital."
-)
-UNRELATED_TEXT = (
-    "Photosynthesis is a process used by plants and other organisms to convert light energy "
-    "into chemical energy that, through cellular respiration, can later be released to fuel "
-    "the organism's activities."
-)
-
-
-def _passage(text: str, doc: str = "doc") -> Passage:
-    pid = hashlib.sha1(text.encode()).hexdigest()[:16]
-    return Passage(pid, text, doc_id=doc, char_start=0, char_end=len(text), metadata={"title": doc})
 
 
 _hf_greedy = hf_greedy
@@ -92,7 +74,7 @@ def test_empty_datastore_equals_hf_greedy(default_lm):
 def test_no_span_copying_equals_greedy_pm_and_strict_equals_it(default_lm):
     """Copying off gives greedy decoding of p_M; strict acceptance gives the same tokens (the
     engine's default policy has no guards: the oracle is the paper's decoding)."""
-    passages = [_passage(PASSAGE_TEXT), _passage(UNRELATED_TEXT, "bio")]
+    passages = [make_passage(PASSAGE_TEXT), make_passage(UNRELATED_TEXT, "bio")]
     engine = make_engine(default_lm)
     cfg = NestConfig(span_copying=False)
     res = engine.generate(QUESTION, max_new_tokens=32, config=cfg, passages=passages)
@@ -113,7 +95,7 @@ def test_own_continuation_is_copied_and_cited(default_lm):
     """A memory holding the model's own greedy continuation is copied in long cited spans."""
     engine = make_engine(default_lm)
     own = engine.generate(QUESTION, max_new_tokens=32)
-    passages = [_passage(own.text, "own"), _passage(UNRELATED_TEXT, "bio")]
+    passages = [make_passage(own.text, "own"), make_passage(UNRELATED_TEXT, "bio")]
     res = engine.generate(QUESTION, max_new_tokens=32, passages=passages)
     assert res.text.startswith(own.text[:40])
     assert res.stats.attribution_ratio > 0.8
@@ -137,7 +119,7 @@ def test_own_continuation_is_copied_and_cited(default_lm):
 def test_verbatim_passage_is_copied_with_right_citation(default_lm):
     """A completion prompt quoting a passage's opening words continues it verbatim, cited."""
     engine = make_engine(default_lm)
-    passages = [_passage(PASSAGE_TEXT, "rome"), _passage(UNRELATED_TEXT, "bio")]
+    passages = [make_passage(PASSAGE_TEXT, "rome"), make_passage(UNRELATED_TEXT, "bio")]
     prompt = PASSAGE_TEXT[:60]
     res = engine.generate(prompt, max_new_tokens=40, passages=passages)
     assert res.citations, res.text
@@ -152,7 +134,7 @@ def test_verbatim_passage_is_copied_with_right_citation(default_lm):
 def test_unrelated_corpus_is_not_copied(default_lm):
     """An unrelated memory leaves the output fluent (equal to plain greedy here) and uncopied."""
     engine = make_engine(default_lm)
-    passages = [_passage(UNRELATED_TEXT, "bio")]
+    passages = [make_passage(UNRELATED_TEXT, "bio")]
     base = engine.generate(QUESTION, max_new_tokens=32)
     res = engine.generate(QUESTION, max_new_tokens=32, passages=passages)
     assert res.stats.copied_tokens == 0
@@ -225,7 +207,7 @@ def _oracle_generate(lm, monkeypatch, prompt, cfg, passages, n, decoding="nest")
 def test_cached_equals_uncached(default_lm, monkeypatch, gamma):
     """The KV cache cropped after partial acceptance gives, at every step, the rows of an
     uncached model run on the prompt plus the committed tokens (SmolLM2-135M)."""
-    passages = [_passage(PASSAGE_TEXT, "rome"), _passage(UNRELATED_TEXT, "bio")]
+    passages = [make_passage(PASSAGE_TEXT, "rome"), make_passage(UNRELATED_TEXT, "bio")]
     cfg = NestConfig(relaxation=gamma, rrc_offset=0.6)
     res = _oracle_generate(default_lm, monkeypatch, PASSAGE_TEXT[:40], cfg, passages, 48)
     assert res.stats.verify_steps > 0
@@ -272,7 +254,7 @@ def draft_first_method(monkeypatch):
 @pytest.mark.parametrize("decoding", ["nest", "two-right-one-wrong"])
 def test_cache_oracle_on_tiny_model(tiny_lm, monkeypatch, draft_first_method, decoding):
     """Both schedules (target-first NEST, draft-first lossless) pass the oracle with rejections."""
-    passages = [_passage(PASSAGE_TEXT, "rome"), _passage(UNRELATED_TEXT, "bio")]
+    passages = [make_passage(PASSAGE_TEXT, "rome"), make_passage(UNRELATED_TEXT, "bio")]
     prompt = PASSAGE_TEXT[:40]
     res = _oracle_generate(tiny_lm, monkeypatch, prompt, _copying_cfg(relaxation=0.9),
                            passages, 40, decoding)
@@ -291,7 +273,7 @@ def test_cache_oracle_catches_an_off_by_one_crop(
     monkeypatch.setattr(
         HFLanguageModel, "crop_cache", lambda self, cache, n: crop(self, cache, n + shift)
     )
-    passages = [_passage(PASSAGE_TEXT, "rome"), _passage(UNRELATED_TEXT, "bio")]
+    passages = [make_passage(PASSAGE_TEXT, "rome"), make_passage(UNRELATED_TEXT, "bio")]
     prompt = PASSAGE_TEXT[:40]
     with pytest.raises(AssertionError, match="cache holds|cached rows|pending"):
         _oracle_generate(tiny_lm, monkeypatch, prompt, _copying_cfg(relaxation=0.9),
@@ -301,7 +283,7 @@ def test_cache_oracle_catches_an_off_by_one_crop(
 def test_tiny_model_stream_matches_generate(tiny_lm):
     """Streamed deltas concatenate to the generated text; the last chunk carries the result."""
     engine = make_engine(tiny_lm)
-    passages = [_passage(PASSAGE_TEXT, "rome")]
+    passages = [make_passage(PASSAGE_TEXT, "rome")]
     res = engine.generate(PASSAGE_TEXT[:30], max_new_tokens=16, passages=passages)
     chunks = list(engine.stream(PASSAGE_TEXT[:30], max_new_tokens=16, passages=passages))
     assert "".join(c.text for c in chunks) == res.text
@@ -345,7 +327,7 @@ def test_a_preset_name_is_taken_wherever_a_config_or_policy_is(tiny_lm):
 
     engine = make_engine(tiny_lm, config=NestConfig.from_preset("paper-13b"),
                          policy=AnswerPolicy.from_preset("grounded"))
-    passages = [_passage(PASSAGE_TEXT, "rome")]
+    passages = [make_passage(PASSAGE_TEXT, "rome")]
     named = engine.generate(PASSAGE_TEXT[:30], max_new_tokens=8, passages=passages,
                             config="paper")
     built = engine.generate(PASSAGE_TEXT[:30], max_new_tokens=8, passages=passages,
@@ -388,7 +370,7 @@ def test_stream_with_stop_string_across_tokens(tiny_lm):
 
 # ----------------------------------------------------------------------------- engine level
 def _rome() -> list[Passage]:
-    return [_passage(PASSAGE_TEXT, "rome"), _passage(UNRELATED_TEXT, "bio")]
+    return [make_passage(PASSAGE_TEXT, "rome"), make_passage(UNRELATED_TEXT, "bio")]
 
 
 def _run_lengths(sources) -> list[int]:
@@ -470,7 +452,7 @@ def _spy_drafts(monkeypatch):
 
 
 def _masking_run(tiny_lm):
-    short = _passage("The Roman Empire was the post-Republican state.", "short")
+    short = make_passage("The Roman Empire was the post-Republican state.", "short")
     res = make_engine(tiny_lm, config=_copying_cfg()).generate(
         "The Roman Empire", max_new_tokens=48, passages=[short]
     )

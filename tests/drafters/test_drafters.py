@@ -49,7 +49,8 @@ _hf_greedy = hf_greedy
 
 
 # greedy and prompt-lookup against HF ``generate`` on the real model (some drafts accepted, some
-# rejected, no extra forward passes): tests/test_lossless_oracles.py, with every lossless method.
+# rejected, no extra forward passes): tests/decoding/test_lossless_oracles.py, with every lossless
+# method.
 
 
 @pytest.mark.slow

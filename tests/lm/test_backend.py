@@ -309,17 +309,17 @@ def test_fp32_store_is_read_under_bf16_with_a_note(tiny_lm_path, tmp_path, caplo
 def test_lossless_methods_equal_hf_generate_in_bf16(tiny_lm_path, tmp_path) -> None:
     """The bf16 code path: greedy, prompt-lookup, rag-copy and dresd (chain, tree) on the tiny
     Llama loaded in bf16 equal HF ``generate`` of the same bf16 model token for token (the
-    oracle of tests/test_lossless_oracles.py), with drafts really verified.
+    oracle of tests/decoding/test_lossless_oracles.py), with drafts really verified.
 
     A bf16 CPU model loads with row-wise verify attention (``lm.rowwise_attention``), so a
     verify pass equals one-token steps bit for bit and this holds by construction, not by wide
-    margins; the real model's version is in tests/test_lossless_oracles.py (slow). Without it,
-    SmolLM2's near-ties flipped (benchmarks/results/bf16_exactness.md: prompt-lookup 3/6)."""
+    margins; the real model's version is in tests/decoding/test_lossless_oracles.py (slow). Without
+    it, SmolLM2's near-ties flipped (benchmarks/results/bf16_exactness.md: prompt-lookup 3/6)."""
     from nest_integrations.config import NestConfig
     from nest_integrations.decoding.engine import NestEngine
     from nest_integrations.index.in_memory_store import InMemoryKeyStore
     from nest_integrations.lm.layer_skip import SkipSet
-    from tests.test_lossless_oracles import copy_cases, corpus_cases, run_oracle
+    from tests.oracles import copy_cases, corpus_cases, run_oracle
 
     lm = HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="bf16")
     assert lm.dtype == torch.bfloat16 and lm.rowwise_attention

@@ -14,7 +14,7 @@ import pytest
 from nest_integrations import assembly, cli
 from tests.fakes import FakeLM
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from nest_integrations.types import Passage
 from tests.fakes import FakeLM
 from tests.invariants import cited_text_matches_source, citations_cover_copied_tokens
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi "
          "rho sigma tau upsilon phi chi psi omega").split()
 
@@ -196,7 +196,7 @@ def test_two_processes_training_at_once_agree(tmp_path: Path) -> None:
         import sys, numpy as np
         sys.path.insert(0, {str(REPO)!r})
         from tests.fakes import FakeLM
-        from tests.test_key_codecs import _passages
+        from tests.index.test_key_codecs import _passages
         from nest_integrations.index.keys import ensure_keys
         from nest_integrations.index.store import DiskKeyStore
         lm = FakeLM(key_dim=32)

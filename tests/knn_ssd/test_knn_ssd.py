@@ -1,7 +1,7 @@
 """KNN-SSD: layer-skip forward (identity oracle), the KV invariant after drafting, the lossless
 oracle (self-speculative greedy == Hugging Face greedy ``generate``) with good and bad skip
 sets through the engine, profiles (fingerprint, tiny search, resume), anchors and routing, CLI
-and bad input. Tiny random Llama here; the real model in tests/test_knn_ssd_real.py."""
+and bad input. Tiny random Llama here; the real model in tests/knn_ssd/test_knn_ssd_real.py."""
 
 from __future__ import annotations
 
@@ -385,7 +385,7 @@ def test_a_shipped_profile_of_another_model_keeps_the_build_one_error(tiny_lm, t
 def test_the_package_ships_a_complete_profile_for_the_embedded_model():
     """The shipped SmolLM2 profile parses, is for the embedded model's name, and holds a skip
     set and anchors for every built-in domain plus the Mix set (the model-free part; the
-    real-model check is in tests/test_knn_ssd_real.py)."""
+    real-model check is in tests/knn_ssd/test_knn_ssd_real.py)."""
     from nest_integrations.lm.default import DEFAULT_MODEL_NAME
 
     class _Named:
