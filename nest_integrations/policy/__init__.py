@@ -5,9 +5,9 @@ Usage::
 
     from nest_integrations.policy import POLICIES, plan_answer
 
-    policy = POLICIES["grounded"]             # the default: lossless RA decoding, title index
+    policy = POLICIES["grounded"]             # the default: evidence first, title index
     plan = plan_answer(policy, question, passages, retriever, n_ra=3, decoding=None)
-    plan.method, plan.passages, plan.prompt_passages, plan.guards
+    plan.method, plan.passages, plan.prompt_passages, plan.guards, plan.evidence
 """
 
 from nest_integrations.policy.answer import POLICIES, AnswerPlan, AnswerPolicy, plan_answer

@@ -10,12 +10,17 @@ same name. The policy decides:
 - **the prompt**: ``title_context``: ``"off"`` = the top passages as retrieval ranked them
   (in-context RAG's prompt); ``"first"`` = the named documents' passages, then the other top
   passages; ``"only"`` = the named documents' passages alone when there are any.
-- **the method**: ``decoding`` when the call names none, ``completion_decoding`` for a prompt
-  completed as raw text (a string the caller asks to continue, not a chat message: the call's
-  form, not its wording). ``grounded`` decodes every chat question losslessly against its RA
-  prompt (``rag-copy``: the answer is in-context RAG's, token for token, so no phrasing can make
-  it worse than RAG's) and continues raw text with NEST's relaxed span copying, where copying
-  the corpus is the task; the ``copy`` preset copies for questions too.
+- **evidence first** (``evidence``): for a chat question, the prompt passages' sentence that
+  best answers it (``policy.evidence``); when its score reaches ``evidence_min`` the question
+  is decoded with ``evidence_decoding`` (NEST) over that evidence: the answer opens with the
+  sentence, copied and cited, and spans come from the rest of its passage only
+  (``drafters.nest``). Below it, no sentence holds enough of the question.
+- **the method**: ``decoding`` when the call names none (and no evidence answers),
+  ``completion_decoding`` for a prompt completed as raw text (a string the caller asks to
+  continue, not a chat message: the call's form, not its wording). ``grounded`` decodes a chat
+  question without evidence losslessly against its RA prompt (``rag-copy``: in-context RAG's
+  answer, token for token) and continues raw text with NEST's relaxed span copying, where
+  copying the corpus is the task; the ``copy`` preset copies for questions too.
 - **the relevance gate**: with ``completion_relevance``, raw text is continued with the
   completion method only where stage 1 is about it: the top passage's relevance to the prompt
   (``retrieval.relevance``: the prompt's cosine to the passage over that of the passage's own
