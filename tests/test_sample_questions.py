@@ -3,8 +3,9 @@ questions over the shipped sample corpus (``nest ingest --sample``), with the de
 entry point gets (``assembly.DEFAULT_PRESET``), 48 new tokens as in the README.
 
 Each question lists words a right answer contains and words a wrong copy contains
-(``evaluation.entities.SAMPLE_QUESTIONS``). Every citation must also be an exact slice of its
-source. Slow: ingests the whole sample corpus (about 2 minutes on 2 cores).
+(``evaluation.entities.SAMPLE_QUESTIONS``). Every answer must show a copied or verbatim citation,
+on the gold document where the question has one, and every citation must be an exact slice of
+its source. Slow: ingests the whole sample corpus (about 2 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -19,25 +20,15 @@ from nest_integrations.lm.backend import machine_name
 
 pytestmark = pytest.mark.slow
 
-#: Questions the 135M default still gets wrong (measured; see the issue-10 closing note).
-#: In fp32 (``default_lm``). Before issue 21's knn_temperature=0.25 in ``grounded`` the list was
-#: "sample/global" alone (its answer never said "identifiers"; now it does); in bf16, this CPU's
-#: default, 7 of 8 are right with only "sample/assert" wrong
-#: (``benchmarks/results/quality_dev_dtype_mu.md``).
-KNOWN_WRONG: dict[str, str] = {
-    "sample/assert": "answers with the simple form's equivalence ('if not expression: raise "
-    "AssertionError'), right but without the word 'debugging' in 48 tokens",
-    "sample/pinball": "a sharper p_kNN follows the Cup entry's 'A cup is' in token mode before "
-    "the Pinball copy starts",
-}
+#: Questions the 135M default still gets wrong, with the reason (a strict xfail: an answer that
+#: turns right must leave the list). Empty since the default answers from its evidence (issue 53:
+#: 8 of 8 right and cited on an AMD EPYC in fp32, where 3 were wrong before).
+KNOWN_WRONG: dict[str, str] = {}
 
 #: Questions wrong on one CPU family only (fp32 rounds differently on each: other kernels and
 #: row plans, docs/backends.md), keyed by a word of the CPU's model name: a strict xfail there; a
-#: lenient one on other CPUs, where it was not measured since the answer policy (issue 33).
-WRONG_ON: dict[str, tuple[str, str]] = {
-    "sample/global": ("AMD", "on an AMD EPYC the fp32 answer says the declaration 'holds for the "
-                      "entire current code block' without the word 'identifiers' in 48 tokens"),
-}
+#: lenient one on other CPUs. Empty: the evidence-first answers were measured on an AMD EPYC.
+WRONG_ON: dict[str, tuple[str, str]] = {}
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +54,11 @@ def test_sample_question_is_answered_right(engine, q, request) -> None:
     if reason:  # strict: an answer that turns right must leave KNOWN_WRONG / WRONG_ON
         request.applymarker(pytest.mark.xfail(reason=reason, strict=strict))
     assert keyword_correct(res.text, q.must, q.must_not), res.text
+    shown = [c for c in res.citations if c.kind in ("copy", "verbatim")]
+    assert shown, res.text  # right and cited: the answer shows the spans it stands on
+    gold = {p.doc_id for p in res.passages if p.doc_id == q.gold_doc_id
+            or p.metadata.get("title") == q.gold_doc_id}
+    if q.gold_doc_id is not None:  # on the document that says it
+        assert {c.doc_id for c in shown} & gold, (res.text, [c.doc_id for c in shown])
+    if q.id == "sample/assert":  # the README's main command: 2+ citations on pydoc/assert.txt
+        assert sum(c.doc_id == "pydoc/assert.txt" for c in shown) >= 2, res.citations
