@@ -22,7 +22,7 @@ import pytest
 
 from nest_integrations.config import Guards, NestConfig
 from nest_integrations.policy import AnswerPolicy
-from nest_integrations.core.citations import build_citations
+from nest_integrations.core.citations import build_citations, word_edge
 from tests.engines import make_engine
 from nest_integrations.decoding.prompts import prompt_ids
 from nest_integrations.decoding.text_stream import OutputText
@@ -64,7 +64,8 @@ def test_tokenizer_families_are_what_the_test_claims(any_lm):
 def test_offline_runs_cite_exactly_under_any_tokenizer(any_lm):
     """Every window of passage tokens, placed mid-output between unrelated tokens (so a run can
     end inside a split character, as at a rejection), or at the very start of the output, gives
-    exact, whitespace-trimmed citations that cover most of the run's text."""
+    exact, whitespace-trimmed citations that cover most of the run's text: of its whole words,
+    since a citation never starts or ends inside a word (``core.citations.snap_to_words``)."""
     family, any_lm = any_lm
     passage = _passage()
     ids, off = any_lm.tokenize_with_offsets(passage.text)
@@ -84,8 +85,10 @@ def test_offline_runs_cite_exactly_under_any_tokenizer(any_lm):
                 _exact(out.text, cites, [passage])
                 naive = build_citations(out.sources, list(out.ends), [passage], [off])
                 naive_inexact += any(out.text[c.start : c.end] != c.text for c in naive)
-                run_text = "".join(  # what the output really holds of the run
-                    ch for ch in out.text[out.ends[len(lead) - 1] if lead else 0 : out.ends[-2]]
+                run_text = "".join(  # what the output really holds of the run's whole words
+                    ch for ch in _whole_words(out.text, out.ends[len(lead) - 1] if lead else 0,
+                                              out.ends[-len(after) - 1], passage.text,
+                                              int(off[a][0]), int(off[b - 1][1]))
                     if not ch.isspace() and ch != "\ufffd"
                 )
                 cited += sum(len("".join(c.text.split())) for c in cites)
@@ -95,6 +98,21 @@ def test_offline_runs_cite_exactly_under_any_tokenizer(any_lm):
     assert naive_inexact > 0  # the unrepaired ranges are wrong somewhere: the test has teeth
     floor = 0.5 if family == "wordpiece" else 0.85
     assert cited / total > floor, (cited, total)
+
+
+def _whole_words(out: str, s: int, e: int, src: str, ps: int, pe: int) -> str:
+    """The output range ``[s, e)`` less the partial words at its edges: as many characters as
+    the passage range ``[ps, pe)`` loses at each edge to reach a word edge in the passage, and
+    then to reach one in the output."""
+    while ps < pe and not word_edge(src, ps):
+        ps, s = ps + 1, s + 1
+    while pe > ps and not word_edge(src, pe):
+        pe, e = pe - 1, e - 1
+    while s < e and not word_edge(out, s):
+        s += 1
+    while e > s and not word_edge(out, e):
+        e -= 1
+    return out[s:e]
 
 
 def _engine_cfg(**kw) -> NestConfig:
