@@ -1,9 +1,9 @@
 """The default against in-context RAG on questions asked many ways (issue 33).
 
-Every closed question is asked in 6 phrasings from 5 families (``evaluation.phrasings``; the
+Every closed question is asked in 6 phrasings from 5 families (``benchmarks.sets.phrasings``; the
 ``terse`` family is held out from every dev decision), every open-ended prompt in 5 families,
 over four corpora: the entity corpus of the quality set (dev and test splits by document), a
-held-out corpus of country profiles (``evaluation.profiles``, generated after the policy was
+held-out corpus of country profiles (``benchmarks.sets.profiles``, generated after the policy was
 chosen), the Python FAQ over the library reference (human-written questions, corpus C), and
 French and Spanish Wikipedia leads. Systems answer the same prompts back to back:
 
