@@ -10,9 +10,10 @@ Endpoints:
 - ``GET /health`` (no auth), ``GET /`` the playground page (static files, no build step).
 
 The app stays thin: ``protocol`` validates requests and shapes responses, ``gate`` runs one
-generation at a time with a bounded queue, the engine does the rest (the engine, the config and
-the method registry validate key sources, presets and decoding methods; the server only turns
-their errors into 400s naming the parameter). ``create_app`` builds a ``Server`` (the state
+generation at a time with a bounded queue, ``streaming`` runs a generation whole or as
+server-sent events, the engine does the rest (the engine, the config and the method registry
+validate key sources, presets and decoding methods; the server only turns their errors into
+400s naming the parameter). ``create_app`` builds a ``Server`` (the state
 shared by the routes) and registers the route functions below; each reads it from
 ``request.app.state.nest``.
 """
@@ -32,8 +33,9 @@ from nest_integrations.config import PRESETS, NestConfig
 from nest_integrations.policy import AnswerPolicy
 from nest_integrations.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PRESET
 from nest_integrations.server import protocol as P
-from nest_integrations.server.gate import Disconnected, ModelGate, QueueFull
-from nest_integrations.types import NestResult, Passage
+from nest_integrations.server.gate import Disconnected, ModelGate
+from nest_integrations.server.streaming import admit, generate, sse, stream_events  # noqa: F401
+from nest_integrations.types import Passage
 
 LOG = logging.getLogger(__name__)
 
@@ -273,126 +275,6 @@ def engine_call(server: Server, req: P.GenerationRequest) -> tuple[dict[str, Any
         policy=policy, decoding=decoding,
     )
     return kwargs, preset, decoding
-
-
-def admit(server: Server) -> Any:
-    try:
-        return server.gate.admit()
-    except QueueFull as exc:
-        retry = server.gate.retry_after()
-        raise P.ApiError(
-            429,
-            f"the server is busy ({exc}); retry in about {retry} s",
-            type="rate_limit_error",
-            code="rate_limit_exceeded",
-            headers={"Retry-After": str(retry)},
-        ) from None
-
-
-# ---------------------------------------------------------------------------------- generation
-
-
-async def generate(server: Server, request: Any, kwargs: dict[str, Any]) -> NestResult:
-    ticket = admit(server)
-    result = None
-    try:
-        async with contextlib.aclosing(
-            server.gate.run(ticket, kwargs, request.is_disconnected)
-        ) as chunks:
-            async for chunk in chunks:
-                result = chunk.result or result
-    except ValueError as exc:
-        raise P.ApiError(400, str(exc)) from None
-    except Disconnected:
-        raise P.ApiError(499, "client disconnected") from None
-    assert result is not None
-    server.cache.add(result.passages)
-    return result
-
-
-def sse(obj: Any) -> bytes:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
-
-
-def _ticketed_stream(ticket: Any, body: AsyncIterator[bytes]) -> Any:
-    """A server-sent event response that frees the queue place however it ends, even if the
-    body never started (a client gone before the headers were sent)."""
-    from starlette.responses import StreamingResponse
-
-    class TicketedStream(StreamingResponse):
-        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-            try:
-                await super().__call__(scope, receive, send)
-            finally:
-                ticket.release()
-
-    return TicketedStream(
-        body,
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
-
-
-def stream_events(
-    server: Server,
-    request: Any,
-    req: P.GenerationRequest,
-    kwargs: dict[str, Any],
-    preset: str,
-    decoding: str,
-    chat: bool,
-) -> Any:
-    ticket = admit(server)
-    rid = P.new_id("chatcmpl" if chat else "cmpl")
-    created = int(time.time())
-    model = server.settings.model_name
-
-    def chunk(text: str | None, annotations: list, finish: str | None = None, **extra: Any):
-        if chat:
-            delta: dict[str, Any] = {} if text is None else {"content": text}
-            if annotations:
-                delta["annotations"] = annotations
-            return P.chat_chunk(rid, model, created, delta, finish, **extra)
-        return P.completion_chunk(rid, model, created, text or "", annotations, finish, **extra)
-
-    async def events() -> AsyncIterator[bytes]:
-        tracker = P.AnnotationStream()
-        try:
-            if chat:
-                yield sse(P.chat_chunk(rid, model, created, {"role": "assistant", "content": ""}))
-            async with contextlib.aclosing(
-                server.gate.run(ticket, kwargs, request.is_disconnected)
-            ) as chunks:
-                async for item in chunks:
-                    if item.result is not None:
-                        res = item.result
-                        server.cache.add(res.passages)
-                        late = tracker.finish(res)
-                        if late:
-                            yield sse(chunk("", late))
-                        ext = P.nest_extension(res, preset, decoding)
-                        if req.include_usage:
-                            yield sse(chunk(None, [], P.finish_reason(res), nest=ext))
-                            yield sse({**chunk(None, []), "choices": [], "usage": P.usage(res)})
-                        else:
-                            yield sse(
-                                chunk(None, [], P.finish_reason(res), usage=P.usage(res), nest=ext)
-                            )
-                    elif item.text:
-                        yield sse(chunk(item.text, tracker.step(item.citation, item.support)))
-        except Disconnected:
-            return
-        except ValueError as exc:
-            yield sse(P.ApiError(400, str(exc)).body())
-        except Exception as exc:  # noqa: BLE001 - reported in the stream, then [DONE]
-            LOG.exception("generation failed")
-            yield sse(P.ApiError(500, f"generation failed: {exc}", type="server_error").body())
-        finally:
-            ticket.release()  # no-op once the gate released it
-        yield b"data: [DONE]\n\n"
-
-    return _ticketed_stream(ticket, events())
-
 
 # ---------------------------------------------------------------------------------- routes
 
