@@ -47,7 +47,7 @@ PACKAGE_LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("drafters", ("drafters",)),
     ("the answer policy", ("policy",)),
     ("the loop and the engine", ("decoding",)),
-    ("assembly", ("assembly",)),
+    ("assembly", ("assembly", "assembly_parts")),
     ("pipelines that build engines or decode offline", ("builders", "ingest", "calibrate")),
     ("evaluation", ("evaluation",)),
     ("framework edges and the server", ("integrations", "langchain", "llama_index", "server",
