@@ -270,9 +270,11 @@ def engine_call(server: Server, req: P.GenerationRequest) -> tuple[dict[str, Any
                                  server.engine.decoding).name
     except ValueError as exc:
         raise P.invalid("decoding", str(exc)) from None
+    # a method the request or the server names is passed on; none named, the engine's policy
+    # decides per request (evidence first, raw text's method), as for every other edge
     kwargs: dict[str, Any] = dict(
         prompt=req.prompt, max_new_tokens=req.max_tokens, stop=req.stop or None, config=cfg,
-        policy=policy, decoding=decoding,
+        policy=policy, decoding=req.decoding or server.settings.decoding,
     )
     return kwargs, preset, decoding
 

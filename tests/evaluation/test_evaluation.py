@@ -350,10 +350,12 @@ def test_tiny_run_of_every_wikipedia_task(tiny_setup, tmp_path):
         assert r["new_tokens"] <= 6 and 0 <= r["citations_correct"] <= r["citations_total"]
         if r["system"] not in copying:  # plain decoding (with or without passages) never cites
             assert r["citations_total"] == 0 and r["attributed_tokens"] == 0
-        else:  # an in-corpus prefix: every copying system cites (measured 1-2 per example)
-            assert r["citations_total"] > 0 and r["attributed_tokens"] > 0, r
+        else:  # an in-corpus prefix: every copying system copies (its tokens keep sources);
+            # the tiny random model copies sub-word runs, which are no citations (a citation
+            # never starts or ends inside a word, issue 53), so citations may be 0 here
+            assert r["attributed_tokens"] > 0, r
     cited = [r for r in run.records["completion-in"] if r["system"] in copying]
-    assert sum(r["citations_correct"] for r in cited) > 0  # some cite the gold document
+    assert sum(r["attributed_tokens"] for r in cited) > 0
     md = markdown(run)
     assert "Table 1" in md and "+RA-NEST" in md and "Gamma sweep" in md
     paths = write_outputs(run, tmp_path)
