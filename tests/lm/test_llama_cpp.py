@@ -233,6 +233,14 @@ def test_verify_rows_equal_one_token_steps(lm):
             assert _rows_vs_steps(lm, ids[:n_ctx], ids[n_ctx:n_ctx + t]) == 0.0, (n_ctx, t)
 
 
+def _steps(lm, prompt: list[int], new: list[int]) -> torch.Tensor:
+    """The logits of ``prompt``'s last row and of ``new`` fed one token a step, in a new cache."""
+    cache = lm.new_cache()
+    out = [lm.forward(prompt, cache, last=1)[0][-1]]
+    out += [lm.forward([t], cache)[0][-1] for t in new]
+    return torch.stack(out)
+
+
 def test_a_dead_cache_in_a_cycle_does_not_shift_the_next_sequence(lm):
     """A new cache is laid out from cell 0 as in a fresh context even when a dead cache is
     only collectable by the garbage collector: a sequence laid out after another cache's cells
@@ -240,18 +248,13 @@ def test_a_dead_cache_in_a_cycle_does_not_shift_the_next_sequence(lm):
     ids = lm.tokenize("The Eiffel Tower is a wrought-iron lattice tower in Paris, France. " * 6)
     prompt, new = ids[:70], ids[70:90]
 
-    def steps() -> torch.Tensor:
-        cache = lm.new_cache()
-        out = [lm.forward(prompt, cache, last=1)[0][-1]]
-        out += [lm.forward([t], cache)[0][-1] for t in new]
-        return torch.stack(out)
 
-    fresh = steps()
+    fresh = _steps(lm, prompt, new)
     dead = lm.new_cache()
     lm.forward(ids[:37], dead, last=1)
     dead.cycle = dead  # only the garbage collector frees it
     del dead
-    assert torch.equal(steps(), fresh)
+    assert torch.equal(_steps(lm, prompt, new), fresh)
 
 
 def test_a_cache_dropped_after_a_token_tree_gives_back_its_branches(lm):
@@ -266,22 +269,17 @@ def test_a_cache_dropped_after_a_token_tree_gives_back_its_branches(lm):
     ids = lm.tokenize("The Eiffel Tower is a wrought-iron lattice tower in Paris, France. " * 6)
     prompt, new = ids[:70], ids[70:90]
 
-    def steps() -> torch.Tensor:
-        cache = lm.new_cache()
-        out = [lm.forward(prompt, cache, last=1)[0][-1]]
-        out += [lm.forward([t], cache)[0][-1] for t in new]
-        return torch.stack(out)
 
-    fresh = steps()
+    fresh = _steps(lm, prompt, new)
     tree = lm.new_cache()
     lm.forward(ids[:37], tree, last=1)
     lm.forward_tree(ids[37:43], [-1, 0, 1, -1, 3, 4], tree)
     del tree  # collected with its tree: no select_cache
     assert lm.runtime.sequences.live() == 0
-    assert torch.equal(steps(), fresh)
+    assert torch.equal(_steps(lm, prompt, new), fresh)
     assert check_rows(lm)  # what the verdict measures
     assert lm.runtime.sequences.live() == 0
-    assert torch.equal(steps(), fresh)
+    assert torch.equal(_steps(lm, prompt, new), fresh)
 
 
 @pytest.mark.slow
