@@ -5,7 +5,8 @@ This is the NEST paper's own approach for corpora too large to encode up front: 
 that stage 1 actually retrieves are ever encoded, and a bounded cache keeps the hot ones.
 
 The persist dir's mode (``lazy.json``), switching modes and the cache's codec tables are in
-``index.lazy_mode``.
+``index.lazy_mode``; ``nest info``'s view of the caches (``lazy_cache_stats``) in
+``index.lazy_stats``.
 
 Layout under ``<persist_dir>/keys``::
 
@@ -47,7 +48,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sqlite3
 import struct
 import threading
 import uuid
@@ -70,6 +70,7 @@ from nest_integrations.index.lazy_mode import (
     parse_size,
     read_mode,
 )
+from nest_integrations.index.lazy_stats import _db_stats, lazy_cache_stats  # noqa: F401
 from nest_integrations.index.namespaces import lazy_namespace_name, list_namespaces
 from nest_integrations.index.store import DiskKeyStore
 from nest_integrations.types import Passage, PassageKeys
@@ -468,38 +469,3 @@ def prune_all(keys_dir: str | os.PathLike[str]) -> None:
                           key_dim=m["key_dim"], max_bytes=int(mode["max_bytes"]),
                           codec=m["codec"]["codec"]) as cache:  # fmt: skip
             cache.prune()
-
-
-# --------------------------------------------------------------------------------- nest info
-
-
-def lazy_cache_stats(keys_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """Mode, cap and use of every lazy cache namespace in ``keys_dir`` without loading a model,
-    or None for an eager folder."""
-    mode = read_mode(keys_dir)
-    if mode is None:
-        return None
-    root = Path(keys_dir) / LAZY_DIR
-    spaces = []
-    for ns in sorted(root.iterdir()) if root.is_dir() else []:
-        if not (ns / "index.sqlite").exists() or not (ns / "manifest.json").exists():
-            continue
-        m = json.loads((ns / "manifest.json").read_text(encoding="utf-8"))
-        db = sqlite3.connect(f"file:{ns / 'index.sqlite'}?mode=ro", uri=True, timeout=30.0)
-        try:
-            s = _db_stats(db)
-        finally:
-            db.close()
-        spaces.append({"path": str(ns), "fingerprint": m["fingerprint"],
-                       "key_source": m["key_source"], "key_dim": m["key_dim"],
-                       "codec": m["codec"]["codec"], **s})  # fmt: skip
-    return {"mode": "lazy", "max_bytes": int(mode["max_bytes"]), "codec": mode["codec"],
-            "namespaces": spaces}  # fmt: skip
-
-
-def _db_stats(db: sqlite3.Connection) -> dict[str, Any]:
-    n, tokens, used = db.execute(
-        "SELECT COUNT(*), COALESCE(SUM(n_rows), 0), COALESCE(SUM(bytes), 0) FROM entries"
-    ).fetchone()
-    return {"n_entries": int(n), "n_tokens": int(tokens), "bytes_used": int(used),
-            "bytes_per_token": used / tokens if tokens else 0.0}  # fmt: skip
