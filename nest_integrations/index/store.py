@@ -40,7 +40,8 @@ is trained iff the manifest names a codec fingerprint). Format version 1 namespa
 float16/float32, no ``codec``) read as the fp16/fp32 codecs.
 
 Namespace names, manifests and codec resolution are in ``index.namespaces``; encoding keys and
-filling a store (``ensure_keys``) in ``index.keys``.
+filling a store (``ensure_keys``) in ``index.keys``; the shard files' row dtypes, index schema and
+memmaps in ``index.store_shards``.
 
 Example::
 
@@ -54,7 +55,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -64,21 +65,12 @@ from nest_integrations.index import namespaces as _ns
 from nest_integrations.index.base import KeyStoreCorruptError, KeyStoreMismatchError
 from nest_integrations.index.codecs import KeyCodec
 from nest_integrations.index.keys import content_hash, empty_keys
+from nest_integrations.index.store_shards import _ID_DTYPE, _OFF_DTYPE, _SCHEMA, _Rows, _ShardMap
 from nest_integrations.types import Passage, PassageKeys
 
 LOG = logging.getLogger(__name__)
 
 DEFAULT_SHARD_BYTES = 1 << 30  # keys bytes per shard file before a new one is started
-_ID_DTYPE = np.dtype("<i4")
-_OFF_DTYPE = np.dtype("<i4")
-_Rows = tuple[np.ndarray, np.ndarray, np.ndarray, int]  # keys, token ids, offsets, n_chars
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS entries (
-    content_hash TEXT PRIMARY KEY, shard INTEGER NOT NULL, row_start INTEGER NOT NULL,
-    n_rows INTEGER NOT NULL, n_chars INTEGER NOT NULL) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS shards (shard INTEGER PRIMARY KEY, n_rows INTEGER NOT NULL);
-"""
-
 __all__ = ["DEFAULT_SHARD_BYTES", "DiskKeyStore"]
 
 
@@ -482,28 +474,6 @@ class DiskKeyStore(_disk.IndexedFolder):
                 "`nest ingest`"
             )
         return self.codec.decode(codes).astype(self.dtype, copy=False)
-
-
-class _ShardMap(NamedTuple):
-    rows: int
-    keys: np.ndarray  # (rows, code_size) uint8 memmap
-    ids: np.ndarray  # (rows,) memmap
-    offs: np.ndarray  # (rows, 2) memmap
-
-    @classmethod
-    def open(cls, store: DiskKeyStore, shard: int) -> _ShardMap:
-        paths = [store._shard_path(shard, c) for c in range(3)]
-        sizes = [p.stat().st_size if p.exists() else 0 for p in paths]
-        rows = min(sizes[0] // store._row_bytes, sizes[1] // 4, sizes[2] // 8)
-        if rows == 0:
-            empty = np.zeros((0, store._row_bytes), np.uint8)
-            return cls(0, empty, np.zeros(0, _ID_DTYPE), np.zeros((0, 2), _OFF_DTYPE))
-        return cls(
-            rows,
-            np.memmap(paths[0], dtype=np.uint8, mode="r", shape=(rows, store._row_bytes)),
-            np.memmap(paths[1], dtype=_ID_DTYPE, mode="r", shape=(rows,)),
-            np.memmap(paths[2], dtype=_OFF_DTYPE, mode="r", shape=(rows, 2)),
-        )
 
 
 def _log_new_namespace(path: Path, built: dict[str, Any], lm: Any) -> None:
