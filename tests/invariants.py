@@ -42,10 +42,17 @@ def cited_text_matches_source(
 
 
 def citations_cover_copied_tokens(result: NestResult) -> None:
-    """Citations cover exactly the attributed tokens: their token counts add up."""
+    """Citations cover the attributed tokens and no others: their token counts add up to at most
+    the attributed tokens (a copied sub-word run is no citation, and a citation keeps to whole
+    words: ``core.citations.snap_to_words``), and no citation edge is inside a word."""
+    from nest_integrations.core.citations import word_edge
+
     attributed = sum(s is not None for s in result.token_sources)
-    assert sum(c.n_tokens for c in result.citations) == attributed
+    assert sum(c.n_tokens for c in result.citations) <= attributed
     assert result.stats.attributed_tokens == attributed
+    for c in result.citations:
+        if c.kind != "support":
+            assert word_edge(result.text, c.start) and word_edge(result.text, c.end), c
 
 
 def citations_ordered(citations: Sequence[Citation]) -> None:

@@ -159,6 +159,9 @@ def test_sse_chat_with_attribution_on(live_server: Any) -> None:
     # supports; at grounded's sharper mu (0.25) every sentence of it is a copy, and a support
     # annotation is what this test streams
     state.base_config = base.replace(attribute=True, knn_temperature=None)
+    # and no evidence first: an answer that opens with its evidence sentence is all copies
+    base_policy = state.base_policy
+    state.base_policy = base_policy.replace(evidence=None)
     body = {"model": "nest", "max_tokens": 64,
             "messages": [{"role": "user", "content": ATTRIBUTED_QUESTION}]}
     try:
@@ -169,9 +172,9 @@ def test_sse_chat_with_attribution_on(live_server: Any) -> None:
         events = _sse(live_server, {**body, "stream": True})
         engine = live_server.engine.generate(
             [{"role": "user", "content": ATTRIBUTED_QUESTION}], max_new_tokens=64,
-            config=state.base_config)
+            config=state.base_config, policy=state.base_policy)
     finally:
-        state.base_config = base
+        state.base_config, state.base_policy = base, base_policy
     text, streamed, support_before_end = "", [], 0
     for i, ev in enumerate(events):
         choice = ev["choices"][0] if ev["choices"] else {}

@@ -68,7 +68,20 @@ class TestNestCitationRetriever(RetrieversIntegrationTests):
 
     @property
     def retriever_query_example(self) -> str:
-        return GROUNDED  # the answer copies >= 3 spans of the corpus
+        return GROUNDED  # the answer copies the corpus
+
+    # The example's answer copies its passage whole: adjacent runs of one passage are one
+    # citation (issue 53), so it has fewer than k=3 citations to return. LangChain's suite
+    # allows an xfail here; strict, so an answer with 3+ citations again fails it.
+    _FEWER = "the example answer is one merged citation, fewer than k=3 (issue 53)"
+
+    @pytest.mark.xfail(reason=_FEWER, strict=True)
+    def test_k_constructor_param(self) -> None:
+        super().test_k_constructor_param()
+
+    @pytest.mark.xfail(reason=_FEWER, strict=True)
+    def test_invoke_with_k_kwarg(self) -> None:
+        super().test_invoke_with_k_kwarg()
 
 
 class TestNestEmbeddingsIntegration(EmbeddingsIntegrationTests):
