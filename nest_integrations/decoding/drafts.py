@@ -50,7 +50,8 @@ class Drafts:
         validate_draft(draft, self.vocab_size)
         if len(draft) > budget and draft.parents is None:  # the loop enforces the budget
             draft = Draft(draft.tokens[:budget], as_sources(draft.sources, len(draft))[:budget],
-                          None if draft.q is None else draft.q[:budget], None, draft.chosen_first)
+                          None if draft.q is None else draft.q[:budget], None, draft.chosen_first,
+                          draft.quoted)
         return draft
 
     def update(self, draft: Draft, n_accepted: int) -> None:

@@ -238,9 +238,11 @@ class DecodeLoop:
             d = torch.as_tensor(tokens, device=dist.p.device)
             before = self.committed_length()
             logits, keys = self.forward(tokens)  # ONE pass: (L, V), (L, d)
-            vdist = self.distribution(logits[:-1], keys[:-1]) if len(tokens) > 1 else None
-            # row i of vdist scores draft token i + 1 (token 0 was accepted above)
-            m = 1 + (v.accept_count(vdist, d[1:]) if vdist is not None else 0)
+            if draft.quoted:  # decided tokens (an evidence quote): the pass only extends the cache
+                vdist, m = None, len(tokens)
+            else:  # row i of vdist scores draft token i + 1 (token 0 was accepted above)
+                vdist = self.distribution(logits[:-1], keys[:-1]) if len(tokens) > 1 else None
+                m = 1 + (v.accept_count(vdist, d[1:]) if vdist is not None else 0)
             stats.drafting.accepted_tokens += m
             self.drafts.update(draft, m)
             yield self.commit(tokens[:m], sources[:m], copied=True)

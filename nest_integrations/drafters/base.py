@@ -51,6 +51,10 @@ class Draft:
         chosen_first: ``tokens[0]`` was drawn from the target distribution at the current
             position by the drafter itself (NEST's span start), so it is committed without a
             check. A one-token draft with ``chosen_first`` is an ordinary decoding step.
+        quoted: every token is already decided by the drafter (NEST's evidence quote,
+            ``core.evidence``): a target-first loop commits them all in one pass that only
+            extends the cache, with no check. A draft-first (lossless) loop verifies it as any
+            draft.
     """
 
     tokens: list[int]
@@ -58,6 +62,7 @@ class Draft:
     q: torch.Tensor | None = None
     parents: list[int] | None = None
     chosen_first: bool = False
+    quoted: bool = False
 
     def __len__(self) -> int:
         return len(self.tokens)

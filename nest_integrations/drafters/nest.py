@@ -48,6 +48,7 @@ class NestDrafter:
         self._rows: list[int] | None = None  # memory rows of the last draft (None: token mode)
         self._stream_row: int | None = None  # continue copying here after a full acceptance
         self._quote: list[int] = []  # the evidence sentence's rows, quoted before any draft
+        self._quoting = False  # the last draft was the quote (no acceptance to learn from)
         self._lock = ctx.guards.lock_document and not self.config.strict_acceptance
         self.document: str | None = None  # the answer's document, once a copy fixes it
         self._allowed: torch.Tensor | None = None  # (passages,) bool: that document's passages
@@ -68,9 +69,9 @@ class NestDrafter:
 
     def _quote_first(self, evidence: EvidenceSpan) -> None:
         """Evidence first, then copy (``core.evidence``): the memory keeps only the evidence
-        window's rows; the answer opens with the evidence sentence, quoted a token a step (each
-        committed as a chosen token, cited to its row), and NEST's spans go on from the
-        window's next row (relaxed acceptance, as any continuation)."""
+        window's rows; the answer opens with the evidence sentence, quoted in one pass (a
+        ``quoted`` draft: every token decided, each cited to its row), and NEST's spans go on
+        from the window's next row (relaxed acceptance, as any continuation)."""
         memory = self.memory
         if evidence.passage_id not in memory.passage_ids:
             return
@@ -95,11 +96,12 @@ class NestDrafter:
         limit = min(cfg.max_span, state.budget)
         if self.planner is not None:  # the first token is decided: a span verifies the rest
             limit = min(limit, 1 + self.planner.length())
-        if self._quote:  # evidence first: its sentence, a token a step, then copy on from there
-            row = self._quote.pop(0)
-            if not self._quote and row + 1 < len(memory) and not memory.is_used(row + 1):
-                self._stream_row = row + 1
-            return self._draft([row], chosen_first=True)
+        if self._quote:  # evidence first: its sentence in one pass, then copy on from there
+            rows, self._quote = self._quote, []
+            self._quoting = True
+            draft = self._draft(rows, chosen_first=True)
+            draft.quoted = True
+            return draft
         if self._stream_row is not None:  # continuation of the last fully accepted span
             rows = self._paying(span_draft(memory, self._stream_row, limit, state.eos))
             self._stream_row = None
@@ -136,7 +138,8 @@ class NestDrafter:
         rows, memory = self._rows, self.memory
         if rows is None:
             return
-        if self.planner is not None:  # a chosen first token was not a draft token
+        quoted, self._quoting = self._quoting, False
+        if self.planner is not None and not quoted:  # a chosen first token was not a draft token
             first = 1 if draft.chosen_first else 0
             self.planner.observe(len(rows) - first, max(0, n_accepted - first))
         if not self.config.strict_acceptance:  # strict mode keeps p_M history-free (lossless)

@@ -315,3 +315,34 @@ def test_token_tree_passes_go_through_the_timed_forward(tiny_lm, monkeypatch):
     assert calls["forward_tree"] == stats.tree_steps > 0
     assert stats.forward_passes == calls["forward"] + calls["forward_tree"]
     assert stats.tree_nodes == 3 * stats.tree_steps and stats.time_lm > 0
+
+
+def test_the_evidence_sentence_is_quoted_in_one_pass(tiny_lm, monkeypatch):
+    """Evidence first (``core.evidence``): NEST opens the answer with the evidence sentence as
+    ONE ``quoted`` draft, committed whole in one target pass and cited to its passage, where a
+    random tiny model would never write it; then NEST copies on from the passage's next row."""
+    from nest_integrations.policy import AnswerPolicy
+    from nest_integrations.retrieval.in_memory import InMemoryRetriever
+
+    sentence = "Its life expectancy at birth is 76.6 years."
+    text = f"Tumouland is a small island in the Pacific. {sentence} It exports copra and fish."
+    passage = Passage("p1", text, "profile/tumouland", metadata={"title": "Tumouland"})
+    policy = AnswerPolicy(decoding="rag-copy", evidence="overlap", evidence_min=0.0)
+    engine = make_engine(tiny_lm, InMemoryRetriever([passage]), policy=policy)
+    quote = tiny_lm.tokenize(" " + sentence)
+    passes: list[int] = []  # tokens per pass, the prompt's first
+    real = loop_module.DecodeLoop.forward
+
+    def counted(self, tokens, *a, **kw):
+        passes.append(len(tokens))
+        return real(self, tokens, *a, **kw)
+
+    monkeypatch.setattr(loop_module.DecodeLoop, "forward", counted)
+    res = engine.generate([{"role": "user", "content": "What is the life expectancy at birth?"}],
+                          max_new_tokens=len(quote) + 4)
+    assert res.text.lstrip().startswith(sentence), res.text
+    assert len(quote) - 1 <= passes[1] <= len(quote) + 1  # the whole quote in the first pass
+    first = res.citations[0]
+    assert first.kind == "copy" and first.doc_id == "profile/tumouland"
+    assert first.text.startswith(sentence)  # and the copy goes on from the next row
+    assert first.text == text[first.passage_start:first.passage_end]
