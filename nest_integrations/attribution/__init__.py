@@ -27,7 +27,8 @@ quoted term (``values.py``).
 Modules: ``config`` (``AttributionConfig``, thresholds), ``results`` (``Attribution``,
 ``SentenceAttribution``), ``splitting`` (units, word tokens, candidate sentences), ``verbatim``
 (runs), ``values`` (the value check), ``embedder`` and ``scorers`` (support scores),
-``attributor`` (``Attributor``, ``attribute``), ``streaming`` (``SentenceStream``).
+``attributor`` (``Attributor``, ``attribute``), ``streaming`` (``SentenceStream``, and
+``unaccounted``: the units of an answer neither cited nor flagged).
 
 Usage::
 
@@ -46,7 +47,7 @@ from nest_integrations.attribution.config import DEFAULT_THRESHOLDS, SCORERS, At
 from nest_integrations.attribution.results import VERDICTS as VERDICTS  # the verdict names
 from nest_integrations.attribution.results import Attribution, SentenceAttribution
 from nest_integrations.attribution.splitting import split_sentences, split_units, word_tokens
-from nest_integrations.attribution.streaming import SentenceStream
+from nest_integrations.attribution.streaming import SentenceStream, unaccounted
 from nest_integrations.types import UnsupportedSentence
 
 __all__ = [
@@ -61,5 +62,6 @@ __all__ = [
     "attribute",
     "split_sentences",
     "split_units",
+    "unaccounted",
     "word_tokens",
 ]

@@ -31,7 +31,8 @@ def add_ask_args(p: argparse.ArgumentParser) -> None:
         "by the preset's answer policy (grounded: losslessly against the top passages, the "
         "documents the question names first) or another --decoding method (nest: NEST's "
         "kNN-LM mixture and relaxed span copying), and print the answer with numbered "
-        "markers and the sources of every copied span."
+        "markers and the sources of every copied span; under grounded and copy every other "
+        "sentence gets a support citation or is flagged [!] as unsupported."
     )
     d = assembly
     p.add_argument("question", help="the question (sent to the model as a chat user message)")
@@ -72,6 +73,9 @@ def add_ask_args(p: argparse.ArgumentParser) -> None:
                    help="a Hugging Face model id or folder; with --backend llama.cpp a .gguf file "
                    "or a quantisation of the embedded model (Q4_0, Q8_0, ...); default: "
                    "embedded SmolLM2")
+    p.add_argument("--no-attribute", action="store_true",
+                   help="no support citations: sentences the answer did not copy are neither "
+                   "cited nor checked (NestConfig.attribute=False; the token ids are the same)")
     p.add_argument("--json", action="store_true", help="print the whole NestResult as JSON")
     add_backend_args(p)
 
@@ -83,6 +87,8 @@ def ask_spec(args: argparse.Namespace) -> assembly.EngineSpec:
         overrides["relaxation"] = args.gamma
     if args.passages is not None:
         overrides["n_passages"] = args.passages
+    if getattr(args, "no_attribute", False):
+        overrides["attribute"] = False
     preset = args.preset
     if args.ra and preset == "paper":
         preset = "paper-ra"  # the paper's RA-NEST setting: 3 passages in the prompt, gamma 0.5

@@ -6,7 +6,10 @@ Single-token attributions (token mode, where the emitted token merely equals its
 neighbour's value, NEST §8) are counted in the stats but not marked, so that a lone " the"
 does not read as a quotation; ``min_tokens=1`` shows them too. Spans a lossless method
 generated that match a passage verbatim (``Citation.kind == "verbatim"``) are marked the same
-way and labelled "verbatim match" in the source list.
+way and labelled "verbatim match" in the source list; a support citation (a passage sentence
+that backs an answer sentence written in other words) is labelled "supports" with its score.
+A sentence no passage supports (``NestResult.unsupported``) is flagged ``[!]`` and listed
+under the sources.
 """
 
 from __future__ import annotations
@@ -30,20 +33,29 @@ def shown(result: NestResult, min_tokens: int = 2) -> list[Citation]:
     return [c for c in result.citations if c.n_tokens >= min_tokens]
 
 
+#: The inline flag of an answer sentence no passage supports.
+UNSUPPORTED_MARK = "[!]"
+
+
 def with_markers(result: NestResult, min_tokens: int = 2) -> str:
     """The answer text with ``[n]`` at the end of the sentence or line where each cited span
-    ends (never inside a word or a line of code), each passage's number once per place."""
+    ends (never inside a word or a line of code), each passage's number once per place, and
+    ``[!]`` after each sentence no passage supports."""
     cites = shown(result, min_tokens)
     numbers = number_sources(cites)
     text = result.text
-    places: dict[int, list[int]] = {}
+    places: dict[int, list[str]] = {}
     for c in cites:
         marks = places.setdefault(marker_place(text, c.end), [])
-        if numbers[c.passage_id] not in marks:
-            marks.append(numbers[c.passage_id])
+        if f"[{numbers[c.passage_id]}]" not in marks:
+            marks.append(f"[{numbers[c.passage_id]}]")
+    for u in result.unsupported:
+        marks = places.setdefault(marker_place(text, u.end), [])
+        if UNSUPPORTED_MARK not in marks:
+            marks.append(UNSUPPORTED_MARK)
     out, pos = [], 0
     for at in sorted(places):
-        out.append(text[pos:at] + "".join(f"[{n}]" for n in places[at]))
+        out.append(text[pos:at] + "".join(places[at]))
         pos = at
     out.append(text[pos:])
     return "".join(out)
@@ -82,10 +94,9 @@ def source_lines(result: NestResult, width: int = 100, min_tokens: int = 2) -> l
             )
             if c.metadata.get("page") is not None:
                 loc = f"page {c.metadata['page']}, {loc}"
-            text = " ".join(c.text.split())
-            if len(text) > width:
-                text = text[: width - 3] + "..."
-            how = "verbatim match, " if c.kind == "verbatim" else ""
+            text = _clip(c.text, width)
+            how = {"verbatim": "verbatim match, ",
+                   "support": f"supports (score {c.score or 0:.2f}), "}.get(c.kind, "")
             lines.append(f"    {loc}, {how}{c.n_tokens} tokens: \"{text}\"")
     return lines
 
@@ -98,9 +109,19 @@ def render(result: NestResult, min_tokens: int = 2) -> str:
         parts += ["Sources:", *source_lines(result, min_tokens=min_tokens), ""]
     else:
         parts += ["Sources: none (no span was copied from the corpus)", ""]
+    if result.unsupported:
+        parts += [f"{UNSUPPORTED_MARK} Unsupported: no passage supports "
+                  f"{len(result.unsupported)} sentence(s):",
+                  *(f"    \"{_clip(u.text, 100)}\"" for u in result.unsupported), ""]
     parts.append(
         f"{s.new_tokens} tokens in {s.time_total:.1f}s ({s.tokens_per_second:.1f} tok/s), "
         f"{s.forward_passes} forward passes, {s.attribution_ratio:.0%} attributed, "
         f"{len(result.passages)} passages searched"
     )
     return "\n".join(parts)
+
+
+def _clip(text: str, width: int) -> str:
+    """``text`` on one line, cut to ``width`` characters with "..."."""
+    text = " ".join(text.split())
+    return text[: width - 3] + "..." if len(text) > width else text

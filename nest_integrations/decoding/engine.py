@@ -314,9 +314,10 @@ class NestEngine:
     def sentence_stream(
         self, config: NestConfig, passages: Sequence[Passage]
     ) -> SentenceStream:
-        """``NestConfig.attribute``: a ``SentenceStream`` over this generation's passages, with
-        the engine's ``Attributor`` for the scorer (one per engine and scorer, built on first
-        use: its passage-sentence embeddings stay cached across generations)."""
+        """``NestConfig.attribute`` (on in the ``grounded`` and ``copy`` presets, the entry
+        points' default): a ``SentenceStream`` over this generation's passages, with the
+        engine's ``Attributor`` for the scorer (one per engine and scorer, built on first use:
+        its passage-sentence embeddings stay cached across generations)."""
         from nest_integrations.attribution import AttributionConfig, Attributor, SentenceStream
 
         scorer = config.attribute_scorer
@@ -331,10 +332,11 @@ class NestEngine:
 
     @staticmethod
     def _attribute(result: NestResult, live: SentenceStream) -> None:
-        """Add the support citations of the sentences the answer did not copy, and the
-        unsupported sentences: those streamed (``live``, a ``SentenceStream``) and the last
-        sentence's (copied citations keep their kind)."""
-        live.feed(result.text, final=True)
+        """Add the support citations of the sentences the answer did not copy (or whose verbatim
+        text none of its citations covers), and the unsupported sentences: those streamed
+        (``live``, a ``SentenceStream``) and the last sentence's (copied citations keep their
+        kind). Every sentence is then cited or flagged (``attribution.unaccounted``)."""
+        live.feed(result.text, final=True, cited=result.citations)
         support = list(live.support)
         result.citations = sorted(result.citations + support, key=lambda c: (c.start, c.end))
         result.unsupported = list(live.unsupported)
@@ -427,5 +429,6 @@ class _Request:
         )  # fmt: skip
         text = TextStream(loop.out, passages, offsets, kind="copy" if method.uses_memory
                           else "verbatim", min_tokens=cfg.min_citation_tokens,
-                          min_words=plan.guards.min_citation_words, live=live)
+                          min_words=plan.guards.min_citation_words, live=live,
+                          evidence=ctx.evidence)
         return loop, text

@@ -474,6 +474,101 @@ def test_sentence_stream_fed_in_pieces_equals_fed_at_once(tiny_lm) -> None:
         "verbatim", "verbatim", "unsupported", "verbatim", "verbatim"]
 
 
+VERBATIM_THEN_MADE_UP = ("Belly dance is a Middle Eastern dance that originated in Egypt. "
+                         "Cats fly to the moon in 2077.")
+
+
+def test_every_sentence_is_cited_or_flagged() -> None:
+    """A sentence found verbatim in a passage that none of the answer's own citations covers
+    gets a support citation (score 1.0, the passage sentence, exact); one the answer cites
+    gets none; a made-up one is flagged; ``unaccounted`` finds what is neither."""
+    from nest_integrations.attribution import SentenceStream, unaccounted
+
+    text, ps = VERBATIM_THEN_MADE_UP, _passages()
+    attributor = Attributor(AttributionConfig(scorer="fuzzy"))
+    assert unaccounted(text, [], []) == split_units(text)  # the check can fail
+    bare = SentenceStream(attributor, ps)
+    bare.feed(text, final=True)
+    (sup,) = bare.support
+    first = BELLY[: BELLY.index(".") + 1]
+    assert (sup.kind, sup.score, sup.text, sup.passage_id) == ("support", 1.0, first, "p-bd")
+    assert text[sup.start : sup.end] == first and (sup.passage_start, sup.source_start) == (0, 0)
+    assert [u.text for u in bare.unsupported] == ["Cats fly to the moon in 2077."]
+    assert unaccounted(text, bare.support, bare.unsupported) == []
+    # the answer's own citation covers the verbatim sentence: nothing is added for it
+    copy = Citation("Belly dance", 0, 11, "p-bd", "belly", 0, 11, 0, 11, 2)
+    cited = SentenceStream(attributor, ps)
+    for n in range(1, len(text) + 1, 5):  # streamed: ``cited`` is asked only when needed
+        cited.feed(text[:n], cited=lambda: [copy])
+    cited.feed(text, final=True, cited=[copy])
+    assert cited.support == [] and cited.unsupported == bare.unsupported
+    assert unaccounted(text, [copy], cited.unsupported) == []
+    assert unaccounted(text, [], cited.unsupported) == [(0, len(first))]
+
+
+def test_support_citations_are_on_by_default_and_can_be_turned_off() -> None:
+    """On in the presets every entry point defaults to (``grounded``, and ``copy``), off in a
+    bare config (the paper's algorithm) and its presets; ``nest ask --no-attribute``."""
+    from nest_integrations import assembly, cli
+    from nest_integrations.cli.ask import ask_spec
+    from nest_integrations.config import PRESETS, NestConfig
+
+    assert assembly.DEFAULT_PRESET == "grounded"
+    assert assembly.EngineSpec.for_store().config.attribute is True
+    on = {name for name in PRESETS if NestConfig.from_preset(name).attribute}
+    assert on == {"grounded", "copy"} and NestConfig().attribute is False
+    parser = cli.build_parser()
+    on_cfg = ask_spec(parser.parse_args(["ask", "q"])).config
+    off = ask_spec(parser.parse_args(["ask", "q", "--no-attribute"])).config
+    assert on_cfg.attribute is True and off == on_cfg.replace(attribute=False)
+
+
+@pytest.mark.slow
+def test_default_answers_have_every_sentence_cited_or_flagged(
+    tmp_path_factory, default_lm, sample_store
+) -> None:
+    """The default engine (``assembly``'s, over the sample corpus) answers corpus questions with
+    every sentence cited or flagged, streamed as the result has them; the edges' data carries
+    the flags; off, the token ids are the same and only the answer's own citations remain."""
+    from nest_integrations import assembly
+    from nest_integrations.attribution import unaccounted
+    from nest_integrations.cli.formatting import render
+    from nest_integrations.evaluation.entities import SAMPLE_QUESTIONS
+    from tests._stores import copy_sample_store
+    from tests.invariants import cited_text_matches_source
+
+    root = copy_sample_store(sample_store, tmp_path_factory.mktemp("attr") / "store")
+    engine = assembly.build_engine(assembly.EngineSpec.for_store(persist_dir=str(root)),
+                                   lm=default_lm)
+    assert engine.config.attribute
+    wanted = ("sample/assert", "sample/dickens")
+    for q in [q for q in SAMPLE_QUESTIONS if q.id in wanted]:
+        prompt = [{"role": "user", "content": q.question}]
+        shown, streamed, flagged = "", [], []
+        for chunk in engine.stream(prompt, max_new_tokens=48):
+            if chunk.result is not None:
+                res = chunk.result
+                continue
+            for c in chunk.support:  # final when it comes: its sentence is complete
+                assert c.kind == "support" and c.end <= len(shown + chunk.text)
+            streamed += chunk.support
+            flagged += chunk.unsupported
+            shown += chunk.text
+        assert shown == res.text and res.text.strip()
+        assert unaccounted(res.text, res.citations, res.unsupported) == [], (res.text, res)
+        support = [c for c in res.citations if c.kind == "support"]
+        assert streamed == support[: len(streamed)], (streamed, support)
+        assert flagged == res.unsupported[: len(flagged)]
+        cited_text_matches_source(res)
+        flags = [u.to_dict() for u in res.unsupported]
+        assert res.to_dict()["stats"]["unsupported"] == output.stats(res)["unsupported"] == flags
+        assert ("[!] Unsupported" in render(res)) == bool(flags)
+        off = engine.generate(prompt, max_new_tokens=48,
+                              config=engine.config.replace(attribute=False))
+        assert off.token_ids == res.token_ids and off.unsupported == []
+        assert off.citations == [c for c in res.citations if c.kind != "support"]
+
+
 def test_citation_stream_reports_support_at_once() -> None:
     p = _passages()[1]
     sup = Citation(p.id, p.doc_id, 0, 10, "Belly dance", 0, 11, 0, 11, 3, "support", 0.9)

@@ -49,9 +49,23 @@ def test_ask_cites_the_copied_span(tmp_path: Path, default_lm, monkeypatch, caps
     sources = {"docs/rome.txt": ROME, "docs/plants.txt": PLANTS}
     assert result["citations"], result["text"]
     for c in result["citations"]:
-        assert result["text"][c["start"] : c["end"]] == c["text"]
+        if c["kind"] != "support":  # a support citation's text is the passage sentence
+            assert result["text"][c["start"] : c["end"]] == c["text"]
         assert sources[c["doc_id"]][c["source_start"] : c["source_end"]] == c["text"]
     assert any(c["doc_id"] == "docs/rome.txt" and c["n_tokens"] >= 5 for c in result["citations"])
+    # support citations are on by default: every sentence is cited or flagged unsupported
+    from nest_integrations.attribution import unaccounted
+    from nest_integrations.types import Citation, UnsupportedSentence
+
+    cites = [Citation(**c) for c in result["citations"]]
+    flagged = [UnsupportedSentence(**u) for u in result["stats"]["unsupported"]]
+    assert unaccounted(result["text"], cites, flagged) == []
     assert cli.main(["ask", question, "--persist-dir", store, "--max-new-tokens", "32"]) == 0
     out = capsys.readouterr().out
     assert "[1]" in out and "Sources:" in out and "docs/rome.txt" in out
+    assert ("[!] Unsupported" in out) == bool(flagged)
+    assert cli.main(["ask", question, "--persist-dir", store, "--max-new-tokens", "32", "--json",
+                     "--no-attribute"]) == 0
+    off = json.loads(capsys.readouterr().out)
+    assert off["token_ids"] == result["token_ids"] and off["stats"]["unsupported"] == []
+    assert off["citations"] == [c for c in result["citations"] if c["kind"] != "support"]

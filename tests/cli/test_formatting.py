@@ -59,3 +59,22 @@ def test_markers_go_at_the_end_of_the_sentence_or_line_never_inside_a_word_or_co
     for m in re.finditer(r"\[\d\]", marked):  # a marker follows no letter inside a word
         after = marked[m.end(): m.end() + 1]
         assert not after.isalnum()
+
+
+def test_unsupported_sentences_are_flagged_and_support_is_labelled():
+    """Support citations on (the default): a support citation is marked like a copy and
+    labelled with its score; a sentence no passage supports gets ``[!]`` and is listed."""
+    from nest_integrations.types import UnsupportedSentence
+
+    text = "Rome was big. Cats fly to the moon."
+    sup = Citation("Rome was a large city.", 0, 13, "a", "doc-a", 0, 22, 10, 32, 4,
+                   {"title": "Title a"}, kind="support", score=0.71)
+    flag = UnsupportedSentence("Cats fly to the moon.", 14, 35, 0.2)
+    res = NestResult(text, [1] * 8, [sup], NestStats(new_tokens=8), [Passage("a", "x")],
+                     unsupported=[flag])
+    assert with_markers(res) == "Rome was big.[1] Cats fly to the moon.[!]"
+    out = render(res)
+    assert 'supports (score 0.71), 4 tokens: "Rome was a large city."' in out
+    assert '[!] Unsupported: no passage supports 1 sentence(s):\n    "Cats fly to the moon."' in out
+    res.unsupported = []
+    assert "[!]" not in render(res)

@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 import pytest
 
 from nest_integrations import assembly
+from nest_integrations.attribution import split_units
 from tests.server.conftest import API_KEY, MAX_BODY, MAX_QUEUE, MAX_TOKENS_CAP
 
 pytestmark = pytest.mark.slow
@@ -50,9 +51,12 @@ def check_annotations(server: Any, text: str, annotations: list[dict[str, Any]])
     for a in annotations:
         assert a["type"] == "url_citation"
         u = a["url_citation"]
-        assert u["start_index"] >= last_end  # in order, never overlapping
-        last_end = u["end_index"]
-        assert text[u["start_index"] : u["end_index"]] == u["cited_text"] != ""
+        if u["kind"] == "support":  # (on by default) the passage sentence that backs an answer
+            assert (u["start_index"], u["end_index"]) in split_units(text), u  # sentence
+        else:
+            assert u["start_index"] >= last_end  # copies: in order, never overlapping
+            last_end = u["end_index"]
+            assert text[u["start_index"] : u["end_index"]] == u["cited_text"] != ""
         assert u["url"] and u["title"]
         p = _passage(server, u["passage_id"])
         assert p["doc_id"] == u["doc_id"]
@@ -169,6 +173,7 @@ def test_sse_chat_with_attribution_on(live_server: Any) -> None:
                        headers={"Authorization": f"Bearer {API_KEY}"})
         assert r.status_code == 200, r.text
         message = r.json()["choices"][0]["message"]
+        flagged = r.json()["nest"]["stats"]["unsupported"]  # the sentences nothing supports
         events = _sse(live_server, {**body, "stream": True})
         engine = live_server.engine.generate(
             [{"role": "user", "content": ATTRIBUTED_QUESTION}], max_new_tokens=64,
@@ -197,6 +202,7 @@ def test_sse_chat_with_attribution_on(live_server: Any) -> None:
         assert p["text"][u["passage_start"] : u["passage_end"]] == u["cited_text"]
         source = live_server.sources[u["doc_id"]]
         assert source[u["source_start"] : u["source_end"]] == u["cited_text"]
+    assert flagged == [un.to_dict() for un in engine.unsupported]
     for un in engine.unsupported:
         assert text[un.start : un.end] == un.text
         assert not any(u["start_index"] < un.end and un.start < u["end_index"] for u in support)

@@ -17,13 +17,21 @@ USER = [ChatMessage(role="user", content="Tell me about the Roman Empire.")]
 
 
 def check_citations(text: str, kwargs: dict) -> list[dict]:
-    """Each citation payload slices the answer and its source document exactly."""
+    """Each citation payload slices the answer (a support citation, on by default: to one of
+    its sentences) and its source document exactly; the sentences nothing supports are in the
+    stats."""
+    from nest_integrations.attribution import split_units
+
     cites = kwargs["citations"]
     for c in cites:
-        assert text[c["start_index"] : c["end_index"]] == c["cited_text"]
         x = c["extras"]
+        if x["kind"] == "support":  # cited_text: the passage sentence that backs it
+            assert (c["start_index"], c["end_index"]) in split_units(text), c
+        else:
+            assert text[c["start_index"] : c["end_index"]] == c["cited_text"]
         assert DOCS[x["doc_id"]][x["source_start_char"] : x["source_end_char"]] == c["cited_text"]
-    assert set(kwargs["nest"]) >= {"attribution_ratio", "new_tokens", "mean_span_length"}
+    assert set(kwargs["nest"]) >= {"attribution_ratio", "new_tokens", "mean_span_length",
+                                   "unsupported"}
     return cites
 
 
