@@ -17,7 +17,6 @@ Stores as ``benchmarks.robust`` builds them (``--work``, default ``$NEST_HOME/be
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import sys
@@ -95,26 +94,17 @@ def main(argv: list[str] | None = None) -> int:
     harness.setup()
     from nest_integrations import paths
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--split", default="dev", choices=("dev", "test"))
-    p.add_argument("--sets", default="entities,open,unanswerable",
-                   help="entities, open (right: a sentence of the gold document), unanswerable "
-                        "(entity questions asked of the sample corpus: right is never; the share "
-                        "above a threshold is what would be answered with a wrong quote), "
-                        "profiles (test only)")
+    p = harness.question_parser(
+        "benchmarks.evidence", __doc__, sets="entities,open,unanswerable",
+        sets_help="entities, open (right: a sentence of the gold document), unanswerable (entity "
+                  "questions asked of the sample corpus: right is never; the share above a "
+                  "threshold is what would be answered with a wrong quote), profiles (test only)",
+        n_closed=40, n_open=16, stem="evidence")
     p.add_argument("--scorers", default=",".join(EVIDENCE_SCORERS))
-    p.add_argument("--n-closed", type=int, default=40)
-    p.add_argument("--n-open", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--work", type=Path, default=None)
-    p.add_argument("--out", type=Path, default=harness.RESULTS)
-    p.add_argument("--stem", default="evidence")
     args = p.parse_args(argv)
     run_record = harness.Run.start("benchmarks.evidence", argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    sets = [s for s in args.sets.split(",") if s]
-    if args.split == "dev" and "profiles" in sets:
-        p.error("the profiles set is held out: --split test only")
+    sets = harness.question_sets(p, args, held_out=("profiles",))
     items: list[robust.Item] = []
     qs = profiles = None
     if "entities" in sets:

@@ -43,7 +43,6 @@ Debian's ``python3.11-doc`` unpacked (``--pydoc``), the French and Spanish set t
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import random
@@ -489,35 +488,27 @@ def main(argv: list[str] | None = None) -> int:
     from nest_integrations import paths
     from nest_integrations.lm.backend import configure_threads
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--split", default="dev", choices=("dev", "test"))
-    p.add_argument("--sets", default="entities,open", help=f"comma-separated from {SETS}")
+    p = harness.question_parser("benchmarks.robust", __doc__, sets="entities,open",
+                                sets_help=f"comma-separated from {SETS}", n_closed=24,
+                                n_open=16, stem="robust")
     p.add_argument("--systems", default="rag,default",
                    help="comma-separated: rag, default[@VARIANT], copy, each optionally "
                         "llama.cpp:-prefixed")
     p.add_argument("--reference", default="rag", help="the system won/lost and CIs are against")
-    p.add_argument("--n-closed", type=int, default=24, help="closed questions per set")
-    p.add_argument("--n-open", type=int, default=16, help="open-ended prompts per set")
     p.add_argument("--max-closed", type=int, default=40, help="tokens per closed answer")
     p.add_argument("--max-open", type=int, default=64, help="tokens per open-ended answer")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--work", type=Path, default=None)
     p.add_argument("--pydoc", type=Path, default=None,
                    help="unpacked python3.11-doc: .../html/_sources (holds faq/ and library/)")
     p.add_argument("--wiki-wheel", type=Path, default=None)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--out", type=Path, default=harness.RESULTS)
-    p.add_argument("--stem", default="robust")
     p.add_argument("--from-records", type=Path, default=None, metavar="JSONL",
                    help="summarise recorded answers (a run's .jsonl) instead of generating")
     args = p.parse_args(argv)
     run_record = harness.Run.start("benchmarks.quality --set robust", list(argv or []))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     configure_threads(args.threads)
-    sets = [s for s in args.sets.split(",") if s]
+    sets = harness.question_sets(p, args, held_out=("profiles", "faq", "fr-es"))
     systems = [s for s in args.systems.split(",") if s]
-    if args.split == "dev" and ("profiles" in sets or "faq" in sets or "fr-es" in sets):
-        p.error("the profiles, FAQ and French/Spanish sets are held out: --split test only")
     if args.from_records is not None:
         records = harness.read_jsonl(args.from_records)
         rows = summarize(records, systems, args.reference)

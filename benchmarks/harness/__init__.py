@@ -2,7 +2,8 @@
 
 - ``run``: the environment (``$NEST_HOME`` = the repo's ``.nest``, offline hub), the run record
   (command, machine: ``lscpu`` model name, load at start and end, commit, date, wall time),
-  and ``parser``/``start``, the opening of every benchmark's ``main``;
+  and ``parser``/``start``, the opening of every benchmark's ``main`` (``question_parser`` and
+  ``question_sets`` for the benchmarks over question sets);
 - ``report``: the one result writer (Markdown + JSON, both headed by the run record), table
   helpers, and ``read_jsonl`` for raw records (plain or gzipped);
 - ``timing``: rotating interleaving of systems per prompt, pooled tokens/s (whole answers, and
@@ -16,7 +17,17 @@
 """
 
 from benchmarks.harness.report import fmt, pct, read_jsonl, row, table, write_result
-from benchmarks.harness.run import REPO, RESULTS, Run, machine, parser, setup, start
+from benchmarks.harness.run import (
+    REPO,
+    RESULTS,
+    Run,
+    machine,
+    parser,
+    question_parser,
+    question_sets,
+    setup,
+    start,
+)
 from benchmarks.harness.timing import (
     decode_timed,
     fastest,
@@ -41,6 +52,8 @@ __all__ = [
     "pct",
     "pooled",
     "pooled_decode",
+    "question_parser",
+    "question_sets",
     "rate",
     "ratio",
     "read_jsonl",

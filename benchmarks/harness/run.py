@@ -144,6 +144,34 @@ def parser(module: str, doc: str | None) -> argparse.ArgumentParser:
     return ap
 
 
+def question_parser(module: str, doc: str | None, *, sets: str, sets_help: str,
+                    n_closed: int, n_open: int, stem: str) -> argparse.ArgumentParser:
+    """``parser`` with the options of a benchmark over question sets (``benchmarks.robust``,
+    ``benchmarks.evidence``): ``--split`` (dev or test), ``--sets`` (comma-separated, default
+    ``sets``), questions per set (``--n-closed``, ``--n-open``), ``--seed``, ``--work`` (the
+    stores' folder) and ``--stem`` (the results' file name); read the sets with
+    ``question_sets``."""
+    ap = parser(module, doc)
+    ap.add_argument("--split", default="dev", choices=("dev", "test"))
+    ap.add_argument("--sets", default=sets, help=sets_help)
+    ap.add_argument("--n-closed", type=int, default=n_closed, help="closed questions per set")
+    ap.add_argument("--n-open", type=int, default=n_open, help="open-ended prompts per set")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--work", type=Path, default=None, help="the stores' folder")
+    ap.add_argument("--stem", default=stem, help="the results' file name")
+    return ap
+
+
+def question_sets(ap: argparse.ArgumentParser, args: argparse.Namespace,
+                  held_out: Sequence[str]) -> list[str]:
+    """The sets ``args.sets`` names (a ``question_parser``'s); a ``held_out`` set on the dev
+    split is an error (``ap.error``: they are asked on test only)."""
+    sets = [s for s in args.sets.split(",") if s]
+    if args.split == "dev" and any(s in held_out for s in sets):
+        ap.error(f"the {', '.join(held_out)} sets are held out: --split test only")
+    return sets
+
+
 def start(ap: argparse.ArgumentParser, argv: Sequence[str] | None = None
           ) -> tuple[argparse.Namespace, Run]:
     """Parse ``argv`` (default: the command line), set the environment (``setup``) and start

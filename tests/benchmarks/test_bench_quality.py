@@ -139,3 +139,30 @@ def test_completion_gate_chooses_on_the_dev_rows_and_reports_the_held_out_ones()
     assert g["groups"]["profiles / 24 / out"]["off"] == 0
     md = "\n".join(cg.gate_markdown({"rel": g}))
     assert "| rel | 0.900 | 0/3 |" in md and "| sample / qs-pydoc / in | 1 | 0.60 [0.60, 0.60] | 1/1 |" in md
+
+
+def test_the_question_set_benchmarks_share_their_opening(monkeypatch, tmp_path):
+    """``harness.question_parser`` / ``question_sets``: the options ``benchmarks.robust`` and
+    ``benchmarks.evidence`` share, and their held-out sets refused on the dev split (both mains
+    stop there, before any store or model)."""
+    import os
+
+    from benchmarks import evidence, harness, robust
+
+    ap = harness.question_parser("benchmarks.x", "First line.\n\nMore.", sets="a,b",
+                                 sets_help="which", n_closed=3, n_open=2, stem="x")
+    args = ap.parse_args([])
+    assert (args.split, args.sets, args.n_closed, args.n_open, args.seed, args.work,
+            args.out, args.stem) == ("dev", "a,b", 3, 2, 0, None, harness.RESULTS, "x")
+    assert ap.description == "First line." and ap.prog == "python -m benchmarks.x"
+    assert harness.question_sets(ap, args, held_out=("c",)) == ["a", "b"]
+    test = ap.parse_args(["--split", "test", "--sets", "a,,c"])
+    assert harness.question_sets(ap, test, held_out=("c",)) == ["a", "c"]
+    with pytest.raises(SystemExit):
+        harness.question_sets(ap, ap.parse_args(["--sets", "c"]), held_out=("c",))
+    monkeypatch.setenv("NEST_HOME", os.environ.get("NEST_HOME", str(tmp_path)))
+    for main, held in ((robust.main, "fr-es"), (evidence.main, "profiles")):
+        with pytest.raises(SystemExit) as stop:
+            main(["--sets", f"entities,{held}", "--out", str(tmp_path)])
+        assert stop.value.code == 2
+    assert not list(tmp_path.iterdir())  # nothing written

@@ -104,57 +104,26 @@ def test_span_lengths_attribution_and_citation_precision():
     assert metrics.citation_hits(["d1"], None) == (0, 0)
 
 
+#: The per-answer fields ``aggregate`` pools, in the order of ``_record``'s values.
+RECORD_FIELDS = (
+    "new_tokens attributed_tokens cited_runs cited_run_tokens citations_correct citations_total "
+    "time_total time_knn time_keys forward_passes verify_steps accepted_tokens drafted_tokens "
+    "nll_sum ref_tokens rouge1_f rouge2_f rougeL_f alr answer_token_recall mean_lambda"
+).split()
+
+
+def _record(*values: float) -> dict:
+    """One answer's record of system "s": ``values`` in ``RECORD_FIELDS`` order."""
+    return {"system": "s", **dict(zip(RECORD_FIELDS, values, strict=True))}
+
+
 def test_aggregate_hand_case():
     """Corpus-level PPL, mean ROUGE/ALR, micro attribution, span length, precision and speed."""
-    recs = [
-        dict(
-            system="s",
-            new_tokens=10,
-            attributed_tokens=5,
-            cited_runs=1,
-            cited_run_tokens=5,
-            citations_correct=1,
-            citations_total=1,
-            time_total=2.0,
-            time_knn=0.1,
-            time_keys=0.1,
-            forward_passes=4,
-            verify_steps=2,
-            accepted_tokens=6,
-            drafted_tokens=8,
-            nll_sum=2.0,
-            ref_tokens=4,
-            rouge1_f=0.5,
-            rouge2_f=0.2,
-            rougeL_f=0.4,
-            alr=1.0,
-            answer_token_recall=0.5,
-            mean_lambda=0.5,
-        ),
-        dict(
-            system="s",
-            new_tokens=30,
-            attributed_tokens=15,
-            cited_runs=4,
-            cited_run_tokens=15,
-            citations_correct=1,
-            citations_total=4,
-            time_total=3.0,
-            time_knn=0.2,
-            time_keys=0.1,
-            forward_passes=30,
-            verify_steps=0,
-            accepted_tokens=0,
-            drafted_tokens=0,
-            nll_sum=4.0,
-            ref_tokens=2,
-            rouge1_f=0.3,
-            rouge2_f=0.0,
-            rougeL_f=0.2,
-            alr=0.0,
-            answer_token_recall=0.0,
-            mean_lambda=1.0,
-        ),
+    recs = [  # fields in RECORD_FIELDS order
+        _record(10, 5, 1, 5, 1, 1, 2.0, 0.1, 0.1, 4, 2, 6, 8, 2.0, 4, 0.5, 0.2, 0.4, 1.0, 0.5,
+                0.5),
+        _record(30, 15, 4, 15, 1, 4, 3.0, 0.2, 0.1, 30, 0, 0, 0, 4.0, 2, 0.3, 0.0, 0.2, 0.0, 0.0,
+                1.0),
     ]
     a = aggregate(recs)
     assert a["n"] == 2
