@@ -24,6 +24,13 @@ output; WordPiece decodes "Rome." as "Rome ."; normalizers change characters. Th
   word; "Aruba is King" cited from "ruba is King" becomes "is King", a number's decimal or
   thousands separator counts as inside it). Dangling brackets and separators at its edges go too.
 - A run whose texts share nothing citable gives no citation (its tokens keep their sources).
+- **Clause rule** (``clause_rule``, with ``build_citations(..., clauses=True)``): a copy or
+  verbatim citation on a document other than the answer's is kept only when it covers a whole
+  clause of the output (``whole_clause``): scraps of another document ("of state of" cited from
+  Niue's profile in an answer about Aruba) would make a wrong answer look checked. The answer's
+  document (``answer_document``) is the evidence's document when the answer has evidence,
+  otherwise the document with the most cited characters (ties: the one cited first). The rule
+  judges the runs' pieces before they merge; a dropped piece's tokens keep their sources.
 - **Adjacent runs merge**: two citations of one passage whose gap reads the same in the output
   and in the passage ("equivalent to" + "\n\n   " + "if not expression") are one citation.
 
@@ -55,7 +62,7 @@ def source_runs(sources: Sequence[Source]) -> list[tuple[int, int]]:
             i += 1
             continue
         j = i + 1
-        while j < len(sources) and _continues(sources[j - 1], sources[j]):
+        while j < len(sources) and continues_run(sources[j - 1], sources[j]):
             j += 1
         runs.append((i, j))
         i = j
@@ -69,6 +76,9 @@ def build_citations(
     offsets: Sequence[np.ndarray],
     kind: str = "copy",
     text: str | None = None,
+    *,
+    clauses: bool = False,
+    evidence_doc: str | None = None,
 ) -> list[Citation]:
     """Exact span citations for an output whose token ``i`` ends at char ``token_ends[i]``.
 
@@ -81,12 +91,47 @@ def build_citations(
         text: the output text; defaults to ``token_ends.text`` when the ends carry it (as
             ``text_stream.OutputText.ends`` does). With it every citation is exact (see the
             module docstring).
+        clauses: apply the clause rule (needs the text): pieces on a document other than the
+            answer's (``answer_document``: ``evidence_doc``, else the most cited) are kept only
+            when they cover a whole clause.
+        evidence_doc: the document of the answer's evidence, if any (with ``clauses``).
     """
+    text = _text_of(token_ends, text)
+    cites = run_pieces(sources, token_ends, passages, offsets, kind, text)
+    if text is None:
+        return cites
+    if clauses:
+        verdicts = clause_rule(cites, text, answer_document(cites, evidence_doc))
+        cites = [c for c, keep in zip(cites, verdicts) if keep]
+    return merge_adjacent(cites, passages, text)
+
+
+def run_pieces(
+    sources: Sequence[Source],
+    token_ends: Sequence[int],
+    passages: Sequence[Passage],
+    offsets: Sequence[np.ndarray],
+    kind: str = "copy",
+    text: str | None = None,
+    cache: dict[tuple, list[Citation]] | None = None,
+) -> list[Citation]:
+    """The exact, whole-word citations of each run (a split run gives several), in output
+    order, before the clause rule and before adjacent ones merge (``build_citations``).
+
+    ``cache``: a run's pieces by what they depend on (the run, its char range and the text
+    around it), so that a stream recomputes only the runs that changed."""
     text = _text_of(token_ends, text)
     cites: list[Citation] = []
     for i, j in source_runs(sources):
-        cites.extend(_citations(sources, token_ends, passages, offsets, i, j, kind, text))
-    return merge_adjacent(cites, passages, text) if text is not None else cites
+        if cache is None or text is None:
+            cites.extend(_citations(sources, token_ends, passages, offsets, i, j, kind, text))
+            continue
+        s, e = int(token_ends[i - 1]) if i > 0 else 0, int(token_ends[j - 1])
+        key = (i, j, sources[i], sources[j - 1], kind, s, e, text[max(0, s - 2) : e + 2])
+        if key not in cache:  # word edges read two characters either side of the run
+            cache[key] = _citations(sources, token_ends, passages, offsets, i, j, kind, text)
+        cites.extend(cache[key])
+    return cites
 
 
 def merge_adjacent(cites: Sequence[Citation], passages: Sequence[Passage],
@@ -94,46 +139,125 @@ def merge_adjacent(cites: Sequence[Citation], passages: Sequence[Passage],
     """``cites`` (in output order) with each two neighbours of one passage and kind joined where
     the gap between them reads the same in ``text`` and in the passage."""
     by_id = {p.id: p for p in passages}
-    out: list[Citation] = []
-    for c in cites:
-        prev = out[-1] if out else None
+    out = []
+    for group in adjacent_groups(cites, passages, text):
+        first, last = cites[group[0]], cites[group[-1]]
+        if len(group) == 1:
+            out.append(first)
+        else:
+            out.append(make_citation(by_id[first.passage_id], first.start, last.end,
+                                     first.passage_start, last.passage_end,
+                                     sum(cites[k].n_tokens for k in group), first.kind))
+    return out
+
+
+def adjacent_groups(cites: Sequence[Citation], passages: Sequence[Passage],
+                    text: str) -> list[list[int]]:
+    """The indices of ``cites`` that ``merge_adjacent`` joins into one citation, group by group
+    (in output order)."""
+    by_id = {p.id: p for p in passages}
+    groups: list[list[int]] = []
+    for k, c in enumerate(cites):
+        prev = cites[groups[-1][-1]] if groups else None
         passage = by_id.get(c.passage_id)
         if (prev is not None and passage is not None and prev.passage_id == c.passage_id
                 and prev.kind == c.kind and c.start >= prev.end
                 and c.passage_start >= prev.passage_end
                 and text[prev.end:c.start] == passage.text[prev.passage_end:c.passage_start]):
-            out[-1] = make_citation(passage, prev.start, c.end, prev.passage_start,
-                                    c.passage_end, prev.n_tokens + c.n_tokens, c.kind)
+            groups[-1].append(k)
         else:
-            out.append(c)
+            groups.append([k])
+    return groups
+
+
+#: Characters that end a clause (the clause rule), and the brackets that open and close one.
+CLAUSE_MARKS = ".,;:!?"
+OPEN_BRACKETS = "([{"
+CLOSE_BRACKETS = ")]}"
+#: The citation kinds the clause rule judges (support citations cite a whole sentence anyway).
+CLAUSE_RULE_KINDS = ("copy", "verbatim")
+
+
+def clause_start(text: str, i: int) -> bool:
+    """Whether a clause of ``text`` starts at ``i``: only whitespace before it, or, past
+    whitespace, a line break, one of ``CLAUSE_MARKS`` or an opening bracket; or ``text[i]``
+    itself opens a bracket."""
+    if i < len(text) and text[i] in OPEN_BRACKETS:
+        return True
+    while i > 0 and text[i - 1].isspace():
+        if text[i - 1] == "\n":
+            return True
+        i -= 1
+    return i == 0 or text[i - 1] in CLAUSE_MARKS or text[i - 1] in OPEN_BRACKETS
+
+
+def clause_end(text: str, i: int, open_end: bool = False) -> bool | None:
+    """Whether a clause of ``text`` ends at ``i``: ``text[i - 1]`` is one of ``CLAUSE_MARKS`` or
+    a closing bracket, or, past whitespace, a line break, one of them, or the end of the text.
+
+    ``open_end``: the text may still go on (a stream), so only whitespace up to its end says
+    nothing yet: None."""
+    if i > 0 and (text[i - 1] in CLAUSE_MARKS or text[i - 1] in CLOSE_BRACKETS):
+        return True
+    while i < len(text) and text[i].isspace():
+        if text[i] == "\n":
+            return True
+        i += 1
+    if i == len(text):
+        return None if open_end else True
+    return text[i] in CLAUSE_MARKS or text[i] in CLOSE_BRACKETS
+
+
+def whole_clause(text: str, start: int, end: int, open_end: bool = False) -> bool | None:
+    """Whether ``text[start:end]`` covers a whole clause: it starts at a clause start and ends at
+    a clause end (``clause_start``, ``clause_end``; None when ``open_end`` leaves its end not
+    known yet)."""
+    if not clause_start(text, start):
+        return False
+    return clause_end(text, end, open_end)
+
+
+def document_of(citation: Citation) -> str:
+    """The document a citation names: its ``doc_id``, else its passage (a passage of no
+    document is one of its own)."""
+    return citation.doc_id if citation.doc_id is not None else citation.passage_id
+
+
+def answer_document(cites: Sequence[Citation], evidence_doc: str | None = None) -> str | None:
+    """The answer's document: ``evidence_doc`` when the answer has evidence, otherwise the
+    document of ``cites`` with the most cited characters (whitespace excluded; ties: the one
+    cited first); None without either."""
+    if evidence_doc is not None:
+        return evidence_doc
+    chars: dict[str, int] = {}
+    for c in cites:
+        if c.kind in CLAUSE_RULE_KINDS:
+            d = document_of(c)
+            chars[d] = chars.get(d, 0) + sum(not ch.isspace() for ch in c.text)
+    return max(chars, key=lambda d: chars[d]) if chars else None  # max keeps the first of ties
+
+
+def clause_rule(cites: Sequence[Citation], text: str, document: str | None,
+                open_end: bool = False) -> list[bool | None]:
+    """Per citation of ``text``: kept (True) when it is on ``document`` (the answer's), is not
+    a copy or verbatim citation, or covers a whole clause (``whole_clause``); else dropped
+    (False).
+
+    Streams (``decoding.text_stream``) pass what they know so far: ``document=None`` when the
+    answer's document is not known yet (no evidence: the most cited one can change) and
+    ``open_end`` while the text goes on; a verdict they cannot know yet is None."""
+    out: list[bool | None] = []
+    for c in cites:
+        if c.kind not in CLAUSE_RULE_KINDS or (document is not None
+                                               and document_of(c) == document):
+            out.append(True)
+            continue
+        whole = whole_clause(text, c.start, c.end, open_end)
+        out.append(True if whole else None if whole is None or document is None else False)
     return out
 
 
-def last_citation(
-    sources: Sequence[Source],
-    token_ends: Sequence[int],
-    passages: Sequence[Passage],
-    offsets: Sequence[np.ndarray],
-    kind: str = "copy",
-    text: str | None = None,
-    upto: int | None = None,
-) -> Citation | None:
-    """The last citation of the run that ends at output token ``upto - 1`` (default: the last
-    token; None when that token has no source, or the run has nothing citable). Walks back over
-    that run only, so streaming costs O(run length) per chunk."""
-    j = len(sources) if upto is None else upto
-    if not j or sources[j - 1] is None:
-        return None
-    i = j - 1
-    while i > 0 and _continues(sources[i - 1], sources[i]):
-        i -= 1
-    cites = _citations(
-        sources, token_ends, passages, offsets, i, j, kind, _text_of(token_ends, text)
-    )
-    return cites[-1] if cites else None
-
-
-def _continues(prev: Source, cur: Source) -> bool:
+def continues_run(prev: Source, cur: Source) -> bool:
     """Whether token source ``cur`` extends the run ending at ``prev``: the same passage, the
     next position."""
     return prev is not None and cur is not None and cur[0] == prev[0] and cur[1] == prev[1] + 1

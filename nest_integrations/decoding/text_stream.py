@@ -30,7 +30,17 @@ import bisect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Sequence, TypeVar
 
-from nest_integrations.core.citations import build_citations, last_citation
+from nest_integrations.core.citations import (
+    adjacent_groups,
+    answer_document,
+    clause_rule,
+    continues_run,
+    document_of,
+    merge_adjacent,
+    run_pieces,
+    snap_to_words,
+    word_edge,
+)
 from nest_integrations.core.topic import (
     GuardScan,
     citation_words,
@@ -43,10 +53,13 @@ from nest_integrations.types import Citation, Passage, StreamChunk
 
 if TYPE_CHECKING:
     from nest_integrations.attribution import SentenceStream
+    from nest_integrations.core.evidence import EvidenceSpan
 
 R = TypeVar("R")
 
 _ANCHOR_EVERY = 8  # tokens between anchor moves (a decode covers at most about this many)
+#: Text a stream may go on with that could put a citation's end inside a word or a number.
+_PROBES = ("a", "0")
 
 
 class TokenEnds(list):
@@ -274,15 +287,30 @@ class TextStream:
         min_tokens, min_words: a citation is shown from this many tokens and words
             (``NestConfig.min_citation_tokens``, ``Guards.min_citation_words``).
         live: a ``SentenceStream`` (``NestConfig.attribute``): the support citations of the
-            sentences each delta completes.
+            sentences each delta completes (``SentenceStream.feed``, given this stream's
+            citations so far).
+        evidence: the answer's evidence (``DrafterContext.evidence``): its document is the
+            answer's for the clause rule (``core.citations``); without it, the most cited one.
+
+    Streamed and final citations agree: both are the runs' pieces through the clause rule and
+    ``merge_adjacent``. A delta reports a citation only once nothing can change its verdict or
+    its start: while the text goes on, a piece on another document than the evidence's (on any
+    document, without evidence: the most cited one can still change) waits until it is known to
+    cover a whole clause, and the pieces it would merge with wait with it. What waits comes with
+    the final result (``output.CitationStream`` reports it there).
     """
 
     def __init__(
         self, out: OutputText, passages: list[Passage], offsets: list[Any], *, kind: str,
         min_tokens: int, min_words: int, live: SentenceStream | None = None,
+        evidence: EvidenceSpan | None = None,
     ) -> None:
         self.out, self.passages, self.offsets, self.kind = out, passages, offsets, kind
         self.min_tokens, self.min_words, self.live = min_tokens, min_words, live
+        ev = next((p for p in passages if evidence and p.id == evidence.passage_id), None)
+        self.evidence_doc = (ev.doc_id if ev.doc_id is not None else ev.id) if ev else None
+        self._runs: dict[tuple, list[Citation]] = {}  # run_pieces' cache
+        self._sent: dict[tuple, tuple[int, str]] = {}  # each reported citation's last form
 
     def shows(self, citation: Citation) -> bool:
         """Whether a citation is reported: at least ``min_tokens`` tokens and ``min_words``
@@ -305,34 +333,95 @@ class TextStream:
     def chunks(self, commit: Commit) -> Iterator[StreamChunk]:
         """The text that is safe to show after ``commit``, with the citation of the last cited
         run that the delta touches (also when the delta ends in uncited text: a run that grew
-        while its text was held back is reported with its full extent), and, with ``live``, the
-        support citations of the sentences this delta completes."""
+        while its text was held back is reported with its full extent) once its verdict is
+        known (see the class docstring), and, with ``live``, the support citations of the
+        sentences this delta completes."""
         out, live = self.out, self.live
         start = out.emitted
         delta = out.delta(final=commit.done)
         if not delta:
             return
-        found = live.feed(out.text[: out.emitted]) if live is not None else None
+        found = (live.feed(out.text[: out.emitted], cited=self.citations)
+                 if live is not None else None)
         support = tuple(found.citations) if found else ()
         unsupported = tuple(found.unsupported) if found else ()
-        yield StreamChunk(text=delta, citation=self._delta_citation(start),
+        yield StreamChunk(text=delta, citation=self._delta_citation(start, commit.done),
                           token_ids=commit.ids, support=support, unsupported=unsupported)
 
-    def _delta_citation(self, start: int) -> Citation | None:
+    def _delta_citation(self, start: int, done: bool) -> Citation | None:
+        """The citation a delta that starts at char ``start`` reports: the last citation of the
+        text so far whose verdict (the clause rule) and start nothing can change any more (see
+        the class docstring) that the delta touches (a whitespace delta keeps its run open) or
+        that was not reported in this form yet (the delta settled it)."""
         out = self.out
-        j = bisect.bisect_left(out.ends, out.emitted)  # last token the delta touches
-        j = min(j, len(out.ids) - 1)
-        while j >= 0 and out.sources[j] is None and out.ends[j] > start:
+        j = min(bisect.bisect_left(out.ends, out.emitted), len(out.ids) - 1)
+        while j >= 0 and out.sources[j] is None:  # the last cited token up to the delta's end
             j -= 1
-        if j < 0 or out.sources[j] is None or out.ends[j] <= start:
+        if j < 0:
             return None
-        cite = last_citation(out.sources, out.ends, self.passages, self.offsets,
-                             kind=self.kind, text=out.text, upto=j + 1)
-        ok = cite is not None and cite.end >= start  # a whitespace delta keeps its run open
-        return cite if ok and self.shows(cite) else None
+        text, src, pieces = out.text, out.sources, self._pieces(j + 1)
+        if done:  # the text is whole: the final verdicts
+            verdicts = clause_rule(pieces, text,
+                                   answer_document(self._pieces(len(src)), self.evidence_doc))
+        else:
+            verdicts = clause_rule(pieces, text, self.evidence_doc, open_end=True)
+            if pieces and self._end_may_move(pieces[-1], j):
+                verdicts[-1] = document_of(pieces[-1]) == self.evidence_doc or None
+        held = [(c, v) for c, v in zip(pieces, verdicts) if v is not False]
+        groups = adjacent_groups([c for c, _ in held], self.passages, text)
+        for group in reversed(groups):
+            if not all(held[k][1] for k in group):
+                continue  # its verdict, or that of a piece it merges with, is not known yet
+            (cite,) = merge_adjacent([held[k][0] for k in group], self.passages, text)
+            if not self.shows(cite) or not (done or self._survives(cite, text)):
+                continue
+            key, form = (cite.passage_id, cite.start, cite.kind), (cite.end, cite.text)
+            if cite.end >= start or self._sent.get(key) != form:
+                self._sent[key] = form
+                return cite
+        return None
+
+    def _end_may_move(self, piece: Citation, j: int) -> bool:
+        """Whether the text to come can still move the end of ``piece``, the last piece of the
+        output's first ``j + 1`` tokens: the next character could put it inside a word or a
+        number (it then moves back, ``snap_to_words``), or its run goes on (or may: token
+        ``j`` is the last one)."""
+        out, src = self.out, self.out.sources
+        if any(not word_edge(out.text + probe, piece.end) for probe in _PROBES):
+            return True
+        if j + 1 < len(src) and not continues_run(src[j], src[j + 1]):
+            return False
+        i = j
+        while i > 0 and continues_run(src[i - 1], src[i]):
+            i -= 1
+        return piece.end > (out.ends[i - 1] if i else 0)  # the piece is that run's
+
+    def _survives(self, cite: Citation, text: str) -> bool:
+        """Whether ``cite`` is still shown if the text to come puts its end inside a word or a
+        number (its end then moves back): only then is it streamed, so that a streamed
+        citation is never missing from the final ones."""
+        passage = next(p for p in self.passages if p.id == cite.passage_id)
+        for probe in _PROBES:
+            longer = text + probe
+            if word_edge(longer, cite.end):
+                continue
+            left = snap_to_words(longer, passage.text, cite.start, cite.end,
+                                 cite.passage_start, cite.passage_end)
+            if left is None or citation_words(longer[left[0] : left[1]]) < self.min_words:
+                return False
+        return True
 
     def citations(self) -> list[Citation]:
-        """The citations of the whole output that are shown."""
+        """The citations of the whole output that are shown: the runs' pieces through the
+        clause rule (``core.citations``), merged, of at least ``min_tokens`` and ``min_words``."""
+        text, pieces = self.out.text, self._pieces(len(self.out.ids))
+        verdicts = clause_rule(pieces, text, answer_document(pieces, self.evidence_doc))
+        kept = [c for c, v in zip(pieces, verdicts) if v]
+        return [c for c in merge_adjacent(kept, self.passages, text) if self.shows(c)]
+
+    def _pieces(self, upto: int) -> list[Citation]:
+        """``core.citations.run_pieces`` of the first ``upto`` output tokens."""
         out = self.out
-        return [c for c in build_citations(out.sources, out.ends, self.passages, self.offsets,
-                                           kind=self.kind) if self.shows(c)]
+        return run_pieces(out.sources[:upto], out.ends, self.passages, self.offsets,
+                          kind=self.kind, text=out.text, cache=self._runs)
+

@@ -12,7 +12,11 @@ import random
 
 import pytest
 
-from nest_integrations.decoding.text_stream import OutputText
+from nest_integrations.core.citations import build_citations
+from nest_integrations.core.evidence import EvidenceSpan
+from nest_integrations.decoding.text_stream import Commit, OutputText, TextStream
+from nest_integrations.types import Passage
+from tests.core.toy_tokens import toy_tokens
 
 TEXT = (
     "The Roman Empire was the post-Republican state of ancient Rome. 東京は日本の首都です。"
@@ -140,3 +144,94 @@ def test_a_guarded_stream_never_shows_text_the_answer_drops():
         assert streamed == out.text, (seed, streamed, out.text)
         fired += out.repeated
     assert fired > 100
+
+
+# ----------------------------------------------------------------------------- citations
+
+#: Two documents' passages for the streamed citations (the issue 53 case: Aruba and Niue).
+CITE_PASSAGES = [
+    Passage("p-aw", "The chief of state of Aruba is King WILLEM-ALEXANDER (since 2013). "
+                    "Life expectancy at birth: 77.5 years, in 2024.", doc_id="aruba"),
+    Passage("p-nu", "The chief of state of Niue is King CHARLES III; the capital, Alofi, "
+                    "has 1,000 people.", doc_id="niue"),
+]
+#: The model's own pieces between copies.
+LM_PIECES = [" is", ",", ".", " the", "\n", " (", ")", " X", "x", "7", ";"]
+
+
+def _streamed_citations(seed: int, evidence: str | None):
+    """A random answer of copies from ``CITE_PASSAGES`` and LM pieces, streamed a few tokens
+    a commit through ``TextStream``; returns the text stream, the chunks and the final list."""
+    rng = random.Random(seed)
+    toks, offsets = zip(*(toy_tokens(p.text) for p in CITE_PASSAGES))
+    vocab = sorted({t for ts in toks for t in ts} | set(LM_PIECES))
+    index = {t: k for k, t in enumerate(vocab)}
+    ids, sources = [], []
+    for _ in range(rng.randint(2, 8)):
+        if rng.random() < 0.35:
+            for piece in rng.choices(LM_PIECES, k=rng.randint(1, 3)):
+                ids.append(index[piece])
+                sources.append(None)
+            continue
+        p = rng.randrange(len(toks))
+        a = rng.randrange(len(toks[p]))
+        for k in range(a, min(len(toks[p]), a + rng.randint(1, 12))):
+            ids.append(index[toks[p][k]])
+            sources.append((p, k))
+    out = OutputText(lambda xs: "".join(vocab[i] for i in xs))
+    span = (EvidenceSpan(CITE_PASSAGES[0].id if evidence == "aruba" else CITE_PASSAGES[1].id,
+                         0, 10, 1.0) if evidence else None)
+    stream = TextStream(out, list(CITE_PASSAGES), list(offsets), kind="copy", min_tokens=1,
+                        min_words=1, evidence=span)
+    chunks, i = [], 0
+    while i < len(ids):
+        n = rng.choice([1, 1, 2, 3, 5])
+        out.append(ids[i : i + n], sources[i : i + n], True)
+        chunks += stream.chunks(Commit(tuple(ids[i : i + n]), tuple(sources[i : i + n]), False))
+        i += n
+    chunks += stream.chunks(Commit((), (), True))
+    return stream, chunks, stream.citations()
+
+
+def _span(c):
+    return (c.passage_id, c.kind, c.start, c.end, c.text, c.passage_start, c.passage_end)
+
+
+@pytest.mark.parametrize("evidence", [None, "aruba", "niue"])
+def test_streamed_citations_agree_with_the_final_ones(evidence):
+    """The clause rule applies alike to streamed and final citations: on 300 random answers
+    streamed a few tokens at a time, a client that keeps the last citation per span (the
+    "growing" stream of ``output.CitationStream``, plus what ``finish`` adds) ends with exactly
+    the final citations, so no streamed citation is one the final result drops; each "completed"
+    report is a final citation's span. The rule has teeth: it drops copies in many answers, and
+    citations do stream."""
+    from types import SimpleNamespace
+
+    from nest_integrations.output import CitationStream
+
+    streamed = dropped = 0
+    for seed in range(300):
+        stream, chunks, final = _streamed_citations(seed, evidence)
+        assert "".join(ch.text for ch in chunks) == stream.out.text
+        growing, completed = CitationStream("growing"), CitationStream("completed")
+        shown, reports = {}, []
+        for ch in chunks:
+            for c in growing.step(ch.citation):
+                shown[(c.passage_id, c.start, c.kind)] = c
+            reports += completed.step(ch.citation)
+            streamed += ch.citation is not None
+        result = SimpleNamespace(citations=final)
+        for c in growing.finish(result):
+            shown[(c.passage_id, c.start, c.kind)] = c
+        reports += completed.finish(result)
+        # the same spans (``n_tokens`` aside: the protocol re-sends a span when its text moves)
+        assert [_span(c) for c in sorted(shown.values(), key=lambda c: c.start)] == [
+            _span(c) for c in final], seed
+        keys = {(c.passage_id, c.start, c.kind) for c in final}
+        assert {(c.passage_id, c.start, c.kind) for c in reports} == keys, seed
+        for c in final:
+            assert stream.out.text[c.start : c.end] == c.text
+        unruled = build_citations(stream.out.sources, stream.out.ends, stream.passages,
+                                  stream.offsets)
+        dropped += final != [c for c in unruled if stream.shows(c)]
+    assert streamed > 100 and dropped > 20, (streamed, dropped)
