@@ -149,9 +149,11 @@ class AnnotationStream:
 
 def merge_annotations(stream: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Client side of ``AnnotationStream``: the last annotation per (passage, start, kind), in
-    order (a support citation may start where a copied span of its passage does)."""
+    the non-streamed response's order, by answer offsets (start, then end: a support citation
+    may start where a copied span of its passage does, and the shorter comes first)."""
     merged: dict[tuple[str, int, Any], dict[str, Any]] = {}
     for a in stream:
         u = a["url_citation"]
         merged[(u["passage_id"], u["start_index"], u.get("kind"))] = dict(a)
-    return sorted(merged.values(), key=lambda a: a["url_citation"]["start_index"])
+    return sorted(merged.values(),
+                  key=lambda a: (a["url_citation"]["start_index"], a["url_citation"]["end_index"]))

@@ -115,6 +115,19 @@ def test_annotation_stream_merges_to_the_final_list() -> None:
     assert P.merge_annotations(sent + late) == [P.annotation(c) for c in final]
 
 
+def test_merge_orders_a_support_and_a_copy_that_start_together_as_the_response() -> None:
+    """A support citation of the first sentence and a copy from the answer's start arrive
+    copy first (the copy as it grows, the support when the sentence ends); merged, they are in
+    the response's order: by start, then end (issue 53: the held-out dictionary's answer)."""
+    import dataclasses
+
+    text = "bytecode (noun). Instructions for a virtual machine."
+    copy = cite(0, len(text), text)
+    support = dataclasses.replace(cite(0, 16, text[:16]), kind="support", score=1.0)
+    sent = [P.annotation(cite(0, 8, text[:8])), P.annotation(support), P.annotation(copy)]
+    assert P.merge_annotations(sent) == [P.annotation(support), P.annotation(copy)]
+
+
 def test_serve_rejects_bad_options_before_loading_the_model(monkeypatch, capsys) -> None:
     """Bad `nest serve` options are one clear line, and no engine is built."""
     from nest_integrations import cli
