@@ -149,10 +149,10 @@ class SkipPolicy:
 #: --no-loadscope-reorder``: one file per worker at a time, in this order). The longest files
 #: start first, so none is left running alone at the end: the README's (it makes the session's
 #: sample store, about 3 min, then runs every README block), the real-model oracles. The other
-#: two users of the sample store go last, when it is there (tests/conftest.py ``sample_store``).
+#: users of the sample store go last, when it is there (tests/conftest.py ``sample_store``).
 FIRST_FILES = ("test_readme.py", "test_lossless_oracles.py", "test_knn_ssd_real.py",
                "test_llama_cpp.py", "test_ray_ingest.py", "test_key_codecs.py")
-LAST_FILES = ("test_outputs_baseline.py", "test_sample_questions.py")
+LAST_FILES = ("test_outputs_baseline.py", "test_sample_questions.py", "test_edges_cited.py")
 
 
 def _file_rank(item: pytest.Item) -> int:
