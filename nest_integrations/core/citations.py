@@ -22,7 +22,9 @@ output; WordPiece decodes "Rome." as "Rome ."; normalizers change characters. Th
 - **Word rule**: a citation never starts or ends inside a word or a number, in the output or in
   the passage (``snap_to_words``: its edges move inward, in both texts at once, past any partial
   word; "Aruba is King" cited from "ruba is King" becomes "is King", a number's decimal or
-  thousands separator counts as inside it). Dangling brackets and separators at its edges go too.
+  thousands separator counts as inside it, and so does a hyphen or an apostrophe between two
+  letters or digits: "just-in-time", "Cambodia's"). Dangling brackets and separators at its
+  edges go too.
 - A run whose texts share nothing citable gives no citation (its tokens keep their sources).
 - **Clause rule** (``clause_rule``, with ``build_citations(..., clauses=True)``): a copy or
   verbatim citation on a document other than the answer's is kept only when it covers a whole
@@ -330,20 +332,29 @@ def exact_pieces(
 
 #: Characters a citation does not start with, and does not end with (after the word rule).
 _NO_START = " \t\r\n,;:.)]}»”’"
-_NO_END = " \t\r\n,;([{«“‘"
+_NO_END = " \t\r\n,;([{«“‘-"
+#: Characters that join the letters or digits on their two sides into one word.
+_JOINERS = "-'’"
 
 
 def word_edge(text: str, i: int) -> bool:
     """Whether position ``i`` of ``text`` is not inside a word or a number: a letter or digit on
-    both sides is inside, and so is a ``.`` or ``,`` between two digits ("77.5", "1,000")."""
+    both sides is inside, and so is a ``.`` or ``,`` between two digits ("77.5", "1,000") and a
+    hyphen or an apostrophe between two letters or digits ("just-in-time", "Cambodia's")."""
     if i <= 0 or i >= len(text):
         return True
     a, b = text[i - 1], text[i]
     if a.isalnum() and b.isalnum():
         return False
-    if b in ".," and a.isdigit() and i + 1 < len(text) and text[i + 1].isdigit():
+    after = text[i + 1] if i + 1 < len(text) else ""
+    before = text[i - 2] if i >= 2 else ""
+    if b in ".," and a.isdigit() and after.isdigit():
         return False
-    if a in ".," and b.isdigit() and i >= 2 and text[i - 2].isdigit():
+    if a in ".," and b.isdigit() and before.isdigit():
+        return False
+    if b in _JOINERS and a.isalnum() and after.isalnum():
+        return False
+    if a in _JOINERS and b.isalnum() and before.isalnum():
         return False
     return True
 

@@ -194,3 +194,23 @@ def test_adjacent_groups_are_what_merge_adjacent_joins():
     assert run_pieces(sources, ends, [passage], [offs], text=src, cache=cache) == pieces
     assert len(cache) == 2
     assert run_pieces(sources, ends, [passage], [offs], text=src, cache=cache) == pieces
+
+
+def test_a_hyphen_or_an_apostrophe_between_letters_is_inside_a_word():
+    """"just-in-time" is one word: the edges helper saw '-in-time compiler then runs them.'
+    cited from "or a just-in-time compiler" (issue 53: no citation cuts a word)."""
+    from nest_integrations.core.citations import snap_to_words, word_edge
+
+    t = "or a just-in-time compiler, Cambodia's rock 'n' roll - the end"
+    for k in ("-in", "in-", "-time", "'s"):
+        assert not word_edge(t, t.index(k) + (1 if k.endswith("-") else 0)), k
+    assert word_edge(t, t.index(" compiler")) and word_edge(t, t.index("'n'"))
+    assert word_edge(t, t.index("- the")) and word_edge(t, t.index(" the end"))
+    out = "an interpreter or just-in-time compiler then runs them."
+    src = "an interpreter or a just-in-time compiler then runs them."
+    s, ps = out.index("-in-time"), src.index("-in-time")
+    e, pe = len(out), len(src)
+    assert snap_to_words(out, src, s, e, ps, pe) == (
+        out.index("compiler"), e, src.index("compiler"), pe)
+    s, e = out.index("just"), out.index("-time") + 1  # "just-in-" ends on a joiner: cut back
+    assert snap_to_words(out, src, s, e, src.index("just"), src.index("-time") + 1) is None
