@@ -21,13 +21,9 @@ from nest_integrations.lm.backend import machine_name
 pytestmark = pytest.mark.slow
 
 #: Questions the default still gets wrong, with the reason (a strict xfail: an answer that turns
-#: right must leave the list). Since the default answers from its evidence (issue 53), 7 of 8 are
-#: right and cited on an AMD EPYC in fp32, where 3 were wrong before.
-KNOWN_WRONG: dict[str, str] = {
-    "sample/pinball": "the evidence is the lead's second sentence ('Today, pinball is most "
-    "commonly an arcade game ... fired into a specially designed cabinet'), 0.919 against the "
-    "first's 0.909 ('... a specially designed table'): right about pinball, without 'table'",
-}
+#: right must leave the list). Empty: since the default answers from its evidence (issue 53), all
+#: 8 are right and cited on an AMD EPYC in fp32, where 3 were wrong before.
+KNOWN_WRONG: dict[str, str] = {}
 
 #: Questions wrong on one CPU family only (fp32 rounds differently on each: other kernels and
 #: row plans, docs/backends.md), keyed by a word of the CPU's model name: a strict xfail there; a

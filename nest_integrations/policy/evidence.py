@@ -28,6 +28,9 @@ from nest_integrations.types import Passage
 LOG = logging.getLogger(__name__)
 
 EVIDENCE_SCORERS = ("overlap", "embedding", "combined")
+#: Scores this close to the best, in the best sentence's passage, are a tie (chosen on the dev
+#: split: ``docs/decisions.md``, 'Evidence first, then copy').
+EVIDENCE_TIE = 0.02
 
 
 def choose_evidence(
@@ -36,9 +39,11 @@ def choose_evidence(
     scorer: str = "overlap",
     retriever: Any = None,
     window_chars: int = 1200,
+    tie: float = EVIDENCE_TIE,
 ) -> EvidenceSpan | None:
     """The evidence window for ``question`` in ``passages`` (the RA prompt's), or None when no
-    passage has a sentence. Ties go to the earlier sentence (stage-1 order, then text order)."""
+    passage has a sentence. Ties go to the earlier sentence (stage-1 order, then text order);
+    within one passage, a sentence within ``tie`` of the best counts as tied."""
     if scorer not in EVIDENCE_SCORERS:
         raise ValueError(f"evidence scorer {scorer!r} is unknown: choose one of "
                          f"{EVIDENCE_SCORERS}")
@@ -54,10 +59,24 @@ def choose_evidence(
     if scorer == "combined":
         scores /= 2.0
     best = int(np.argmax(scores))  # the first of equal maxima
-    p, s, e = cands[best]
-    end = _window_end(p.text, s, e, window_chars)
+    first = _earliest_near_tie(cands, scores, best, tie, window_chars)
+    p, s, e = cands[first]
+    end = _window_end(p.text, s, max(e, cands[best][2]), window_chars)
     LOG.debug("evidence (%s %.3f): %r", scorer, scores[best], p.text[s:e][:80])
     return EvidenceSpan(p.id, s, end, float(scores[best]), sentence_end=e)
+
+
+def _earliest_near_tie(cands: Sequence[tuple[Passage, int, int]], scores: np.ndarray,
+                       best: int, tie: float, window_chars: int) -> int:
+    """The earliest sentence of the best one's passage that scores within ``tie`` of it and
+    whose window still holds it (else ``best``): the window starts there and runs on through
+    the best sentence, so nothing the best sentence says is lost, and what the passage says
+    before it (the definition a later "Today, ..." sentence builds on) is kept."""
+    p_best, _, e_best = cands[best]
+    for i, (p, s, _) in enumerate(cands[:best]):
+        if p is p_best and scores[i] >= scores[best] - tie and e_best - s <= window_chars:
+            return i
+    return best
 
 
 def _window_end(text: str, start: int, first_end: int, window_chars: int) -> int:

@@ -162,3 +162,25 @@ def test_adjacent_runs_of_one_passage_merge_into_one_citation() -> None:
     ends = list(np.cumsum([len(t) for t in toks]))
     cites = build_citations(sources, ends, [Passage("p", src, "d")], [offs], text=src)
     assert len(cites) == 1 and cites[0].text == src
+
+
+def test_a_near_tie_in_one_passage_starts_the_window_at_the_earlier_sentence() -> None:
+    """``EVIDENCE_TIE``: the best sentence's passage's earliest sentence within the tie starts
+    the window, which still runs through the best one; a sentence of another passage, a wider
+    gap or a window too long for both keep the best."""
+    from nest_integrations.policy.evidence import EVIDENCE_TIE, _earliest_near_tie
+
+    lead = "Pinball games are a family of games in which a ball is propelled into a table."
+    today = "Today, pinball is most commonly an arcade game."
+    p = Passage("p", f"{lead} It is old. {today}", "Pinball")
+    q = Passage("q", f"{lead}", "Other")
+    cands = [(q, 0, len(lead)), (p, 0, len(lead)), (p, len(lead) + 1, len(lead) + 11),
+             (p, len(lead) + 12, len(p.text))]
+    near = np.array([0.909, 0.909, 0.2, 0.919])
+    assert 0.919 - 0.909 < EVIDENCE_TIE
+    assert _earliest_near_tie(cands, near, 3, EVIDENCE_TIE, 1200) == 1  # not q's, same text
+    assert _earliest_near_tie(cands, np.array([0.9, 0.85, 0.2, 0.919]), 3, EVIDENCE_TIE,
+                              1200) == 3  # a real gap
+    assert _earliest_near_tie(cands, near, 3, EVIDENCE_TIE, 60) == 3  # the window holds both
+    ev = choose_evidence("What is pinball?", [p], scorer="overlap")
+    assert ev.start == 0 and ev.end >= len(p.text) - 1  # equal overlap: the lead, through today
