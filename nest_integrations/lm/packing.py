@@ -16,7 +16,10 @@ Outputs are bf16 matmuls either way; they can differ from ``F.linear``'s in the 
 
 When: ``HFLanguageModel.from_pretrained`` packs a model loaded on CPU in bf16 (``"auto"`` on an
 AVX512-BF16 CPU, or ``"bf16"``) unless ``pack_weights=False`` or ``NEST_PACK_WEIGHTS=0``.
-fp32 models are left as they are: there packing measured slower for one-token steps.
+An fp32 model is packed only when asked (``pack_weights=True`` or ``NEST_PACK_WEIGHTS=all``):
+where fp32 ``F.linear`` gives a one-row call other bits than a multi-row call, the row plan pads
+every step to two rows, and the packed kernel, whose one-row calls agree, can be the faster
+exact step (``benchmarks/torch_overhead.py`` measures both; ``docs/decisions.md``).
 
 Usage::
 
@@ -75,11 +78,33 @@ def packing_available(dtype: torch.dtype) -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=None)
+def fp32_packing_available() -> bool:
+    """Whether prepacked oneDNN linears work for fp32 in this torch build (checked once on a
+    small matrix against ``F.linear``)."""
+    ops = _ops()
+    if ops is None or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        gen = torch.Generator().manual_seed(0)
+        w, x = torch.randn(24, 32, generator=gen), torch.randn(3, 32, generator=gen)
+        got = ops[1](x, ops[0](w, None), None, "none", [], "")
+        return bool(torch.allclose(got, F.linear(x, w), rtol=1e-4, atol=1e-4))
+    except Exception as exc:  # noqa: BLE001 - any failure means: don't pack
+        LOG.info("prepacked fp32 linears unavailable: %s", exc)
+        return False
+
+
 def packing_wanted(pack_weights: bool | None, device: torch.device, dtype: torch.dtype) -> bool:
     """The loader's decision: ``pack_weights`` if given, else ``$NEST_PACK_WEIGHTS`` (off when
-    ``0``/``false``), else on; and only on CPU where ``packing_available(dtype)``."""
+    ``0``/``false``, fp32 too when ``all``), else on; and only on CPU where
+    ``packing_available(dtype)``. fp32 only when asked: ``pack_weights=True`` or ``all``."""
+    env = os.environ.get(PACK_ENV, "").strip().lower()
+    if dtype == torch.float32:
+        asked = pack_weights is True or (pack_weights is None and env == "all")
+        return asked and device.type == "cpu" and fp32_packing_available()
     if pack_weights is None:
-        pack_weights = os.environ.get(PACK_ENV, "").strip().lower() not in _OFF
+        pack_weights = env not in _OFF
     return bool(pack_weights) and device.type == "cpu" and packing_available(dtype)
 
 
@@ -107,5 +132,5 @@ def pack_linear_weights(model: torch.nn.Module) -> int:
     return make_row_exact(model, PackedLinear)
 
 
-__all__ = ["PACK_ENV", "PackedLinear", "pack_linear_weights", "packing_available",
-           "packing_wanted"]
+__all__ = ["PACK_ENV", "PackedLinear", "fp32_packing_available", "pack_linear_weights",
+           "packing_available", "packing_wanted"]
