@@ -188,8 +188,8 @@ class HFLanguageModel:
                 ``torch.dtype``; ``"checkpoint"`` keeps the checkpoint's (see ``lm.backend``).
             key_source: see the class docstring.
             pack_weights: prepack the linear weights for oneDNN (``lm.packing``): ``None`` =
-                on for a bf16 model on CPU unless ``NEST_PACK_WEIGHTS=0`` (fp32 too with
-                ``NEST_PACK_WEIGHTS=all``); ``True`` = an fp32 model too; ``False`` = never.
+                on for a bf16 or fp32 model on CPU unless ``NEST_PACK_WEIGHTS=0``; ``True`` =
+                on; ``False`` = never.
                 A faster kernel, the same parameters and fingerprint.
             exact_rows: run verify passes row-exact on CPU (``lm.exactness``): ``None`` = on
                 unless ``NEST_EXACT_ROWS=0``; ``False`` = the kernels as transformers has them.

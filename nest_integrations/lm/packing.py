@@ -97,12 +97,14 @@ def fp32_packing_available() -> bool:
 
 def packing_wanted(pack_weights: bool | None, device: torch.device, dtype: torch.dtype) -> bool:
     """The loader's decision: ``pack_weights`` if given, else ``$NEST_PACK_WEIGHTS`` (off when
-    ``0``/``false``, fp32 too when ``all``), else on; and only on CPU where
-    ``packing_available(dtype)``. fp32 only when asked: ``pack_weights=True`` or ``all``."""
+    ``0``/``false``), else on; and only on CPU where the dtype's prepacked kernel works
+    (``packing_available``; fp32: ``fp32_packing_available``). fp32 is packed by default too:
+    its prepacked rows equal its one-row calls, so steps need no padding and a 9-row verify
+    pass is one call (``docs/decisions.md``, 'The torch path's own overhead')."""
     env = os.environ.get(PACK_ENV, "").strip().lower()
     if dtype == torch.float32:
-        asked = pack_weights is True or (pack_weights is None and env == "all")
-        return asked and device.type == "cpu" and fp32_packing_available()
+        wanted = pack_weights if pack_weights is not None else env not in _OFF
+        return bool(wanted) and device.type == "cpu" and fp32_packing_available()
     if pack_weights is None:
         pack_weights = env not in _OFF
     return bool(pack_weights) and device.type == "cpu" and packing_available(dtype)

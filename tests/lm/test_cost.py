@@ -115,7 +115,9 @@ def test_the_curve_is_cached_per_model_dtype_threads_and_machine(tiny_lm, tmp_pa
     first = cost.load_or_measure(tiny_lm)
     again = cost.load_or_measure(tiny_lm)
     # the kernels are part of the key: fp32 CPU models run row-exact verify passes (lm.row_exact)
-    assert calls == [1] and again == first and again.meta["dtype"] == "float32+rowwise"
+    # through prepacked linears where this torch has them (lm.packing)
+    kernels = "float32+packed+rowwise" if tiny_lm.packed_linears else "float32+rowwise"
+    assert calls == [1] and again == first and again.meta["dtype"] == kernels
     path = cost.curve_path(tiny_lm)
     assert path.is_file() and path.parent == tmp_path / "cost" / tiny_lm.fingerprint
     import re
@@ -123,7 +125,7 @@ def test_the_curve_is_cached_per_model_dtype_threads_and_machine(tiny_lm, tmp_pa
     import torch
 
     slug = re.sub(r"[^A-Za-z0-9]+", "-", cost.machine_name()).strip("-")[:60]
-    assert path.name == f"float32-rowwise-cpu-t{torch.get_num_threads()}-{slug}.json"
+    assert path.name == f"{kernels.replace('+', '-')}-cpu-t{torch.get_num_threads()}-{slug}.json"
     fresh = cost.load_or_measure(tiny_lm, refresh=True)
     assert calls == [1, 1] and fresh.ratio(2) == pytest.approx(1.4)
     path.write_text("{broken")

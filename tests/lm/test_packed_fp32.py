@@ -1,5 +1,5 @@
-"""Prepacked fp32 linears (``lm.packing``, opt-in: ``pack_weights=True`` or
-``NEST_PACK_WEIGHTS=all``): another kernel, made row-exact by its own probed row plan, so a
+"""Prepacked fp32 linears (``lm.packing``, on by default on CPU; ``pack_weights=False`` or
+``NEST_PACK_WEIGHTS=0`` turns them off): another kernel, made row-exact by its own probed row plan, so a
 verify row still equals a one-token step bit for bit and the lossless methods still equal greedy
 decoding token for token (the oracle)."""
 
@@ -28,24 +28,23 @@ def _packed(path: str, monkeypatch, **kwargs) -> HFLanguageModel:
     return HFLanguageModel.from_pretrained(path, dtype="fp32", **kwargs)
 
 
-def test_fp32_is_packed_only_when_asked(tiny_lm_path, monkeypatch) -> None:
-    plain = _packed(str(tiny_lm_path), monkeypatch)
-    assert plain.packed_linears == 0  # the default leaves fp32 as transformers has it
-    asked = _packed(str(tiny_lm_path), monkeypatch, pack_weights=True)
-    assert asked.packed_linears == asked.row_exact_linears > 0
-    assert all(m.weight.dtype == torch.float32 for m in asked.model.modules()
+def test_fp32_is_packed_by_default_unless_turned_off(tiny_lm_path, monkeypatch) -> None:
+    packed = _packed(str(tiny_lm_path), monkeypatch)
+    assert packed.packed_linears == packed.row_exact_linears > 0  # the default packs fp32
+    assert all(m.weight.dtype == torch.float32 for m in packed.model.modules()
                if isinstance(m, PackedLinear))
-    assert asked.fingerprint == plain.fingerprint  # the same parameters
-    monkeypatch.setenv(packing.PACK_ENV, "all")
-    by_env = HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="fp32")
-    assert by_env.packed_linears == asked.packed_linears
+    plain = _packed(str(tiny_lm_path), monkeypatch, pack_weights=False)
+    assert plain.packed_linears == 0
+    assert packed.fingerprint == plain.fingerprint  # the same parameters
+    assert _packed(str(tiny_lm_path), monkeypatch, pack_weights=True).packed_linears == \
+        packed.packed_linears
     monkeypatch.setenv(packing.PACK_ENV, "0")
     assert HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="fp32").packed_linears == 0
 
 
 def test_packed_fp32_rows_are_exact_and_close_to_plain(tiny_lm_path, monkeypatch) -> None:
-    plain = _packed(str(tiny_lm_path), monkeypatch)
-    lm = _packed(str(tiny_lm_path), monkeypatch, pack_weights=True)
+    plain = _packed(str(tiny_lm_path), monkeypatch, pack_weights=False)
+    lm = _packed(str(tiny_lm_path), monkeypatch)
     assert lm.rowwise_attention and lm.exact_rows and check_rows(lm)
     ids = lm.tokenize(PROMPT)
     a = lm.forward(ids, lm.new_cache())[0]

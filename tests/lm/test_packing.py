@@ -23,12 +23,16 @@ def _linears(model: torch.nn.Module) -> int:
     return sum(type(m) is torch.nn.Linear for m in model.modules())
 
 
-def test_only_bf16_on_cpu_is_packed(monkeypatch) -> None:
+def test_bf16_and_fp32_on_cpu_are_packed(monkeypatch) -> None:
+    from nest_integrations.lm.packing import fp32_packing_available
+
     monkeypatch.delenv(PACK_ENV, raising=False)
     cpu = torch.device("cpu")
     assert not packing_available(torch.float32) and not packing_available(torch.float16)
     assert packing_wanted(None, cpu, torch.bfloat16) is AVAILABLE
-    assert not packing_wanted(None, cpu, torch.float32)
+    assert packing_wanted(None, cpu, torch.float32) is fp32_packing_available()
+    assert not packing_wanted(None, cpu, torch.float16)
+    assert not packing_wanted(False, cpu, torch.float32)
     assert not packing_wanted(None, torch.device("cuda"), torch.bfloat16)
     assert not packing_wanted(False, cpu, torch.bfloat16)
     monkeypatch.setenv(PACK_ENV, "0")
@@ -41,7 +45,8 @@ def test_loader_packs_a_bf16_model_and_keeps_its_parameters(tiny_lm_path, monkey
     plain = HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="bf16", pack_weights=False,
                                             exact_rows=False)
     packed = HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="bf16")
-    fp32 = HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="fp32", exact_rows=False)
+    fp32 = HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="fp32", exact_rows=False,
+                                           pack_weights=False)
     n = _linears(plain.model)
     assert plain.packed_linears == 0 and fp32.packed_linears == 0
     assert _linears(fp32.model) == n
