@@ -35,6 +35,8 @@ ENGINES = ("nest", "peer")
 BACKENDS = ("torch", "llama.cpp")
 WEIGHTS = ("engine", "transformers")
 PROMPTS = ("policy", "rag")
+#: A dtype suffix: the model without prepacked linears (``NAME@fp32-plain``), to measure them.
+PLAIN = "-plain"
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,8 @@ class Parts:
 
         dtype = dtype or self.dtype
         if dtype not in self._engines:
+            if not self._engines and dtype.endswith(PLAIN):  # the store's engine comes first
+                self.engine(dtype[: -len(PLAIN)])
             if not self._engines:
                 eng = NestEngine.from_defaults(dtype=dtype)
                 if len(eng.retriever.retrieve("generator", 1)) == 0:
@@ -179,7 +183,10 @@ class Parts:
         if key not in self._lms:
             extra = ({} if weights == "engine" else
                      {"pack_weights": False, "attn_implementation": "sdpa"})
-            self._lms[key] = HFLanguageModel.from_default(dtype=key[0], **extra)
+            name = key[0]
+            if name.endswith(PLAIN):  # our engine's model without prepacked linears
+                name, extra = name[: -len(PLAIN)], {**extra, "pack_weights": False}
+            self._lms[key] = HFLanguageModel.from_default(dtype=name, **extra)
         return self._lms[key]
 
     def config(self, row: Row, engine: Any = None) -> Any:
