@@ -421,7 +421,9 @@ def test_dresd_ask_through_the_cli(work: Workdir, preset: str) -> None:
     # grounded (3 passages in the prompt) copies the lead's wording; paper's chat answer (no
     # passages in the prompt) need not, so there the completion test below forces a copy
     assert verbatim or preset == "paper", got["citations"]
-    assert len(verbatim) == len(got["citations"])
+    # besides them only support citations (on by default in grounded: issue 53), none of them
+    # a copy: the method is lossless
+    assert {c["kind"] for c in got["citations"]} <= {"verbatim", "support"}, got["citations"]
     passages = {p["id"]: p for p in got["passages"]}
     for c in verbatim:
         assert got["text"][c["start"] : c["end"]] == c["text"]
