@@ -81,6 +81,7 @@ def build_citations(
     *,
     clauses: bool = False,
     evidence_doc: str | None = None,
+    cache: dict[tuple, list[Citation]] | None = None,
 ) -> list[Citation]:
     """Exact span citations for an output whose token ``i`` ends at char ``token_ends[i]``.
 
@@ -97,9 +98,10 @@ def build_citations(
             answer's (``answer_document``: ``evidence_doc``, else the most cited) are kept only
             when they cover a whole clause.
         evidence_doc: the document of the answer's evidence, if any (with ``clauses``).
+        cache: ``run_pieces``' cache (a stream's, which has computed most runs already).
     """
     text = _text_of(token_ends, text)
-    cites = run_pieces(sources, token_ends, passages, offsets, kind, text)
+    cites = run_pieces(sources, token_ends, passages, offsets, kind, text, cache)
     if text is None:
         return cites
     if clauses:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Sequence, 
 
 from nest_integrations.core.citations import (
     adjacent_groups,
+    build_citations,
     answer_document,
     clause_rule,
     continues_run,
@@ -414,10 +415,11 @@ class TextStream:
     def citations(self) -> list[Citation]:
         """The citations of the whole output that are shown: the runs' pieces through the
         clause rule (``core.citations``), merged, of at least ``min_tokens`` and ``min_words``."""
-        text, pieces = self.out.text, self._pieces(len(self.out.ids))
-        verdicts = clause_rule(pieces, text, answer_document(pieces, self.evidence_doc))
-        kept = [c for c, v in zip(pieces, verdicts) if v]
-        return [c for c in merge_adjacent(kept, self.passages, text) if self.shows(c)]
+        out = self.out
+        cites = build_citations(out.sources, out.ends, self.passages, self.offsets,
+                                kind=self.kind, text=out.text, clauses=True,
+                                evidence_doc=self.evidence_doc, cache=self._runs)
+        return [c for c in cites if self.shows(c)]
 
     def _pieces(self, upto: int) -> list[Citation]:
         """``core.citations.run_pieces`` of the first ``upto`` output tokens."""

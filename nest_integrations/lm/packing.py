@@ -16,10 +16,10 @@ Outputs are bf16 matmuls either way; they can differ from ``F.linear``'s in the 
 
 When: ``HFLanguageModel.from_pretrained`` packs a model loaded on CPU in bf16 (``"auto"`` on an
 AVX512-BF16 CPU, or ``"bf16"``) unless ``pack_weights=False`` or ``NEST_PACK_WEIGHTS=0``.
-An fp32 model is packed only when asked (``pack_weights=True`` or ``NEST_PACK_WEIGHTS=all``):
-where fp32 ``F.linear`` gives a one-row call other bits than a multi-row call, the row plan pads
-every step to two rows, and the packed kernel, whose one-row calls agree, can be the faster
-exact step (``benchmarks/torch_overhead.py`` measures both; ``docs/decisions.md``).
+An fp32 model on CPU is packed too, by the same switches: where fp32 ``F.linear`` gives a
+one-row call other bits than a multi-row call, the row plan pads every step to two rows, while
+the packed kernel's one-row calls agree with its multi-row calls, so its exact steps are the
+faster ones (``benchmarks/torch_overhead.py`` measures both; ``docs/decisions.md``).
 
 Usage::
 
@@ -101,13 +101,11 @@ def packing_wanted(pack_weights: bool | None, device: torch.device, dtype: torch
     (``packing_available``; fp32: ``fp32_packing_available``). fp32 is packed by default too:
     its prepacked rows equal its one-row calls, so steps need no padding and a 9-row verify
     pass is one call (``docs/decisions.md``, 'The torch path's own overhead')."""
-    env = os.environ.get(PACK_ENV, "").strip().lower()
-    if dtype == torch.float32:
-        wanted = pack_weights if pack_weights is not None else env not in _OFF
-        return bool(wanted) and device.type == "cpu" and fp32_packing_available()
     if pack_weights is None:
-        pack_weights = env not in _OFF
-    return bool(pack_weights) and device.type == "cpu" and packing_available(dtype)
+        pack_weights = os.environ.get(PACK_ENV, "").strip().lower() not in _OFF
+    if not pack_weights or device.type != "cpu":
+        return False
+    return fp32_packing_available() if dtype == torch.float32 else packing_available(dtype)
 
 
 class PackedLinear(RowExactLinear):
