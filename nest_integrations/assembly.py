@@ -51,6 +51,7 @@ from nest_integrations.assembly_parts import (
     engine_config,
     hybrid_retriever,
     lm_backend,
+    load_embedders,
     memory_key_store,
     open_key_store,
     open_store,
@@ -326,7 +327,7 @@ def build_engine(
         key_store = (open_key_store(spec.persist_dir, model)
                      if spec.persist_dir is not None or spec.opens_store else memory_key_store())
     LOG.debug("building NestEngine(%s, retriever=%r)", spec, retriever)
-    return NestEngine(
+    engine = NestEngine(
         model,
         retriever,
         key_store,
@@ -335,6 +336,8 @@ def build_engine(
         decoding=spec.decoding,
         drafter_options=spec.options,
     )
+    load_embedders(engine.retriever, engine.policy, engine.config)
+    return engine
 
 
 def from_defaults(

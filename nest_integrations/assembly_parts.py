@@ -153,3 +153,24 @@ def hybrid_retriever(dense: Any) -> Any:
     passages = list(dense.iter_passages())
     LOG.info("hybrid retrieval: BM25 over %d passages", len(passages))
     return HybridRetriever(dense, passages)
+
+
+def load_embedders(retriever: Any, policy: Any, config: Any) -> None:
+    """Load now the sentence embedders a first answer uses: the retriever's own, and the
+    packaged MiniLM where the evidence scorer (``AnswerPolicy.evidence``) or the support
+    citations (``NestConfig.attribute_scorer``) embed with it. A first answer's time is then
+    its own, not a model's load, as the language model is loaded before it too."""
+    from nest_integrations.retrieval.relevance import embedder_of
+
+    embedding = ("embedding", "combined")
+    own = embedder_of(retriever)
+    wanted = [own] if own is not None else []
+    if ((own is None and getattr(policy, "evidence", None) in embedding)
+            or (getattr(config, "attribute", False)
+                and getattr(config, "attribute_scorer", None) in embedding)):
+        from nest_integrations.embeddings import shared_embedder
+
+        wanted.append(shared_embedder())
+    for embedder in wanted:
+        if callable(getattr(embedder, "load", None)):
+            embedder.load()
