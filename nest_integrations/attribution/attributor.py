@@ -164,17 +164,24 @@ class Attributor:
         if not cands:
             return {}
         utexts = [text[s:e] for s, e in units]
-        if cfg.scorer == "embedding":
-            m = self._embedding_scores(utexts, cands)
-        elif cfg.scorer == "fuzzy":
-            m = self._fuzzy_scores(utexts, cands)
-        elif cfg.scorer == "keys":
-            m = self._key_scores(utexts, cands, passages)
-        else:
-            m = 0.5 * (self._embedding_scores(utexts, cands)
-                       + self._key_scores(utexts, cands, passages))
-        if cfg.check_values:
-            m = m * value_overlap(utexts, cands, passages)
+        # with check_values a candidate that holds no unit's values scores 0 whatever its
+        # similarity: only the others are scored (embedding them is most of the cost)
+        gate = value_overlap(utexts, cands, passages) if cfg.check_values else None
+        live = (list(range(len(cands))) if gate is None
+                else [j for j in range(len(cands)) if gate[:, j].any()])
+        m = np.zeros((len(units), len(cands)), dtype=np.float32)
+        if live:
+            scored = [cands[j] for j in live]
+            if cfg.scorer == "embedding":
+                sc = self._embedding_scores(utexts, scored)
+            elif cfg.scorer == "fuzzy":
+                sc = self._fuzzy_scores(utexts, scored)
+            elif cfg.scorer == "keys":
+                sc = self._key_scores(utexts, scored, passages)
+            else:
+                sc = 0.5 * (self._embedding_scores(utexts, scored)
+                            + self._key_scores(utexts, scored, passages))
+            m[:, live] = sc if gate is None else sc * gate[:, live]
         best = m.argmax(axis=1)
         return {i: (float(m[i, b]), cands[int(b)]) for i, b in enumerate(best)}
 

@@ -202,6 +202,52 @@ def test_the_value_check(text: str, verdict: str) -> None:
         assert a.sentences[0].score >= 0.5
 
 
+class _CountingEmbedder:
+    """The packaged MiniLM, counting the texts it is asked to embed."""
+
+    def __init__(self) -> None:
+        from nest_integrations.embeddings import shared_embedder
+
+        self.inner, self.texts = shared_embedder(), []
+
+    def embed(self, texts):  # noqa: ANN001, ANN201
+        self.texts += list(texts)
+        return self.inner.embed(texts)
+
+
+@pytest.mark.parametrize("text", [
+    "The headquarters city of Biziom Labs is Thoudrond.",
+    "Brouthort is the headquarters city of Biziom Labs.",  # no candidate holds its values
+    'The "^" operator gives the bitwise XOR. Ada Quistan runs Biziom Labs from Velmora.',
+    "It is a company with a chief executive.",  # no values: every candidate is scored
+])
+def test_the_value_check_gates_what_is_embedded(text: str) -> None:
+    """Only candidates that hold a unit's values are embedded, and the verdicts, scores and
+    supporting sentences are those of scoring every candidate and then applying the check."""
+    from nest_integrations.attribution.splitting import candidates
+    from nest_integrations.attribution.values import value_overlap
+    from nest_integrations.attribution.embedder import default_embedder, embed
+
+    passages = [Passage("hq", HQ, doc_id="hq"), Passage("ops", OPS, doc_id="ops"),
+                *_passages()]
+    counting = _CountingEmbedder()
+    a = Attributor(AttributionConfig(scorer="embedding", check_values=True), embedder=counting)
+    got = a._support(text, split_units(text, 160, 25), passages)
+    units = [text[s:e] for s, e in split_units(text, 160, 25)]
+    cands = candidates(passages, 160, 25)
+    gate = value_overlap(units, cands, passages)
+    full = embed(default_embedder(), units) @ embed(default_embedder(), [c.text for c in cands]).T
+    want = full * gate
+    for i in range(len(units)):
+        score, cand = got[i]
+        b = int(want[i].argmax())
+        assert cand == cands[b] and score == pytest.approx(float(want[i, b]), abs=1e-5)
+    live = {c.text for j, c in enumerate(cands) if gate[:, j].any()}
+    assert set(counting.texts) - set(units) == live - set(units), (counting.texts, live)
+    if not live:
+        assert counting.texts == []
+
+
 def test_retriever_finds_the_passages_with_the_question(attributor: Attributor) -> None:
     retriever = InMemoryRetriever(_passages())
     a = attribute("He hired an army of Greek mercenaries to seize the throne.",
