@@ -159,9 +159,12 @@ def load_embedders(retriever: Any, policy: Any, config: Any) -> None:
     """Load now the sentence embedders a first answer uses: the retriever's own, and the
     packaged MiniLM where the evidence scorer (``AnswerPolicy.evidence``) or the support
     citations (``NestConfig.attribute_scorer``) embed with it. A first answer's time is then
-    its own, not a model's load, as the language model is loaded before it too."""
+    its own, not a model's load, as the language model is loaded before it too. Nothing
+    without a retriever (passages given per call load it on first use)."""
     from nest_integrations.retrieval.relevance import embedder_of
 
+    if retriever is None:
+        return
     embedding = ("embedding", "combined")
     own = embedder_of(retriever)
     wanted = [own] if own is not None else []

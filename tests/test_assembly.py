@@ -394,3 +394,50 @@ def test_the_engine_defaults_nothing_the_assembly_supplies_the_parts() -> None:
     assert isinstance(built.key_store, InMemoryKeyStore)
     assert built.config == assembly.backend_config(
         assembly.resolve_config(assembly.DEFAULT_PRESET), assembly.EngineSpec().backend)
+
+
+class _Loads:
+    """An embedder that records its ``load``."""
+
+    def __init__(self) -> None:
+        self.loaded = 0
+
+    def load(self) -> None:
+        self.loaded += 1
+
+    def embed(self, texts):  # noqa: ANN001, ANN201
+        raise AssertionError("load_embedders must not embed")
+
+
+def test_the_first_answers_embedders_load_with_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``build_engine`` loads the embedders a first answer uses (the retriever's own, or the
+    packaged one for the evidence scorer and the support citations), and nothing without a
+    retriever."""
+    from types import SimpleNamespace
+
+    from nest_integrations import assembly_parts, embeddings
+    from nest_integrations.config import NestConfig
+    from nest_integrations.policy import AnswerPolicy
+
+    packaged = _Loads()
+    monkeypatch.setattr(embeddings, "shared_embedder", lambda model_path=None: packaged)
+    own = _Loads()
+    with_own = SimpleNamespace(embedder=own, retrieve=lambda q, k: [])
+    bare = SimpleNamespace(retrieve=lambda q, k: [])
+    grounded = AnswerPolicy.from_preset("grounded")
+    assembly_parts.load_embedders(with_own, grounded, NestConfig(attribute=False))
+    assert (own.loaded, packaged.loaded) == (1, 0)
+    assembly_parts.load_embedders(bare, grounded, NestConfig(attribute=False))
+    assert packaged.loaded == (1 if grounded.evidence in ("embedding", "combined") else 0)
+    before = packaged.loaded
+    assembly_parts.load_embedders(bare, AnswerPolicy(), NestConfig(attribute=True))
+    assert packaged.loaded == before + 1
+    assembly_parts.load_embedders(bare, AnswerPolicy(), NestConfig(attribute=False))
+    assembly_parts.load_embedders(None, grounded, NestConfig(attribute=True))
+    assert packaged.loaded == before + 1
+    # through build_engine, over a retriever that has its own embedder
+    own2 = _Loads()
+    engine = assembly.build_engine(assembly.EngineSpec(), lm=FakeLM(),
+                                   retriever=SimpleNamespace(embedder=own2,
+                                                             retrieve=lambda q, k: []))
+    assert own2.loaded == 1 and engine.retriever.embedder is own2
