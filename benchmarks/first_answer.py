@@ -92,22 +92,22 @@ def main(argv: list[str] | None = None) -> int:
     for name in sets:
         qs = questions(name)
         for backend in backends:
-            rows, turn = [], 0
-            for q in qs:
-                order = list(checkouts)[turn % len(checkouts):] + list(checkouts)[:turn % len(checkouts)]
-                turn += 1
+            rows, names = [], list(checkouts)
+            for turn, q in enumerate(qs):  # the checkouts in rotating order
+                order = names[turn % len(names):] + names[:turn % len(names)]
                 res = {k: ask(checkouts[k], q, backend, a.max_new_tokens) for k in order}
                 rows.append((q, res))
                 print(name, backend, q, {k: round(v["tok_s"], 1) for k, v in res.items()},
                       flush=True)
             body += [f"## {name}, {backend} ({len(qs)} questions)", ""]
-            head = "| question | " + " | ".join(
-                f"tok/s {k} | command s {k}" for k in checkouts) + " | tokens | citations | flagged |"
+            head = ("| question | " + " | ".join(f"tok/s {k} | command s {k}" for k in checkouts)
+                    + " | tokens | citations | flagged |")
             if "other" in checkouts:
                 head += " same text |"
             body += [head, "|" + "---|" * (head.count("|") - 1)]
             for q, res in rows:
-                cells = " | ".join(f"{res[k]['tok_s']:.1f} | {res[k]['wall']:.1f}" for k in checkouts)
+                cells = " | ".join(f"{res[k]['tok_s']:.1f} | {res[k]['wall']:.1f}"
+                                   for k in checkouts)
                 t = res["this"]
                 line = f"| {q} | {cells} | {t['tokens']} | {t['cites']} | {t['flagged']} |"
                 if "other" in checkouts:

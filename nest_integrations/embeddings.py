@@ -119,9 +119,8 @@ class MiniLMEmbedder:
     def _batches(self, texts: list[str]) -> Iterator[tuple[list[int], tuple[Any, Any]]]:
         """``(indices, (last hidden state, attention mask))`` per padded batch. The texts go
         by length, so each batch pads little: with the plain-torch BERT, by word pieces, in
-        batches of at most ``batch_size`` texts and ``BATCH_TOKENS`` padded pieces (on one
-        CPU thread that embeds the engine's sentences in 0.6 of the time fixed batches of 32
-        take); with transformers, by characters, ``batch_size`` at a time."""
+        batches of at most ``batch_size`` texts and ``BATCH_TOKENS`` padded pieces; with
+        transformers, by characters, ``batch_size`` at a time."""
         if self._tokenizer is None:  # the plain-torch BERT
             pieces = self._model.word_pieces(texts, MAX_SEQ_LENGTH)
             order = sorted(range(len(texts)), key=lambda i: len(pieces[i]))

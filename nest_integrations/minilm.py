@@ -2,14 +2,14 @@
 
 ``MiniLMEmbedder`` runs it in place of transformers' ``BertModel``: the same torch ops in the
 same order (linear, ``scaled_dot_product_attention`` with a boolean padding mask, exact GELU,
-LayerNorm), so the vectors are the same bits (``tests/test_embeddings.py``), without importing
+LayerNorm), so the vectors are the same bits (``tests/retrieval/test_minilm.py``), without importing
 transformers, which costs seconds in a process that decodes with llama.cpp and needs
 transformers for nothing else. The word pieces come from the checkpoint's ``tokenizer.json``
 through ``tokenizers``, as transformers' fast tokenizer reads it.
 
 A checkpoint that is not a plain BERT (another ``model_type``, position type or activation)
-is not read here: ``load`` raises ``UnsupportedCheckpoint`` and the caller falls back to
-transformers.
+is not read here: ``BertEncoder(folder)`` raises ``UnsupportedCheckpoint`` and
+``MiniLMEmbedder.load`` falls back to transformers.
 """
 
 from __future__ import annotations
