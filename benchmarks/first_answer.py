@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.harness.timing import rotated
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 HELD_OUT = (
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         for backend in backends:
             rows, names = [], list(checkouts)
             for turn, q in enumerate(qs):  # the checkouts in rotating order
-                order = names[turn % len(names):] + names[:turn % len(names)]
+                order = rotated(names, turn)
                 res = {k: ask(checkouts[k], q, backend, a.max_new_tokens) for k in order}
                 rows.append((q, res))
                 print(name, backend, q, {k: round(v["tok_s"], 1) for k, v in res.items()},
