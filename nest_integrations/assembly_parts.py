@@ -168,9 +168,8 @@ def load_embedders(retriever: Any, policy: Any, config: Any) -> None:
     embedding = ("embedding", "combined")
     own = embedder_of(retriever)
     wanted = [own] if own is not None else []
-    if ((own is None and getattr(policy, "evidence", None) in embedding)
-            or (getattr(config, "attribute", False)
-                and getattr(config, "attribute_scorer", None) in embedding)):
+    if ((own is None and policy.evidence in embedding)
+            or (config.attribute and config.attribute_scorer in embedding)):
         from nest_integrations.embeddings import shared_embedder
 
         wanted.append(shared_embedder())
