@@ -39,6 +39,11 @@ class Guards:
             another token (None = off).
         eos_guard: end the answer where the LM alone would end it (its top token is an end
             token, or end tokens carry more than this mass; None = off).
+        quote_check: the model's say in an evidence quote (``policy.evidence``): the quote is
+            verified in its one pass, and kept only where the LM alone gives its tokens at
+            least this mean log-probability as the answer (``core.verification.quote_score``);
+            below it the quote is rejected and the question is answered without evidence,
+            with a flag (``NestStats.evidence``). None = off: the quote is committed unchecked.
     """
 
     stop_on_repeat: bool = False
@@ -46,6 +51,7 @@ class Guards:
     lock_document: bool = False
     confidence_guard: float | None = None
     eos_guard: float | None = None
+    quote_check: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("stop_on_repeat", "lock_document"):
@@ -60,6 +66,11 @@ class Guards:
             if v is not None and (isinstance(v, bool) or not 0.0 < v <= 1.0):
                 raise ValueError(f"Guards.{name}={v!r} is invalid: allowed None or a float in "
                                  "(0, 1]")
+        q = self.quote_check
+        if q is not None and (isinstance(q, bool) or not isinstance(q, (int, float))
+                              or not math.isfinite(q) or q > 0.0):
+            raise ValueError(f"Guards.quote_check={q!r} is invalid: allowed None or a mean "
+                             "log-probability <= 0 (e.g. -2.0)")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -197,6 +197,12 @@ class NestStats:
     #: raw text under a policy with a relevance gate (``AnswerPolicy.completion_relevance``):
     #: stage 1's top passage's relevance to the prompt; None where the gate did not run
     relevance: float | None = None
+    #: evidence first (``AnswerPolicy.evidence``): ``"quoted"`` (the answer opens with the
+    #: evidence sentence, checked by the model), ``"rejected"`` (the model rejected the quote,
+    #: ``Guards.quote_check``: the answer was decoded without it), or ``""`` (no evidence)
+    evidence: str = ""
+    #: the LM's mean log-probability of the evidence quote as the answer, when one was checked
+    quote_score: float | None = None
     timing: Timings = field(default_factory=Timings)
     drafting: DraftStats = field(default_factory=DraftStats)
     route: RouteStats = field(default_factory=RouteStats)

@@ -46,6 +46,22 @@ def relaxed_accept_count(
     return _leading_true(ok & ~veto if veto is not None else ok)
 
 
+def quote_score(p_first: torch.Tensor, logits: torch.Tensor, tokens: Sequence[int]) -> float:
+    """The LM's mean log-probability of a quote's tokens as the text after the current
+    position: ``p_first`` is p_LM there (``(V,)``, probabilities), ``logits`` the quote pass's
+    rows (row i scores token i + 1; the last row, after the quote, is not read). The model's say
+    in an evidence quote (``Guards.quote_check``): a sentence the model would not give as the
+    answer scores low, although every one of its tokens is in the prompt."""
+    if not tokens:
+        return 0.0
+    logp = [float(torch.log(p_first[tokens[0]].clamp_min(1e-30)))]
+    if len(tokens) > 1:
+        rows = torch.log_softmax(logits[: len(tokens) - 1].float(), dim=-1)
+        idx = torch.as_tensor(list(tokens[1:]), dtype=torch.long, device=rows.device)
+        logp += rows.gather(1, idx[:, None]).squeeze(1).tolist()
+    return sum(logp) / len(logp)
+
+
 def guarded_accept_count(
     p: torch.Tensor,
     p_lm: torch.Tensor,

@@ -279,6 +279,13 @@ class NestEngine:
                                {**self.drafter_options, **(drafter_options or {})})
             loop, text = request.loop(as_chat, max_new_tokens)
             decoded = yield from text.follow(loop.run())
+            if decoded.quote_rejected:  # the model said no to the evidence: answer without it
+                stats.evidence, stats.finish_reason = "rejected", ""
+                request.plan = plan = plan.without_evidence()
+                loop, text = request.loop(as_chat, max_new_tokens)
+                decoded = yield from text.follow(loop.run())
+            elif stats.quote_score is not None:  # the quote was committed (and checked)
+                stats.evidence = "quoted"
             ended_at_once = (not decoded.out.ids and stats.finish_reason == "stop"
                              and not decoded.out.stopped)
             if not as_chat and chat_retry(self.lm, prompt, self.string_prompts, ended_at_once):

@@ -28,7 +28,7 @@ import torch
 from nest_integrations.config import Guards, NestConfig
 from nest_integrations.core.mixture import Distribution
 from nest_integrations.core.token_memory import TokenMemory
-from nest_integrations.core.verification import greedy_accept, greedy_tree_path
+from nest_integrations.core.verification import greedy_accept, greedy_tree_path, quote_score
 from nest_integrations.decoding.lookahead import LookAhead
 from nest_integrations.decoding.target import Rows, Target, TargetDistribution
 from nest_integrations.decoding.text_stream import Commit, OutputText
@@ -44,10 +44,12 @@ from nest_integrations.types import NestStats, Passage
 @dataclass(frozen=True)
 class Decoded:
     """What a finished loop returns: its output text (ids, sources, text) and NEST's mean
-    lambda over the rows it mixed (1.0 when it mixed none)."""
+    lambda over the rows it mixed (1.0 when it mixed none), and whether the model rejected the
+    evidence quote (then nothing was committed)."""
 
     out: OutputText
     mean_lambda: float
+    quote_rejected: bool = False
 
 
 class DecodeLoop:
@@ -83,6 +85,8 @@ class DecodeLoop:
                              argmax=self._argmax_logits and not method.needs_target)
         self.cache = self.target.cache
         self.done = False  # set by the loop itself: EOS, a stop string, the budget
+        #: the model rejected the evidence quote (``Guards.quote_check``): nothing was committed
+        self.quote_rejected = False
         #: the target at each row: p_M for NEST-family methods, else p_LM
         self.distribution = TargetDistribution(method.uses_memory, self.memory, config, stats)
         self.state = DecodeState(
@@ -194,7 +198,7 @@ class DecodeLoop:
             self.done = True
             self.stats.finish_reason = "repeat"
         yield Commit((), (), True)  # the text has ended: what was held back may be shown
-        return Decoded(self.out, self.distribution.mean_lambda)
+        return Decoded(self.out, self.distribution.mean_lambda, self.quote_rejected)
 
     def _ordinary_token(self, dist: Distribution, draft: Draft | None
                         ) -> tuple[int, Source, int] | None:  # fmt: skip
@@ -212,6 +216,18 @@ class DecodeLoop:
         if not draft.chosen_first and self.verifier.accept_count(dist, first) == 0:
             return self.verifier.next_token(dist), None, 0
         return None
+
+    def _quote_kept(self, dist: Distribution, logits: torch.Tensor, tokens: list[int]) -> bool:
+        """The model's say in an evidence quote (``Guards.quote_check``): its mean
+        log-probability under p_LM, read off the quote's own pass, against the guard's bar.
+        A rejected quote sets ``quote_rejected`` and ends the loop with nothing committed."""
+        bar = self.guards.quote_check
+        score = quote_score(dist.p_lm[0], logits, tokens)
+        self.stats.quote_score = score
+        if bar is None or score >= bar:
+            return True
+        self.quote_rejected = self.done = True
+        return False
 
     def _target_first(self) -> Iterator[Commit]:
         """NEST's schedule (see the module docstring)."""
@@ -238,8 +254,12 @@ class DecodeLoop:
             d = torch.as_tensor(tokens, device=dist.p.device)
             before = self.committed_length()
             logits, keys = self.forward(tokens)  # ONE pass: (L, V), (L, d)
-            if draft.quoted:  # decided tokens (an evidence quote): the pass only extends the cache
+            if draft.quoted:  # an evidence quote: all of it, or none where the model says no
                 vdist, m = None, len(tokens)
+                if not self._quote_kept(dist, logits, tokens):
+                    self.target.crop(before)
+                    self.drafts.update(draft, 0)
+                    return  # nothing committed: the engine answers without the evidence
             else:  # row i of vdist scores draft token i + 1 (token 0 was accepted above)
                 vdist = self.distribution(logits[:-1], keys[:-1]) if len(tokens) > 1 else None
                 m = 1 + (v.accept_count(vdist, d[1:]) if vdist is not None else 0)

@@ -48,6 +48,8 @@ class NestDrafter:
         self._rows: list[int] | None = None  # memory rows of the last draft (None: token mode)
         self._stream_row: int | None = None  # continue copying here after a full acceptance
         self._quote: list[int] = []  # the evidence sentence's rows, quoted before any draft
+        self._window_last: int | None = None  # the evidence window's last memory row
+        self._end = False  # the evidence window is copied to its end: the answer ends
         self._quoting = False  # the last draft was the quote (no acceptance to learn from)
         self._lock = ctx.guards.lock_document and not self.config.strict_acceptance
         self.document: str | None = None  # the answer's document, once a copy fixes it
@@ -84,6 +86,7 @@ class NestDrafter:
         q_end = evidence.sentence_end if evidence.sentence_end is not None else evidence.end
         _, qb = evidence_rows(memory.offsets[p], evidence.start, q_end)
         self._quote = list(range(first, memory.starts[p] + max(qb, a + 1)))
+        self._window_last = last - 1
         if self._lock:
             self.document = self._doc_of[p]
             self._allowed = torch.tensor([d == self.document for d in self._doc_of],
@@ -96,6 +99,8 @@ class NestDrafter:
         limit = min(cfg.max_span, state.budget)
         if self.planner is not None:  # the first token is decided: a span verifies the rest
             limit = min(limit, 1 + self.planner.length())
+        if self._end and state.eos:  # the evidence is said: the answer ends with it
+            return Draft([min(state.eos)], [None], chosen_first=True)
         if self._quote:  # evidence first: its sentence in one pass, then copy on from there
             rows, self._quote = self._quote, []
             self._quoting = True
@@ -144,6 +149,8 @@ class NestDrafter:
             self.planner.observe(len(rows) - first, max(0, n_accepted - first))
         if not self.config.strict_acceptance:  # strict mode keeps p_M history-free (lossless)
             memory.mask(rows[:n_accepted])
+        if self._window_last is not None and self._window_last in rows[:n_accepted]:
+            self._end = True
         if self._lock and self.document is None:
             doc = answer_document([self._doc_of[memory.source(r)[0]] for r in rows[:n_accepted]],
                                   n_accepted)

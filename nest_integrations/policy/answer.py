@@ -182,6 +182,15 @@ class AnswerPlan:
     completion_method: Method | None = None
     relevance: float | None = None  # the relevance gate's measure, when it ran
     evidence: EvidenceSpan | None = None  # the chosen evidence, when a chat answer copies it
+    #: the method without the evidence: what answers when the model rejects the quote
+    #: (``Guards.quote_check``); None when no evidence was chosen
+    fallback: Method | None = None
+
+    def without_evidence(self) -> "AnswerPlan":
+        """This plan with no evidence: the method it had before the evidence was chosen."""
+        if self.evidence is None or self.fallback is None:
+            return self
+        return dataclasses.replace(self, method=self.fallback, evidence=None, fallback=None)
 
     def method_for(self, as_chat: bool) -> Method:
         """The method of the prompt as read: chat messages, or raw text to continue."""
@@ -223,13 +232,13 @@ def plan_answer(
     n_ra = n_ra or method.ra_passages
     prompt = prompt_passages(retrieved if policy.title_context == "off" else ranked, n_ra,
                              policy.title_context)
-    evidence = None
+    evidence = fallback = None
     if policy.evidence is not None and not raw_text and not any(decoding) and prompt:
         found = choose_evidence(question, prompt, policy.evidence, retriever)
         if found is not None and found.score >= policy.evidence_min:
-            evidence, method = found, get_method(policy.evidence_decoding)
+            evidence, fallback, method = found, method, get_method(policy.evidence_decoding)
     return AnswerPlan(method, ranked, prompt, policy.guards, matches, completion, relevance,
-                      evidence)
+                      evidence, fallback)
 
 
 def gate_relevance(prompt: str, passages: Sequence[Passage], retriever: Any = None) -> float:

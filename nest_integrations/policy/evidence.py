@@ -18,19 +18,125 @@ model's own end-of-answer decides where a short answer stops (``Guards.eos_guard
 from __future__ import annotations
 
 import logging
+import re
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
-from nest_integrations.core.evidence import EvidenceSpan, overlap_scores, sentence_spans
+from nest_integrations.core.evidence import (
+    EvidenceSpan,
+    content_words,
+    overlap_scores,
+    sentence_spans,
+)
 from nest_integrations.types import Passage
 
 LOG = logging.getLogger(__name__)
 
 EVIDENCE_SCORERS = ("overlap", "embedding", "combined")
-#: Scores this close to the best, in the best sentence's passage, are a tie (chosen on the dev
-#: split: ``docs/decisions.md``, 'Evidence first, then copy').
-EVIDENCE_TIE = 0.02
+#: How much more a document's opening sentence counts when choosing the sentence that answers
+#: (``choose_evidence``): reference text defines its subject first, often without repeating its
+#: name, so "What is X?" and "How does X work?" are answered by X's lead, while a sentence that
+#: holds the attribute asked for outscores it. Chosen on the dev split (``docs/decisions.md``,
+#: "The sentence that answers"; ``python -m benchmarks.evidence_rank``).
+EVIDENCE_LEAD = 0.1
+
+
+#: A heading: a line underlined with a run of one of ``* = - ~ ^ #`` (reStructuredText, pydoc
+#: topics), or a Markdown ``#`` line. It names a topic and says nothing about it.
+_HEADING = re.compile(r"^[ \t]*(?:([*=\-~^#])\1{2,}[ \t]*$|#{1,6}[ \t]+\S)", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One sentence of the prompt's passages as a candidate evidence sentence, with its scores:
+    ``overlap`` and ``cosine`` (0.0 where that scorer did not run) and ``score``, the chosen
+    scorer's; ``lead``: it opens its document (the first sentence, not a heading, of the
+    document's first passage); ``heading``: it is a heading; ``position``: its index among its
+    passage's sentences."""
+
+    passage: Passage
+    start: int
+    end: int
+    overlap: float
+    cosine: float
+    score: float
+    lead: bool
+    heading: bool
+    position: int
+
+    @property
+    def text(self) -> str:
+        return self.passage.text[self.start:self.end]
+
+    @property
+    def doc_id(self) -> str:
+        return self.passage.doc_id or self.passage.id
+
+
+def is_heading(sentence: str) -> bool:
+    """Whether ``sentence`` is (or holds) a heading line (``_HEADING``)."""
+    return _HEADING.search(sentence) is not None
+
+
+def opens_document(passage: Passage) -> bool:
+    """Whether ``passage`` is its document's first: it starts at offset 0, or is chunk 0."""
+    meta = passage.metadata or {}
+    if passage.char_start is not None:
+        return passage.char_start == 0
+    return meta.get("chunk_index") in (0, "0")
+
+
+def candidates(question: str, passages: Sequence[Passage], scorer: str = "combined",
+               retriever: Any = None) -> list[Candidate]:
+    """Every sentence of ``passages`` (in passage, then text order) with its scores."""
+    if scorer not in EVIDENCE_SCORERS:
+        raise ValueError(f"evidence scorer {scorer!r} is unknown: choose one of "
+                         f"{EVIDENCE_SCORERS}")
+    spans = [(p, s, e) for p in passages for s, e in sentence_spans(p.text)]
+    if not spans:
+        return []
+    texts = [p.text[s:e] for p, s, e in spans]
+    zero = np.zeros(len(spans))
+    overlap = _overlap_beyond_title(question, spans, texts) if scorer != "embedding" else zero
+    cosine = (_cosines(question, [_titled(p, t) for (p, _, _), t in zip(spans, texts)], retriever)
+              if scorer in ("embedding", "combined") else zero)
+    score = overlap + cosine
+    if scorer == "combined":
+        score = score / 2.0
+    out, position, lead_seen = [], 0, set()
+    prev = None
+    for i, ((p, s, e), text) in enumerate(zip(spans, texts)):
+        position = position + 1 if p is prev else 0
+        prev = p
+        heading = is_heading(text)
+        lead = not heading and opens_document(p) and p.id not in lead_seen
+        if lead:
+            lead_seen.add(p.id)
+        out.append(Candidate(p, s, e, float(overlap[i]), float(cosine[i]), float(score[i]),
+                             lead, heading, position))
+    return out
+
+
+def _overlap_beyond_title(question: str, spans: Sequence[tuple[Passage, int, int]],
+                          texts: Sequence[str]) -> np.ndarray:
+    """``overlap_scores`` of each sentence with the question's words beyond its document's
+    title: the words that name the subject hold no answer (every sentence of the document is
+    about it), so "What is X?" asked of X's document scores every sentence 0 there and the
+    lead answers (``EVIDENCE_LEAD``), while "What is the Z of X?" scores the sentence with Z.
+    IDF is over all the candidates."""
+    words = content_words(question)
+    out = np.zeros(len(spans))
+    groups: dict[str, list[int]] = {}
+    for i, (p, _, _) in enumerate(spans):
+        groups.setdefault(str((p.metadata or {}).get("title") or ""), []).append(i)
+    for title, idx in groups.items():
+        named = set(content_words(title))
+        rest = [w for w in words if w not in named]
+        if rest:
+            out[idx] = overlap_scores(" ".join(rest), texts)[idx]
+    return out
 
 
 def choose_evidence(
@@ -39,54 +145,54 @@ def choose_evidence(
     scorer: str = "overlap",
     retriever: Any = None,
     window_chars: int = 1200,
-    tie: float = EVIDENCE_TIE,
+    lead: float = EVIDENCE_LEAD,
 ) -> EvidenceSpan | None:
     """The evidence window for ``question`` in ``passages`` (the RA prompt's), or None when no
-    passage has a sentence. Ties go to the earlier sentence (stage-1 order, then text order);
-    within one passage, a sentence within ``tie`` of the best counts as tied."""
-    if scorer not in EVIDENCE_SCORERS:
-        raise ValueError(f"evidence scorer {scorer!r} is unknown: choose one of "
-                         f"{EVIDENCE_SCORERS}")
-    cands = [(p, s, e) for p in passages for s, e in sentence_spans(p.text)]
+    passage has a sentence.
+
+    The sentence that answers is the best-scoring one that is not a heading, a document's
+    opening sentence counting ``lead`` more (ties: the earlier, in stage-1 then text order).
+    Its window (what NEST may copy; the answer ends where the window ends):
+
+    - an attribute (a sentence that is not its document's lead): that sentence alone;
+    - a document's lead (what the subject is, how it works): the lead and what follows it in
+      its passage, up to ``window_chars``, ending at a sentence end and never on a sentence
+      that announces a block (``_window_end``).
+
+    ``EvidenceSpan.score`` is the best score of any sentence (the policy's ``evidence_min``
+    asks whether the passages hold the question at all)."""
+    cands = candidates(question, passages, scorer, retriever)
     if not cands:
         return None
-    texts = [p.text[s:e] for p, s, e in cands]
-    scores = np.zeros(len(cands))
-    if scorer in ("overlap", "combined"):
-        scores += overlap_scores(question, texts)
-    if scorer in ("embedding", "combined"):  # each sentence read under its document's title
-        scores += _cosines(question, [_titled(p, p.text[s:e]) for p, s, e in cands], retriever)
-    if scorer == "combined":
-        scores /= 2.0
-    best = int(np.argmax(scores))  # the first of equal maxima
-    first = _earliest_near_tie(cands, scores, best, tie, window_chars)
-    p, s, e = cands[first]
-    end = _window_end(p.text, s, max(e, cands[best][2]), window_chars)
-    LOG.debug("evidence (%s %.3f): %r", scorer, scores[best], p.text[s:e][:80])
-    return EvidenceSpan(p.id, s, end, float(scores[best]), sentence_end=e)
-
-
-def _earliest_near_tie(cands: Sequence[tuple[Passage, int, int]], scores: np.ndarray,
-                       best: int, tie: float, window_chars: int) -> int:
-    """The earliest sentence of the best one's passage that scores within ``tie`` of it and
-    whose window still holds it (else ``best``): the window starts there and runs on through
-    the best sentence, so nothing the best sentence says is lost, and what the passage says
-    before it (the definition a later "Today, ..." sentence builds on) is kept."""
-    p_best, _, e_best = cands[best]
-    for i, (p, s, _) in enumerate(cands[:best]):
-        if p is p_best and scores[i] >= scores[best] - tie and e_best - s <= window_chars:
-            return i
-    return best
+    pool = [c for c in cands if not c.heading] or cands
+    best = max(pool, key=lambda c: c.score + lead * c.lead)  # the first of equal maxima
+    p = best.passage
+    end = _window_end(p.text, best.start, best.end, window_chars) if best.lead else best.end
+    top = max(c.score for c in cands)
+    LOG.debug("evidence (%s %.3f, lead=%s): %r", scorer, best.score, best.lead,
+              best.text[:80])
+    return EvidenceSpan(p.id, best.start, end, float(top), sentence_end=best.end)
 
 
 def _window_end(text: str, start: int, first_end: int, window_chars: int) -> int:
     """The end of the window that starts at ``start``: the last sentence end within
-    ``window_chars`` of it (at least the first sentence's)."""
+    ``window_chars`` of it (at least the first sentence's) that does not announce what follows
+    (a sentence ending in ``:`` or with no closing punctuation, as "... is equivalent to"
+    before its code block: the window then ends before it, unless it is the first)."""
     end = first_end
     for s, e in sentence_spans(text):
-        if s >= first_end and e - start <= window_chars:
+        if s >= first_end and e - start <= window_chars and not _announces(text[s:e]):
             end = e
+        elif s >= first_end and e - start > window_chars:
+            break
     return end
+
+
+def _announces(sentence: str) -> bool:
+    """Whether ``sentence`` introduces what follows it: it ends with ``:`` or without closing
+    punctuation (a lead-in to a block, a list or code)."""
+    tail = sentence.rstrip().rstrip("\"')]»”’")
+    return not tail or tail[-1] not in ".!?"
 
 
 def _titled(passage: Passage, sentence: str) -> str:
@@ -105,4 +211,5 @@ def _cosines(question: str, texts: Sequence[str], retriever: Any) -> np.ndarray:
     return np.clip(m[1:] @ m[0], 0.0, 1.0)
 
 
-__all__ = ["EVIDENCE_SCORERS", "choose_evidence"]
+__all__ = ["EVIDENCE_SCORERS", "Candidate", "candidates", "choose_evidence", "is_heading",
+           "opens_document"]

@@ -16,7 +16,7 @@ from nest_integrations.core.evidence import (
     sentence_spans,
 )
 from nest_integrations.policy import AnswerPolicy, plan_answer
-from nest_integrations.policy.evidence import choose_evidence
+from nest_integrations.policy.evidence import candidates, choose_evidence
 from nest_integrations.types import Passage
 
 PROFILE = ("Tumouland\n\nPeople and society\nPopulation: 8,915,496 (2020 est.)\n"
@@ -164,23 +164,49 @@ def test_adjacent_runs_of_one_passage_merge_into_one_citation() -> None:
     assert len(cites) == 1 and cites[0].text == src
 
 
-def test_a_near_tie_in_one_passage_starts_the_window_at_the_earlier_sentence() -> None:
-    """``EVIDENCE_TIE``: the best sentence's passage's earliest sentence within the tie starts
-    the window, which still runs through the best one; a sentence of another passage, a wider
-    gap or a window too long for both keep the best."""
-    from nest_integrations.policy.evidence import EVIDENCE_TIE, _earliest_near_tie
+def test_a_definition_is_answered_by_its_document_lead_and_an_attribute_by_its_sentence():
+    """``EVIDENCE_LEAD``: a reference entry defines its subject first without repeating its
+    name; "What is X?" gets that lead, not a later sentence that repeats X (an example, a second
+    sense). A sentence holding the attribute asked for still beats the lead. A heading is never
+    the evidence."""
+    head = "Permutation\n***********\n\n"
+    lead = "An ordering of a certain number of elements of a given set."
+    example = "For instance, the permutations of (1,2,3) are 123, 132, 213, 231, 312 and 321."
+    count = "The number of permutations of n elements is n factorial."
+    text = f"{head}{lead} {example} {count}"
+    p = Passage("p", text, "dict/permutation", char_start=0, metadata={"title": "Permutation"})
+    ev = choose_evidence("What is a permutation?", [p], scorer="overlap")
+    assert p.text[ev.start:ev.sentence_end] == lead
+    # the lead's window runs on through its passage (an explanation), ending at a sentence end
+    assert p.text[ev.start:ev.end] == f"{lead} {example} {count}"
+    ev = choose_evidence("What is the number of permutations of n elements?", [p],
+                         scorer="overlap")
+    assert p.text[ev.start:ev.end] == count  # an attribute: its sentence alone, then the end
+    # the title's words hold no answer: without a title the sentence that repeats the name wins
+    untitled = Passage("u", text, "dict/permutation", char_start=0)
+    ev = choose_evidence("What is a permutation?", [untitled], scorer="overlap", lead=0.0)
+    assert untitled.text[ev.start:ev.sentence_end] == example
+    # a passage that does not open its document has no lead
+    later = Passage("q", f"{lead} {example}", "dict/permutation", char_start=400)
+    assert not any(c.lead for c in candidates("What is a permutation?", [later], "overlap"))
+    assert [c.heading for c in candidates("What is a permutation?", [p], "overlap")][0]
 
-    lead = "Pinball games are a family of games in which a ball is propelled into a table."
-    today = "Today, pinball is most commonly an arcade game."
-    p = Passage("p", f"{lead} It is old. {today}", "Pinball")
-    q = Passage("q", f"{lead}", "Other")
-    cands = [(q, 0, len(lead)), (p, 0, len(lead)), (p, len(lead) + 1, len(lead) + 11),
-             (p, len(lead) + 12, len(p.text))]
-    near = np.array([0.909, 0.909, 0.2, 0.919])
-    assert 0.919 - 0.909 < EVIDENCE_TIE
-    assert _earliest_near_tie(cands, near, 3, EVIDENCE_TIE, 1200) == 1  # not q's, same text
-    assert _earliest_near_tie(cands, np.array([0.9, 0.85, 0.2, 0.919]), 3, EVIDENCE_TIE,
-                              1200) == 3  # a real gap
-    assert _earliest_near_tie(cands, near, 3, EVIDENCE_TIE, 60) == 3  # the window holds both
-    ev = choose_evidence("What is pinball?", [p], scorer="overlap")
-    assert ev.start == 0 and ev.end >= len(p.text) - 1  # equal overlap: the lead, through today
+
+def test_an_explanation_window_never_ends_on_a_sentence_that_announces_a_block():
+    """The window of a lead ends at the last sentence end that does not introduce what follows
+    ("... is equivalent to" before its code, "... into a program:" before a grammar): the
+    announced block is said with its lead-in, or neither is."""
+    text = ("Assert statements insert debugging assertions into a program:\n\n"
+            "   assert_stmt ::= \"assert\" expression\n\n"
+            "The simple form is equivalent to\n\n"
+            "   if __debug__:\n       if not expression: raise AssertionError\n\n"
+            "These equivalences assume the built-in names.\n\n"
+            "The extended form is equivalent to\n\n   if __debug__: pass\n")
+    p = Passage("p", text, "assert", char_start=0)
+    ev = choose_evidence("How do assert statements work?", [p], scorer="overlap")
+    assert ev.start == 0
+    assert p.text[:ev.end].endswith("These equivalences assume the built-in names.")
+    short = choose_evidence("How do assert statements work?", [p], scorer="overlap",
+                            window_chars=120)
+    # too short for the block and the sentence after it: the lead-in sentence alone
+    assert p.text[short.start:short.end] == "Assert statements insert debugging assertions into a program:"
