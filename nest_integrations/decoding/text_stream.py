@@ -73,8 +73,9 @@ class TokenEnds(list):
 class OutputText:
     """Committed tokens, their per-token sources, and the text they decode to.
 
-    Invariants: ``text == detokenize(ids)`` (until a stop string cuts it), ``ends`` as in the
-    module docstring (``ends.text is text``). After a stop string, ``text`` is cut at the end
+    Invariants: ``text == detokenize(ids).lstrip()`` (until a stop string cuts it: an answer
+    never opens with the space of a word-initial token, as a copy from mid-passage does),
+    ``ends`` as in the module docstring (``ends.text is text``). After a stop string, ``text`` is cut at the end
     of the last whole token before it, so the text holds nothing that is absent from ``ids``.
 
     With ``repeat_guard`` (``core.topic``), a sentence or line that repeats an earlier one is
@@ -122,12 +123,13 @@ class OutputText:
         """``detokenize(ids[:j])`` for ``j >= anchor``, decoding only from the anchor."""
         a = self._a
         if a == 0:
-            return self._detok(self.ids[:j])
+            return self._detok(self.ids[:j]).lstrip()
         left = self._detok(self.ids[a - 1 : a])
         tail = self._detok(self.ids[a - 1 : j])
         if tail.startswith(left):
-            return self.text[: self._a_chars] + tail[len(left) :]
-        return self._detok(self.ids[:j])  # the left context did not decode on its own
+            head, rest = self.text[: self._a_chars], tail[len(left) :]
+            return head + rest if head else rest.lstrip()
+        return self._detok(self.ids[:j]).lstrip()  # the left context did not decode alone
 
     def append(self, ids: Sequence[int], sources: Sequence, copied: bool) -> None:
         """Commit tokens (the caller has cut them at EOS and the budget)."""

@@ -169,7 +169,8 @@ def test_engine_citations_exact_at_every_run_end(any_lm, case):
         assert cites
         _exact(streamed, cites, res.passages)
     # the result text is what its tokens decode to (up to a trailing partial character)
-    assert any_lm.detokenize(res.token_ids).startswith(res.text)
+    assert any_lm.detokenize(res.token_ids).lstrip().startswith(res.text)
+    assert res.text == res.text.lstrip()  # never a leading space
 
 
 def test_string_prompt_gets_bos_when_the_tokenizer_adds_one(any_lm):
