@@ -54,7 +54,9 @@ README = REPO / "README.md"
 #: The documentation pages whose blocks run after the README's, in this order (a page's blocks
 #: may use what an earlier block made: the DReSD datastore, the KNN-SSD profile, the server).
 DOCS = ["configuration", "ingest", "methods", "backends", "llama_cpp", "citations", "server",
-        "scaling", "evaluation", "benchmarks", "decisions"]
+        "scaling", "evaluation", "benchmarks", "decisions", "parameters"]
+#: Pages whose blocks run in another test, with gold answers on that test's corpus.
+RUN_ELSEWHERE = {"own_corpus": "tests/integrations/test_own_corpus.py"}
 DOC_FILES = [README] + [REPO / "docs" / f"{name}.md" for name in DOCS]
 pytestmark = pytest.mark.slow
 
@@ -107,6 +109,8 @@ EXCLUDED = {
     "bash scripts/quickstart.sh": "runs scripts/install.sh (reinstalls the package from the "
     "network); its ingest, info and ask steps are the 'Command line' block's",
     "bash scripts/test.sh": "runs this test suite",
+    "nest ingest products.jsonl --collection products": "the 'Bring your own corpus' block: "
+    "tests/integrations/test_own_corpus.py runs it on its own corpus and checks the answer",
     "bash scripts/install.sh llamacpp": "reinstalls the package (scripts/install.sh test already "
     "installed the llamacpp extra this suite runs on)",
 }
@@ -317,7 +321,7 @@ def test_the_tables_match_the_readme() -> None:
     """Each exclusion and adaptation names exactly one block of README.md and docs/ (an edit
     that moves or drops one shows up here), there are blocks of both kinds, and every page of
     docs/ is in ``DOCS`` (so none of its blocks is left out)."""
-    assert sorted(DOCS) == sorted(p.stem for p in (REPO / "docs").glob("*.md"))
+    assert sorted([*DOCS, *RUN_ELSEWHERE]) == sorted(p.stem for p in (REPO / "docs").glob("*.md"))
     for table in (EXCLUDED, ADAPT):
         for key in table:
             hits = [b.id for b in BLOCKS if key in b.code]

@@ -27,8 +27,9 @@ def add_ingest_args(p: argparse.ArgumentParser) -> None:
         nargs="*",
         metavar="PATH",
         help="files or folders (recursive) of .txt .md .rst .html .htm .jsonl .pdf "
-        '(JSONL: one {"text", "id"?, "metadata"?} object per line; text in any detected '
-        "encoding; PDFs by their extracted text, with page numbers)",
+        '(JSONL: one {"text", "id"?, "metadata"?} object per line, or BEIR\'s "_id"/"title", '
+        'or a Hugging Face dump\'s top-level "title"/"url": docs/own_corpus.md; text in any '
+        "detected encoding; PDFs by their extracted text, with page numbers)",
     )
     p.add_argument("--sample", action="store_true", help="also ingest the shipped sample corpus")
     p.epilog = (

@@ -278,12 +278,15 @@ def _load_jsonl(
         if given is not None and not isinstance(given, (str, int)):
             issues.add(rel, f'"{key}" must be a string or an integer', lineno)
             continue
-        top_title = record.get("title")  # BEIR and Hugging Face dumps keep it at the top level
-        if top_title is not None and not isinstance(top_title, str):
-            issues.add(rel, '"title" must be a string', lineno)
+        # BEIR and Hugging Face dumps keep the title (and HF Wikipedia the URL) at the top
+        # level; "metadata" wins where both are given
+        top = {k: record.get(k) for k in ("title", "url")}
+        bad = [k for k, v in top.items() if v is not None and not isinstance(v, str)]
+        if bad:
+            issues.add(rel, f'"{bad[0]}" must be a string', lineno)
             continue
-        if top_title and top_title.strip() and not meta.get("title"):
-            meta = {**meta, "title": top_title.strip()}
+        meta = {**meta, **{k: v.strip() for k, v in top.items()
+                           if v and v.strip() and not meta.get(k)}}
         doc_id = str(given) if given is not None else text_hash_id(body)
         if doc_id in seen:
             issues.add(rel, f"duplicate id {doc_id!r} (first on line {seen[doc_id]})", lineno)

@@ -17,6 +17,7 @@ the other kinds).
 from __future__ import annotations
 
 import hashlib
+import warnings
 from typing import Any, Mapping
 
 from nest_integrations import output
@@ -114,6 +115,76 @@ def messages_to_dicts(messages: Any) -> list[dict[str, str]]:
         role, content = (m["role"], m["content"]) if isinstance(m, Mapping) else m
         out.append({"role": roles.get(str(role), str(role)), "content": str(content)})
     return out
+
+
+# --------------------------------------------------------------------- parameter names
+
+#: The token limit's names at the LangChain edges: LangChain's (``ChatOpenAI``'s ``max_tokens``,
+#: with its alias ``max_completion_tokens``) first, then the Hugging Face / LlamaIndex name.
+LANGCHAIN_TOKEN_NAMES = ("max_tokens", "max_completion_tokens", "max_new_tokens")
+#: The token limit's names at the LlamaIndex edges: LlamaIndex's local LLMs' (``HuggingFaceLLM``,
+#: ``LlamaCPP``: ``max_new_tokens``) first, then OpenAI's and ``LLMMetadata``'s.
+LLAMA_INDEX_TOKEN_NAMES = ("max_new_tokens", "max_tokens", "num_output")
+
+
+def canonical_names(
+    values: Mapping[str, Any], names: tuple[str, ...], who: str
+) -> dict[str, Any]:
+    """``values`` with every alias in ``names[1:]`` renamed to ``names[0]`` (docs/parameters.md).
+
+    A name given as None counts as not given. Two names given with different values raise a
+    ``ValueError`` naming both; the same value twice is accepted.
+    """
+    out = dict(values)
+    given = [(n, out.pop(n)) for n in names if n in out]
+    set_ = [(n, v) for n, v in given if v is not None]
+    for n, v in set_[1:]:
+        if v != set_[0][1]:
+            first, value = set_[0]
+            raise ValueError(
+                f"{who} got {first}={value!r} and {n}={v!r}: both name the same setting "
+                f"({', '.join(names[1:])} are aliases of {names[0]}); pass one of them"
+            )
+    if given:
+        out[names[0]] = set_[0][1] if set_ else None
+    return out
+
+
+# --------------------------------------------------------------------- no corpus, said so
+
+#: ``grounding``'s reasons.
+NO_CORPUS = "no corpus"
+NO_PASSAGES = "no passages"
+
+
+def grounding(result: Any, retrieves: bool, who: str) -> dict[str, Any]:
+    """``{"grounded": bool, "reason": str | None}`` of one answer: grounded when it was decoded
+    over at least one passage. ``retrieves``: the edge has a passage source (a retriever, a
+    collection); without one the reason is ``NO_CORPUS``, else ``NO_PASSAGES`` (the source
+    returned nothing for this query). The reason is a sentence that says what to do."""
+    if result.passages:
+        return {"grounded": True, "reason": None}
+    if not retrieves:
+        return {"grounded": False, "reason": (
+            f"{NO_CORPUS}: {who} has no retriever and no collection, so the answer comes from the "
+            "model alone; pass retriever=... or collection=... (a store filled by `nest ingest`)")}
+    return {"grounded": False, "reason": (
+        f"{NO_PASSAGES}: {who}'s retriever returned no passages for this query, so the answer "
+        "comes from the model alone; check that the store holds documents (nest info) and that "
+        "it was filled with the same embedding")}
+
+
+class UngroundedWarning(UserWarning):
+    """An answer was decoded without any passage (``grounding``): warned once per model."""
+
+
+def warn_ungrounded(owner: Any, ground: dict[str, Any]) -> None:
+    """Warn once per ``owner`` (an adapter instance with a ``_warned_ungrounded`` private
+    attribute) that an answer had no passages."""
+    if ground["grounded"] or owner._warned_ungrounded:
+        return
+    owner._warned_ungrounded = True
+    warnings.warn(f"{type(owner).__name__}: {ground['reason']}", UngroundedWarning, stacklevel=4)
 
 
 # --------------------------------------------------------------------- attribution (any answer)

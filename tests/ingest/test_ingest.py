@@ -276,3 +276,31 @@ def test_sample_corpus_shape_and_notice() -> None:
         assert f"[{d.doc_id}]({d.metadata['url']})" in notice
     size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
     assert 100_000 < size < 600_000
+
+
+def test_jsonl_layouts_nest_beir_and_hugging_face(tmp_path: Path) -> None:
+    """The three layouts of docs/own_corpus.md: the project's own (``id``, ``metadata``), BEIR's
+    ``corpus.jsonl`` (``_id``, top-level ``title``) and a Hugging Face dump (``id``, top-level
+    ``title`` and ``url``); "metadata" wins over the top level where both are given."""
+    lines = [
+        {"id": "zephyr-x2", "text": "The Zephyr X2 weighs 1.2 kg.",
+         "metadata": {"title": "Zephyr X2", "url": "https://example.com/x2"}},
+        {"_id": "doc7", "title": "Orbit Kettle", "text": "The Orbit Kettle boils in 90 s."},
+        {"id": "12", "url": "https://example.com/lumen", "title": "Lumen Lamp",
+         "text": "The Lumen Lamp runs 40 hours."},
+        {"id": "both", "title": "Top", "url": "https://top", "text": "Both given.",
+         "metadata": {"title": "Meta"}},
+    ]
+    write(tmp_path / "c.jsonl", "\n".join(json.dumps(x) for x in lines) + "\n")
+    docs, issues = load_documents([tmp_path / "c.jsonl"])
+    assert not issues
+    got = {d.doc_id: d for d in docs}
+    assert set(got) == {"zephyr-x2", "doc7", "12", "both"}
+    assert [got[i].title for i in ("zephyr-x2", "doc7", "12", "both")] == [
+        "Zephyr X2", "Orbit Kettle", "Lumen Lamp", "Meta"]
+    urls = {i: split_document(d, words)[0].metadata.get("url") for i, d in got.items()}
+    assert urls == {"zephyr-x2": "https://example.com/x2", "doc7": None,
+                    "12": "https://example.com/lumen", "both": "https://top"}
+    write(tmp_path / "bad.jsonl", json.dumps({"text": "x", "url": 3}) + "\n")
+    _, issues = load_documents([tmp_path / "bad.jsonl"])
+    assert [i.message for i in issues][:1] == ['"url" must be a string']

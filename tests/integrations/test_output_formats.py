@@ -65,7 +65,7 @@ def test_citation_payloads_are_one_dict_under_three_names(monkeypatch) -> None:
     assert calls == ["rome-0", "tiber-2"]  # the server built its annotations with it
     langchain = [_langchain(c) for c in result.citations]
     annotations = [lc_chat.citation_annotation(c) for c in result.citations]
-    llama_kwargs = li_llms._completion(result).additional_kwargs["citations"]
+    llama_kwargs = li_llms._completion(result, "", {}).additional_kwargs["citations"]
     blocks = [li_llms.citation_block(c) for c in result.citations]
     assert len(calls) == 2 * 5  # ... and so did every other format, once per citation
     monkeypatch.setattr(output, "citation_fields", original)
@@ -107,14 +107,22 @@ def test_usage_and_stats_are_one_payload() -> None:
     usage = output.usage(result)
     assert usage == {"prompt_tokens": 11, "completion_tokens": 14, "total_tokens": 25}
     assert P.usage(result) == usage == li_llms._raw(result)["usage"]
-    assert lc_llms._info(result)["token_usage"] == usage
+    from tests.integrations.langchain.corpus import fake_engine
+
+    lc_llm = lc_llms.NestLLM(engine=fake_engine())
+    assert lc_llm._info(result)["token_usage"] == usage
     assert lc_chat.usage_metadata(result) == {"input_tokens": 11, "output_tokens": 14,
                                               "total_tokens": 25}
     stats = output.stats(result)
     assert stats["mean_span_length"] == 4.5 and stats["attribution_ratio"] == 9 / 14
     assert (_common.stats_payload(result) == P.nest_extension(result, "paper", None)["stats"]
-            == li_llms._completion(result).additional_kwargs["nest"] == result.to_dict()["stats"]
-            == stats)
+            == result.to_dict()["stats"] == stats)
+    # the framework edges add whether any passage was used (test_no_corpus.py)
+    li_nest = li_llms.NestLLM(engine=fake_engine()).nest_metadata(result, {})
+    for nest in (lc_llm._info(result)["nest"], lc_llm.nest_metadata(result), li_nest):
+        grounded, reason = nest.pop("grounded"), nest.pop("grounded_reason")
+        assert nest == stats and not result.passages  # no passage: not grounded, and why
+        assert grounded is False and reason.startswith("no passages: NestLLM's retriever")
     # the method that decoded the answer (the stats'), else the one the request named
     assert P.nest_extension(result, "paper", "greedy")["decoding"] == "greedy"
     result.stats.decoding = "rag-copy"

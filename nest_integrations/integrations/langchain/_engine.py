@@ -17,7 +17,14 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from nest_integrations import assembly
 from nest_integrations.config import NestConfig
-from nest_integrations.integrations._common import engine_kwargs
+from nest_integrations.integrations._common import (
+    LANGCHAIN_TOKEN_NAMES,
+    canonical_names,
+    engine_kwargs,
+    grounding,
+    stats_payload,
+    warn_ungrounded,
+)
 from nest_integrations.integrations.langchain.passages import (
     LangChainPassageRetriever,
     as_passages,
@@ -27,8 +34,12 @@ from nest_integrations.types import NestResult, StreamChunk
 
 LOG = logging.getLogger(__name__)
 
-#: Call arguments understood by ``invoke``/``stream`` (others are ignored, logged at debug).
-CALL_KWARGS = ("max_tokens", "temperature", "passages", "query", "decoding", "drafter_options")
+#: Call arguments understood by ``invoke``/``stream`` (others are ignored, logged at debug);
+#: the token limit under any of its names (``LANGCHAIN_TOKEN_NAMES``, docs/parameters.md).
+CALL_KWARGS = (*LANGCHAIN_TOKEN_NAMES, "temperature", "passages", "query", "decoding",
+               "drafter_options")
+#: Constructor names that are aliases of a field (docs/parameters.md): canonical name first.
+FIELD_ALIASES = (LANGCHAIN_TOKEN_NAMES, ("stop", "stop_sequences"), ("model", "model_name"))
 
 
 class NestModelParams(BaseModel):
@@ -83,7 +94,9 @@ class NestModelParams(BaseModel):
     temperature: float | None = None
     """Sampling temperature on NEST's mixture p_M; 0 is greedy (the default)."""
     max_tokens: int | None = None
-    """Maximum new tokens per generation (default ``assembly.DEFAULT_MAX_NEW_TOKENS``)."""
+    """Maximum new tokens per generation (default ``assembly.DEFAULT_MAX_NEW_TOKENS``); also
+    accepted as ``max_completion_tokens`` (``ChatOpenAI``'s alias) or ``max_new_tokens`` (the
+    Hugging Face / LlamaIndex name), here and per call (docs/parameters.md)."""
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     """Stop strings; the output is cut before the first one."""
     timeout: float | None = None
@@ -93,13 +106,16 @@ class NestModelParams(BaseModel):
 
     _engine: Any = PrivateAttr(default=None)
     _engine_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _warned_ungrounded: bool = PrivateAttr(default=False)
 
     @model_validator(mode="before")
     @classmethod
     def _preset(cls, data: Any) -> Any:
-        """A preset name in ``config`` names the policy too; both resolved here."""
+        """Aliases become their field's name (two names with different values fail, naming
+        both); a preset name in ``config`` names the policy too; both resolved here."""
         if isinstance(data, dict):
-            data = dict(data)
+            for names in FIELD_ALIASES:
+                data = canonical_names(data, names, cls.__name__)
             data["policy"] = assembly.resolve_policy(data.get("policy"), data.get("config"))
             if isinstance(data.get("config"), str):
                 data["config"] = assembly.resolve_config(data["config"])
@@ -222,6 +238,7 @@ class NestModelParams(BaseModel):
         unknown = set(kwargs) - set(CALL_KWARGS)
         if unknown:
             LOG.debug("ignoring unsupported call arguments %s", sorted(unknown))
+        kwargs = canonical_names(kwargs, LANGCHAIN_TOKEN_NAMES, f"{type(self).__name__} call")
         passages = kwargs.get("passages")
         return engine_kwargs(
             kwargs,
@@ -231,6 +248,16 @@ class NestModelParams(BaseModel):
             config=self._call_config(kwargs),
             passages=as_passages(passages) if passages is not None else None,
         )
+
+    def nest_metadata(self, result: NestResult) -> dict[str, Any]:
+        """NEST's statistics of one answer plus ``grounded`` (whether any passage was used) and
+        ``grounded_reason`` (why not, and what to do; None when grounded). The first answer
+        without passages warns once per model (``UngroundedWarning``, a ``UserWarning``)."""
+        retrieves = self.get_engine().retriever is not None
+        ground = grounding(result, retrieves, type(self).__name__)
+        warn_ungrounded(self, ground)
+        return {**stats_payload(result), "grounded": ground["grounded"],
+                "grounded_reason": ground["reason"]}
 
     def _nest_generate(
         self, prompt: Any, stop: Sequence[str] | None, kwargs: dict[str, Any]

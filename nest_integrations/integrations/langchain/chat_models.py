@@ -17,7 +17,6 @@ from nest_integrations import output
 from nest_integrations.integrations._common import (
     citation_payload,
     messages_to_dicts,
-    stats_payload,
 )
 from nest_integrations.integrations.langchain._engine import NestModelParams
 from nest_integrations.types import Citation, NestResult
@@ -43,7 +42,7 @@ class ChatNest(NestModelParams, BaseChatModel):
 
             from nest_integrations.langchain import ChatNest
 
-            chat = ChatNest()                                  # no corpus: plain decoding
+            chat = ChatNest()                                  # no corpus: warns, see below
             chat = ChatNest(collection="nest")                 # the store filled by `nest ingest`
             chat = ChatNest(collection="docs", max_tokens=128, decoding="nest")
             chat = ChatNest(retriever=vectorstore.as_retriever(search_kwargs={"k": 8}))
@@ -97,7 +96,16 @@ class ChatNest(NestModelParams, BaseChatModel):
     Call arguments:
         ``invoke(..., max_tokens=, temperature=, stop=, query=, passages=, decoding=)``:
         ``query`` replaces the retrieval query; ``passages`` (``Document``s or NEST
-        ``Passage``s) skips retrieval; ``decoding`` switches the method for this call.
+        ``Passage``s) skips retrieval; ``decoding`` switches the method for this call. The
+        token limit is also accepted as ``max_completion_tokens`` or ``max_new_tokens``, and
+        ``stop`` as ``stop_sequences`` (constructor); two names with different values fail
+        (docs/parameters.md).
+
+    No corpus:
+        An answer decoded over no passage (no retriever and no collection, or a retriever that
+        returned nothing) has ``response_metadata["nest"]["grounded"] == False`` and the reason
+        in ``["grounded_reason"]``; the first such answer of a model warns once
+        (``UngroundedWarning``, a ``UserWarning``).
 
     Not supported: tool calling, structured output and images (the base class's defaults
     raise ``NotImplementedError``).
@@ -179,7 +187,7 @@ class ChatNest(NestModelParams, BaseChatModel):
             "model_name": self.resolved_model_name,
             "finish_reason": result.stats.finish_reason,
             "citations": [citation_payload(c) for c in result.citations],
-            "nest": stats_payload(result),
+            "nest": self.nest_metadata(result),
         }
 
 

@@ -11,7 +11,7 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from pydantic import ConfigDict
 
 from nest_integrations import output
-from nest_integrations.integrations._common import citation_payload, stats_payload
+from nest_integrations.integrations._common import citation_payload
 from nest_integrations.integrations.langchain._engine import NestModelParams
 from nest_integrations.types import NestResult
 
@@ -90,7 +90,7 @@ class NestLLM(NestModelParams, LLM):
         generations, usages = [], []
         for prompt in prompts:
             result = self._nest_generate(prompt, stop, kwargs)
-            generations.append([Generation(text=result.text, generation_info=_info(result))])
+            generations.append([Generation(text=result.text, generation_info=self._info(result))])
             usages.append(output.usage(result))
         usage = output.add_usage(*usages)
         return LLMResult(
@@ -109,7 +109,8 @@ class NestLLM(NestModelParams, LLM):
         for item in self._nest_stream(prompt, stop, kwargs):
             if item.result is not None:
                 done = tracker.finish(item.result)
-                info = {**_info(item.result), "citations": [citation_payload(c) for c in done]}
+                info = {**self._info(item.result),
+                        "citations": [citation_payload(c) for c in done]}
                 chunk = GenerationChunk(text="", generation_info=info)
             else:
                 done = tracker.step(item.citation, item.support)
@@ -119,11 +120,10 @@ class NestLLM(NestModelParams, LLM):
                 run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
 
-
-def _info(result: NestResult) -> dict[str, Any]:
-    return {
-        "citations": [citation_payload(c) for c in result.citations],
-        "finish_reason": result.stats.finish_reason,
-        "nest": stats_payload(result),
-        "token_usage": output.usage(result),
-    }
+    def _info(self, result: NestResult) -> dict[str, Any]:
+        return {
+            "citations": [citation_payload(c) for c in result.citations],
+            "finish_reason": result.stats.finish_reason,
+            "nest": self.nest_metadata(result),
+            "token_usage": output.usage(result),
+        }

@@ -31,18 +31,23 @@ from llama_index.core.llms.custom import CustomLLM
 
 from nest_integrations import assembly, output
 from nest_integrations.integrations._common import (
+    LLAMA_INDEX_TOKEN_NAMES,
+    canonical_names,
     citation_payload,
     engine_kwargs,
+    grounding,
     messages_to_dicts,
     stats_payload,
+    warn_ungrounded,
 )
 from nest_integrations.types import Citation, NestResult, StreamChunk
 
 LOG = logging.getLogger(__name__)
 
-#: Per-call keyword arguments understood by every NestLLM method (others are ignored).
+#: Per-call keyword arguments understood by every NestLLM method (others are ignored); the
+#: token limit under any of its names (``LLAMA_INDEX_TOKEN_NAMES``, docs/parameters.md).
 CALL_KWARGS = (
-    "max_new_tokens", "max_tokens", "stop", "config", "passages", "query", "decoding",
+    *LLAMA_INDEX_TOKEN_NAMES, "temperature", "stop", "config", "passages", "query", "decoding",
     "drafter_options",
 )
 
@@ -97,9 +102,16 @@ class NestLLM(CustomLLM):
     whose opening words the prompt quotes). The retrieval query is the prompt or the last user
     message; with a query engine's prompt that is the whole context-plus-question message.
 
-    Per-call keyword arguments: ``max_new_tokens`` (alias ``max_tokens``), ``stop``, ``config``
-    (a ``NestConfig`` or preset name), ``passages`` (``Passage``s or LlamaIndex nodes: skips
-    retrieval), ``query`` (the retrieval query), ``decoding`` and ``drafter_options``.
+    Per-call keyword arguments: ``max_new_tokens`` (aliases ``max_tokens``, ``num_output``),
+    ``temperature``, ``stop``, ``config`` (a ``NestConfig`` or preset name), ``passages``
+    (``Passage``s or LlamaIndex nodes: skips retrieval), ``query`` (the retrieval query),
+    ``decoding`` and ``drafter_options``. The constructor takes the same token-limit aliases;
+    two names with different values fail, naming both (docs/parameters.md).
+
+    No corpus: an answer decoded over no passage (no retriever and no collection, or a
+    retriever or index that returned nothing) has ``additional_kwargs["nest"]["grounded"] ==
+    False`` and the reason in ``["grounded_reason"]``; the first such answer of an LLM warns
+    once (``UngroundedWarning``, a ``UserWarning``).
 
     Decoding methods: ``decoding="nest"`` (default), ``"greedy"``, ``"prompt-lookup"``, ...
     Lossless methods cite nothing except ``kind="verbatim"`` provenance, reported in the same
@@ -147,7 +159,12 @@ class NestLLM(CustomLLM):
         default=None, description="BM25 + dense retrieval; None = config.hybrid_retrieval."
     )
     max_new_tokens: int = Field(
-        default=assembly.DEFAULT_MAX_NEW_TOKENS, gt=0, description="Default tokens per call."
+        default=assembly.DEFAULT_MAX_NEW_TOKENS, gt=0,
+        description="Default tokens per call (aliases: max_tokens, num_output).",
+    )
+    temperature: float | None = Field(
+        default=None, ge=0, description="Sampling temperature on p_M; None = the config's "
+        "(0 = greedy)."
     )
     stop: list[str] | None = Field(default=None, description="Default stop strings.")
     context_window: int | None = Field(
@@ -162,8 +179,12 @@ class NestLLM(CustomLLM):
         description="Passage source: a PassageRetriever, LlamaIndex retriever or index.",
     )
     _engine: Any = PrivateAttr(default=None)
+    _warned_ungrounded: bool = PrivateAttr(default=False)
 
     def __init__(self, engine: Any = None, **kwargs: Any) -> None:
+        kwargs = canonical_names(kwargs, LLAMA_INDEX_TOKEN_NAMES, "NestLLM")
+        if kwargs.get("max_new_tokens", 0) is None:
+            del kwargs["max_new_tokens"]  # not given: the field's default
         super().__init__(**kwargs)
         self.policy = assembly.resolve_policy(self.policy, self.config)  # a preset name's too
         if self.config is not None:
@@ -219,17 +240,31 @@ class NestLLM(CustomLLM):
         ignored = sorted(set(kwargs) - set(CALL_KWARGS) - {"formatted"})
         if ignored:
             LOG.debug("NestLLM ignores keyword arguments %s", ignored)
-        config = kwargs.get("config", self.config)
+        kwargs = canonical_names(kwargs, LLAMA_INDEX_TOKEN_NAMES, "NestLLM call")
+        config = self._config(kwargs.get("config", self.config))
+        temperature = kwargs.get("temperature", self.temperature)
+        if temperature is not None:
+            base = config if config is not None else self.engine.config
+            config = base.replace(temperature=float(temperature))
         passages = kwargs.get("passages")
         return engine_kwargs(
             kwargs,
             max_new_tokens=assembly.resolve_max_new_tokens(
-                kwargs.get("max_new_tokens"), kwargs.get("max_tokens"), self.max_new_tokens
+                kwargs.get("max_new_tokens"), self.max_new_tokens
             ),
             stop=kwargs.get("stop", self.stop),
-            config=self._config(config),
+            config=config,
             passages=to_passages(passages) if passages is not None else None,
         )
+
+    def nest_metadata(self, result: NestResult, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """NEST's statistics of one answer plus ``grounded`` and ``grounded_reason`` (see the
+        class docstring); warns on the first answer without passages."""
+        retrieves = self.engine.retriever is not None or kwargs.get("passages") is not None
+        ground = grounding(result, retrieves, "NestLLM")
+        warn_ungrounded(self, ground)
+        return {**stats_payload(result), "grounded": ground["grounded"],
+                "grounded_reason": ground["reason"]}
 
     def _config(self, config: Any) -> Any:
         """A call's (or the model's) config for the model's backend (None: the engine's)."""
@@ -254,7 +289,7 @@ class NestLLM(CustomLLM):
         text = ""
         for chunk, extra in _deltas(self._stream(self._completion_prompt(prompt, formatted), kwargs)):
             if chunk.result is not None:
-                yield _completion(chunk.result, delta="")
+                yield _completion(chunk.result, "", self.nest_metadata(chunk.result, kwargs))
                 return
             text += chunk.text
             yield CompletionResponse(text=text, delta=chunk.text, additional_kwargs=extra)
@@ -290,7 +325,7 @@ class NestLLM(CustomLLM):
         text = ""
         for chunk, extra in _deltas(self._stream(prompt, kwargs)):
             if chunk.result is not None:
-                yield _chat(chunk.result, delta="")
+                yield _chat(chunk.result, "", self.nest_metadata(chunk.result, kwargs))
                 return
             text += chunk.text
             message = ChatMessage(role=MessageRole.ASSISTANT, content=text)
@@ -352,25 +387,22 @@ def citation_block(c: Citation) -> CitationBlock:
     )
 
 
-def _extras(result: NestResult) -> dict[str, Any]:
-    return {
-        "citations": [citation_payload(c) for c in result.citations],
-        "nest": stats_payload(result),
-    }
+def _extras(result: NestResult, nest: dict[str, Any]) -> dict[str, Any]:
+    return {"citations": [citation_payload(c) for c in result.citations], "nest": nest}
 
 
 def _raw(result: NestResult) -> dict[str, Any]:
     return {"usage": output.usage(result), "nest_result": result}
 
 
-def _completion(result: NestResult, delta: str | None = None) -> CompletionResponse:
+def _completion(result: NestResult, delta: str, nest: dict[str, Any]) -> CompletionResponse:
     return CompletionResponse(
-        text=result.text, delta=delta, additional_kwargs=_extras(result), raw=_raw(result)
+        text=result.text, delta=delta, additional_kwargs=_extras(result, nest), raw=_raw(result)
     )
 
 
-def _chat(result: NestResult, delta: str | None = None) -> ChatResponse:
-    extras = _extras(result)
+def _chat(result: NestResult, delta: str, nest: dict[str, Any]) -> ChatResponse:
+    extras = _extras(result, nest)
     blocks: list[Any] = [TextBlock(text=result.text)]
     blocks += [citation_block(c) for c in result.citations]
     message = ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks, additional_kwargs=extras)

@@ -15,7 +15,7 @@ from llama_index.core.bridge.pydantic import Field
 from llama_index.core.query_engine import CustomQueryEngine
 from llama_index.core.schema import NodeWithScore
 
-from nest_integrations.integrations._common import citation_payload, stats_payload
+from nest_integrations.integrations._common import citation_payload
 from nest_integrations.integrations.llama_index.llms import NestLLM
 from nest_integrations.integrations.llama_index.retrievers import (
     LlamaIndexPassageRetriever,
@@ -48,6 +48,11 @@ class NestQueryEngine(CustomQueryEngine):
                 doc = n.node.ref_doc_id           # source document id
                 n.node.text == doc_text[n.node.start_char_idx:n.node.end_char_idx]
             response.metadata["citations"], response.metadata["nest"]
+
+    No corpus: over an empty index (or a retriever that returns nothing) the answer comes from
+    the model alone; ``response.metadata["nest"]["grounded"]`` is then False, with the reason
+    in ``["grounded_reason"]``, and the first such answer warns once (``UngroundedWarning``).
+    Parameter names are ``NestLLM``'s (docs/parameters.md).
 
     Stream: ``from_args(..., streaming=True)`` returns a ``StreamingResponse``; its
     ``source_nodes`` and ``metadata`` are filled when ``response_gen`` is exhausted.
@@ -99,9 +104,11 @@ class NestQueryEngine(CustomQueryEngine):
     def custom_query(self, query_str: str) -> Response | StreamingResponse:
         if self.streaming:
             return self._stream(query_str)
-        result = answer(self.llm, query_str, self.source).raw["nest_result"]
+        resp = answer(self.llm, query_str, self.source)
+        result = resp.raw["nest_result"]
         return Response(
-            response=result.text, source_nodes=citation_nodes(result), metadata=_metadata(result)
+            response=result.text, source_nodes=citation_nodes(result),
+            metadata=_metadata(result, resp.additional_kwargs["nest"]),
         )
 
     async def acustom_query(self, query_str: str) -> Response | StreamingResponse:
@@ -117,16 +124,16 @@ class NestQueryEngine(CustomQueryEngine):
                 if r.raw is not None:  # the last item carries the result
                     result = r.raw["nest_result"]
                     nodes.extend(citation_nodes(result))
-                    metadata.update(_metadata(result))
+                    metadata.update(_metadata(result, r.additional_kwargs["nest"]))
                 if r.delta:
                     yield r.delta
 
         return StreamingResponse(response_gen=deltas(), source_nodes=nodes, metadata=metadata)
 
 
-def _metadata(result: NestResult) -> dict[str, Any]:
+def _metadata(result: NestResult, nest: dict[str, Any]) -> dict[str, Any]:
     return {
         "citations": [citation_payload(c) for c in result.citations],
-        "nest": stats_payload(result),
+        "nest": nest,
         "passage_ids": [p.id for p in result.passages],
     }
