@@ -284,6 +284,12 @@ def _load_jsonl(
             continue
         if top_title and top_title.strip() and not meta.get("title"):
             meta = {**meta, "title": top_title.strip()}
+        top_url = record.get("url")  # so do Hugging Face dumps with the page's URL
+        if top_url is not None and not isinstance(top_url, str):
+            issues.add(rel, '"url" must be a string', lineno)
+            continue
+        if top_url and top_url.strip() and not meta.get("url"):
+            meta = {**meta, "url": top_url.strip()}
         doc_id = str(given) if given is not None else text_hash_id(body)
         if doc_id in seen:
             issues.add(rel, f"duplicate id {doc_id!r} (first on line {seen[doc_id]})", lineno)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from nest_integrations import assembly
+from nest_integrations import assembly, output
 from nest_integrations.config import PRESETS, NestConfig
 from nest_integrations.policy import AnswerPolicy
 from nest_integrations.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PRESET
@@ -423,7 +423,7 @@ async def passage(request: Any) -> Any:
         "char_start": p.char_start,
         "char_end": p.char_end,
         "title": p.metadata.get("title") or p.metadata.get("source") or p.doc_id,
-        "url": p.metadata.get("url") or None,
+        "url": output.document_url(p.metadata),
         "source": p.metadata.get("source"),
     })
 
