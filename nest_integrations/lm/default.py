@@ -113,7 +113,7 @@ def _convert(gguf: Path, target: Path, progress: bool = False) -> None:
     start = time.perf_counter()
     bar = tqdm(total=4, unit="step", disable=not progress,
                desc=f"first use: converting {DEFAULT_MODEL_NAME} to safetensors (once)",
-               bar_format="{desc}: {n}/{total} {postfix} [{elapsed}]")
+               bar_format="{desc}: {n}/{total} steps{postfix} [{elapsed}]")
 
     def step(name: str) -> None:
         LOG.info("model conversion: %s (%.1f s so far)", name, time.perf_counter() - start)

@@ -179,3 +179,20 @@ def test_serve_rejects_bad_options_before_loading_the_model(monkeypatch, capsys)
     parser = cli.build_parser()
     args = parser.parse_args(["serve"])
     assert (args.host, args.port, args.api_key) == ("127.0.0.1", 8000, None)  # loopback by default
+
+
+def test_docs_list_the_fields_as_the_server_takes_them() -> None:
+    """docs/server.md's table of request fields is ``CHAT_FIELDS`` / ``COMPLETION_FIELDS``."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "server.md").read_text()
+    rows = {line.split("|")[1].strip(): line.split("|")[2:4]
+            for line in page.splitlines() if line.startswith("| ") and line.count("|") == 4}
+    names = {"used": "used", "ignored": "accepted, ignored",
+             "refused": "400 when set (not null, false or empty)"}
+    for column, fields in ((0, P.CHAT_FIELDS), (1, P.COMPLETION_FIELDS)):
+        for key, row in names.items():
+            assert set(re.findall(r"`(\w+)`", rows[row][column])) - {"text"} == set(
+                fields[key]), (row, column)
+    assert set(re.findall(r"`(\w+)`", rows["NEST's own"][0])) == {*P.EXTENSIONS, "nest"}
