@@ -93,7 +93,7 @@ def default_model_path() -> Path:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 if not (target / _DONE_MARKER).is_file():  # another process may have finished
-                    _convert(gguf_path(), target, bool(_CONVERSION["progress"]))
+                    _convert(gguf_path(), target)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
     finally:
@@ -101,9 +101,9 @@ def default_model_path() -> Path:
     return target
 
 
-def _convert(gguf: Path, target: Path, progress: bool = False) -> None:
+def _convert(gguf: Path, target: Path) -> None:
     """Dequantise ``gguf`` into an fp32 safetensors folder at ``target`` (atomic rename), in
-    four logged steps (a tqdm bar on stderr with ``progress``)."""
+    four logged steps (and a tqdm bar on stderr after ``show_conversion_progress()``)."""
     import torch
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -111,7 +111,7 @@ def _convert(gguf: Path, target: Path, progress: bool = False) -> None:
     LOG.info("converting %s to safetensors in %s (first use of this home, once; about 30-60 s)",
              gguf.name, target)
     start = time.perf_counter()
-    bar = tqdm(total=4, unit="step", disable=not progress,
+    bar = tqdm(total=4, unit="step", disable=not _CONVERSION["progress"],
                desc=f"first use: converting {DEFAULT_MODEL_NAME} to safetensors (once)",
                bar_format="{desc}: {n}/{total} steps{postfix} [{elapsed}]")
 
