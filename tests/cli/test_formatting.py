@@ -73,13 +73,14 @@ def test_no_marker_after_uncited_words():
                                  "said the book.")
     run_on = [_cite("a", 0, 8, "Rome was"), _cite("a", 8, 12, " big")]
     res = NestResult(text, [1] * 10, run_on, NestStats(new_tokens=10))
-    assert with_markers(res) == "Rome was big[1] and had many people. It had emperors, said the book."
+    assert with_markers(res) == ("Rome was big[1] and had many people. It had emperors, said "
+                                 "the book.")
     # a span whose last character is a space is marked before it
     res = NestResult(text, [1] * 10, [_cite("a", 0, 13, "Rome was big ")], NestStats(new_tokens=4))
     assert with_markers(res).startswith("Rome was big[1] and")
     # inside a ``` fence, a span is marked at the end of its line
     code = "Use it:\n```\nx = assert_ok(y)\n```\nDone."
-    res = NestResult(code, [1] * 4, [_cite("a", 8 + 4, 8 + 4 + 5, "x = a")], NestStats(new_tokens=4))
+    res = NestResult(code, [1] * 4, [_cite("a", 12, 17, "x = a")], NestStats(new_tokens=4))
     assert with_markers(res) == "Use it:\n```\nx = assert_ok(y)[1]\n```\nDone."
 
 
