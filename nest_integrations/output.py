@@ -17,7 +17,10 @@ Citation fields (``citation_fields``)::
     passage_id, doc_id       which passage (and source document) the span is from
     start_index, end_index   the span in the answer text: answer[start_index:end_index]
     cited_text               == the answer slice == source[source_start:source_end]
-    title, url, source       the passage's metadata, None when unknown
+    title, source            the passage's metadata, None when unknown
+    url                      the document's URL (``document_url``: metadata ``url``,
+                             ``source_url``, ``link``, or a ``source`` that is an http(s)
+                             URL), None when it has none
     source_start, source_end the span in the source document (None when not known)
     passage_start, passage_end  the span in the passage text
     n_tokens                 tokens in the span
@@ -53,7 +56,7 @@ def citation_fields(c: Citation) -> dict[str, Any]:
         "end_index": c.end,
         "cited_text": c.text,
         "title": str(meta["title"]) if meta.get("title") else None,
-        "url": str(meta["url"]) if meta.get("url") else None,
+        "url": document_url(meta),
         "source": meta.get("source"),
         "source_start": c.source_start,
         "source_end": c.source_end,
@@ -67,6 +70,24 @@ def citation_fields(c: Citation) -> dict[str, Any]:
     if meta.get("page") is not None:
         fields["page"] = meta["page"]
     return fields
+
+
+#: Metadata keys read as a document's URL, first found first (then a ``source`` that is one).
+URL_KEYS = ("url", "source_url", "link")
+
+
+def document_url(meta: Mapping[str, Any]) -> str | None:
+    """The document's URL in passage metadata ``meta``: the first non-empty ``URL_KEYS`` value,
+    else ``source`` when it is an http(s) URL (LangChain's web loaders put it there), else
+    None."""
+    for key in URL_KEYS:
+        value = meta.get(key)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    source = meta.get("source")
+    if isinstance(source, str) and source.startswith(("http://", "https://")):
+        return source
+    return None
 
 
 def attribution_fields(a: Any) -> dict[str, Any]:

@@ -38,17 +38,25 @@ UNSUPPORTED_MARK = "[!]"
 
 
 def with_markers(result: NestResult, min_tokens: int = 2) -> str:
-    """The answer text with ``[n]`` at the end of the sentence or line where each cited span
-    ends (never inside a word or a line of code), each passage's number once per place, and
-    ``[!]`` after each sentence no passage supports."""
-    cites = shown(result, min_tokens)
+    """The answer text with ``[n]`` right after each cited span (``marker_place``: never after
+    an uncited word, never inside a word or a line of code), each passage's number once per
+    place (a span that goes on, within a sentence, from where the same passage's last one was
+    marked takes that marker over), and ``[!]`` after each sentence no passage supports."""
+    cites = sorted(shown(result, min_tokens), key=lambda c: (c.start, c.end))
     numbers = number_sources(cites)
     text = result.text
     places: dict[int, list[str]] = {}
+    last: dict[str, int] = {}  # passage id -> where its last marker went
     for c in cites:
-        marks = places.setdefault(marker_place(text, c.end), [])
-        if f"[{numbers[c.passage_id]}]" not in marks:
-            marks.append(f"[{numbers[c.passage_id]}]")
+        mark, at = f"[{numbers[c.passage_id]}]", marker_place(text, c.end)
+        before = last.get(c.passage_id)
+        if (before is not None and before < at and not text[before : c.start].strip()
+                and not text[:before].endswith((".", "!", "?"))):
+            places[before].remove(mark)  # a run on within a sentence: one marker, at its end
+        marks = places.setdefault(at, [])
+        if mark not in marks:
+            marks.append(mark)
+        last[c.passage_id] = at
     for u in result.unsupported:
         marks = places.setdefault(marker_place(text, u.end), [])
         if UNSUPPORTED_MARK not in marks:
@@ -61,18 +69,37 @@ def with_markers(result: NestResult, min_tokens: int = 2) -> str:
     return "".join(out)
 
 
-_SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s|$)|[:;](?=[ \t]*(?:\n|$))|\n")
+_CODE_INDENT = re.compile(r"(?: {3,}|\t)\S")
 
 
 def marker_place(text: str, end: int) -> int:
-    """Where the marker of a span ending at ``end`` goes: after the first sentence end (``.``,
-    ``!`` or ``?`` before whitespace, ``:`` or ``;`` before a line break) or before the first
-    line break from the span's last character on, else at the end of the text (trailing
-    whitespace kept outside)."""
-    m = _SENTENCE_END.search(text, max(0, end - 1))
-    if m is None:
-        return len(text.rstrip())
-    return m.start() if m.group() == "\n" else m.end()
+    """Where the marker of a span ending at ``end`` goes: right after its last non-space
+    character, moved on only to the end of the word (the run of non-space characters) that
+    character is in, so that "big." is marked "big.[1]" and "expression1" never
+    "expression[1]1"; no word the span does not reach comes before its marker. A span ending
+    in a line of code (indented by three spaces or a tab, or inside a ``` fence) is marked at
+    the end of that line, so the code stays whole."""
+    end = max(0, min(end, len(text)))
+    while end > 0 and text[end - 1].isspace():  # a span that ends with its spaces: before them
+        end -= 1
+    if end == 0:
+        return 0
+    line_start = text.rfind("\n", 0, end - 1) + 1
+    line_end = text.find("\n", end - 1)
+    line_end = len(text) if line_end < 0 else line_end
+    if _in_code(text, line_start):
+        return len(text[:line_end].rstrip())
+    while end < len(text) and not text[end].isspace():
+        end += 1
+    return end
+
+
+def _in_code(text: str, line_start: int) -> bool:
+    """Whether the line at ``line_start`` is code: indented, or inside a ``` fence."""
+    if _CODE_INDENT.match(text, line_start):
+        return True
+    fences = sum(1 for line in text[:line_start].splitlines() if line.lstrip().startswith("```"))
+    return fences % 2 == 1
 
 
 def source_lines(result: NestResult, width: int = 100, min_tokens: int = 2) -> list[str]:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from nest_integrations import assembly
 from nest_integrations.cli.common import UsageError, open_store, out, quiet_transformers, store_args
+from nest_integrations.lm import default as default_model
 from nest_integrations.lm.backend import add_backend_args, apply_backend_args
 
 INGEST_HELP = "load, split, embed and store documents (and their token keys)"
@@ -113,7 +115,38 @@ def _ray_address(args: argparse.Namespace) -> str | None:
     return "local"
 
 
-def _keys_only(args: argparse.Namespace, store: Any, ray_address: str | None) -> int:
+class _Clock:
+    """The whole command's time, and the part spent converting the model on first use (the
+    conversion shows a progress bar on stderr unless --json)."""
+
+    def __init__(self, progress: bool) -> None:
+        self.start = time.perf_counter()
+        self.converted_before = default_model.conversion_seconds()
+        default_model.show_conversion_progress(progress)
+
+    @property
+    def conversion(self) -> float:
+        return default_model.conversion_seconds() - self.converted_before
+
+    def total(self) -> float:
+        return time.perf_counter() - self.start
+
+    def line(self) -> str:
+        """The summary's ``time`` line: the total, and the conversion in it."""
+        text = f"  time        {self.total():.1f} s"
+        if self.conversion:
+            text += (f", of which {self.conversion:.1f} s converting the embedded model "
+                     "(first use of this NEST_HOME only)")
+        return text
+
+    def add_to(self, d: dict[str, Any]) -> dict[str, Any]:
+        """``--json``'s report with ``total_seconds`` and ``conversion_seconds``."""
+        return {**d, "total_seconds": round(self.total(), 3),
+                "conversion_seconds": round(self.conversion, 3)}
+
+
+def _keys_only(args: argparse.Namespace, store: Any, ray_address: str | None,
+               clock: _Clock) -> int:
     """``nest ingest`` without PATHs: the token keys of an existing collection for this
     backend's model (``IngestPipeline.fill_keys``), no passage added."""
     from nest_integrations.ingest.pipeline import IngestPipeline
@@ -129,7 +162,7 @@ def _keys_only(args: argparse.Namespace, store: Any, ray_address: str | None) ->
     pipeline = IngestPipeline(store, _load_lm(), ray_address=ray_address)
     report = pipeline.fill_keys(progress=not args.json)
     if args.json:
-        out(json.dumps(report.to_dict(), indent=2))
+        out(json.dumps(clock.add_to(report.to_dict()), indent=2))
         return 0
     out(f"Token keys of collection {report.collection!r} ({report.location})")
     out(f"  passages    {report.passages:,} (none added)")
@@ -137,13 +170,14 @@ def _keys_only(args: argparse.Namespace, store: Any, ray_address: str | None) ->
     if report.keys_mode == "lazy":
         keys = "lazy: encoded when a query retrieves them (cache: `nest info`)"
     out(f"  token keys  {keys}")
-    out(f"  time        {report.seconds:.1f} s")
+    out(clock.line())
     return 0
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
     from nest_integrations.ingest import sample_corpus_inputs
 
+    clock = _Clock(progress=not args.json)  # the total printed counts everything from here
     ray_address = _ray_address(args)  # first: a bare --ray may have taken a PATH
     apply_backend_args(args)
     inputs: list[str | Path] = list(args.paths)
@@ -155,7 +189,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     with_keys = not args.no_keys
     store = open_store(args)  # connect first: fail fast, before the LM
     if not inputs:
-        return _keys_only(args, store, ray_address)
+        return _keys_only(args, store, ray_address, clock)
     codec = getattr(args, "key_codec", None)
     lazy = _lazy_keys(args, store)
     if lazy:
@@ -169,7 +203,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         pipeline.key_store().close()  # records the codec (refuses another one) before writing
     report = pipeline.ingest(inputs, strict=args.strict, progress=not args.json)
     if args.json:
-        out(json.dumps(report.to_dict(), indent=2))
+        out(json.dumps(clock.add_to(report.to_dict()), indent=2))
     else:
         out(f"Ingested into collection {report.collection!r} ({report.location})")
         formats = ", ".join(f"{v} {k}" for k, v in report.formats.items())
@@ -190,7 +224,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         if report.keys_mode == "lazy":
             keys = "lazy: encoded when a query retrieves them (cache: `nest info`)"
         out(f"  token keys  {keys}")
-        out(f"  time        {report.seconds:.1f} s")
+        out(clock.line())
     if report.issues:
         sys.stderr.write(f"nest: skipped {len(report.issues)} input(s):\n")
         for issue in report.issues:

@@ -32,7 +32,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "their source offsets."
     )
     p.add_argument("--collection", default=DEFAULT_COLLECTION,
-                   help=f"Chroma collection (default: {DEFAULT_COLLECTION})")
+                   help=f"the Chroma collection served (default: {DEFAULT_COLLECTION}); a "
+                   "request may name it in 'collection', any other name gets a 400")
     p.add_argument("--persist-dir", default=None, help="store folder (default: $NEST_HOME/store)")
     p.add_argument("--chroma-url", default=None, help="a Chroma server, e.g. http://localhost:8000")
     p.add_argument("--model", default=None,

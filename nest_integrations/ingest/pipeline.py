@@ -313,14 +313,8 @@ class IngestPipeline:
     # ----------------------------------------------------------------------------- internals
 
     def _collection(self) -> Any:
-        """The collection for writing, created (cosine space) when missing."""
-        col = self.store.client.get_or_create_collection(
-            self.store.collection_name,
-            embedding_function=self.store.embedding_function,
-            configuration={"hnsw": {"space": "cosine"}},
-        )
-        self.store.reopen()  # the reader reopens it (it may have been missing until now)
-        return col
+        """The collection for writing (``ChromaPassageStore.writable_collection``)."""
+        return self.store.writable_collection()
 
     def _write(self, passages: Sequence[Passage], progress: bool) -> tuple[int, int]:
         """Add passages not stored yet (embedding only those). Returns ``(added, unchanged)``."""

@@ -41,6 +41,11 @@ class ChromaConnectionError(ConnectionError):
     """A Chroma server could not be reached."""
 
 
+class EmbeddingFunctionConflictError(ValueError):
+    """The collection was made with another embedding function than NEST's (plain
+    ``chromadb``'s ``default``, say); the message says how to use it. Nothing was changed."""
+
+
 class InvalidCollectionNameError(ValueError):
     """A collection name that Chroma would refuse; the message states the rule."""
 
@@ -354,8 +359,56 @@ class ChromaPassageStore:
 
     # ----------------------------------------------------------------------------- internals
 
+    def writable_collection(self) -> Any:
+        """The collection for writing, created (cosine space) when missing; one made with
+        another embedding function raises ``EmbeddingFunctionConflictError`` and is left as
+        it is."""
+        try:
+            col = self.client.get_or_create_collection(
+                self.collection_name,
+                embedding_function=self.embedding_function,
+                configuration={"hnsw": {"space": "cosine"}},
+            )
+        except ValueError as exc:
+            raise self._conflict(exc) from exc
+        self.reopen()  # the reader reopens it (it may have been missing until now)
+        return col
+
+    def _conflict(self, exc: ValueError) -> ValueError:
+        """Chroma's "Embedding function conflict" as an ``EmbeddingFunctionConflictError``
+        that says what to do (any other ``ValueError`` is returned as it is)."""
+        found = re.search(r"Embedding function conflict: new: \S+ vs persisted: (\S+)", str(exc))
+        if found is None:
+            return exc
+        name, theirs, ours = self.collection_name, found.group(1), self.embedding_function.name()
+        try:  # read without an embedding function: no conflict, nothing embedded or written
+            records = int(self.client.get_collection(name, embedding_function=None).count())
+        except Exception:  # noqa: BLE001 - the count only words the advice
+            records = -1
+        if records == 0:
+            client = ("chromadb.HttpClient(...)" if "://" in self.location else
+                      f"chromadb.PersistentClient(path={self.location!r})")
+            fix = (f"It is empty: delete it (in Python, `{client}.delete_collection({name!r})`) "
+                   f"and run `nest ingest PATH... --collection "
+                   f"{name}` again, or ingest into a new collection: `nest ingest PATH... "
+                   f"--collection {name}-nest`.")
+        else:
+            held = f"It holds {records:,} records" if records > 0 else "It may hold records"
+            fix = (f"{held}, embedded by {theirs!r}: ingest their documents into a new "
+                   f"collection with `nest ingest PATH... --collection {name}-nest` and use "
+                   "that one.")
+        return EmbeddingFunctionConflictError(
+            f"collection {name!r} in {self.location} was made with the embedding function "
+            f"{theirs!r} (e.g. by plain chromadb), not NEST's {ours!r}; NEST left it as it is. "
+            f"{fix} To make collections for NEST in your own code, pass NEST's embedding: "
+            "chromadb `embedding_function=NestEmbeddingFunction()` (from "
+            "nest_integrations.embeddings), langchain-chroma `embedding_function="
+            "NestEmbeddings()`, LlamaIndex `embed_model=NestEmbedding()`."
+        )
+
     def _read_collection(self) -> Any:
-        """The collection, opened once; a missing one raises ``CollectionNotFoundError``."""
+        """The collection, opened once; a missing one raises ``CollectionNotFoundError``, one
+        made with another embedding function ``EmbeddingFunctionConflictError``."""
         if self._collection is None:
             from chromadb.errors import NotFoundError
 
@@ -363,6 +416,8 @@ class ChromaPassageStore:
                 self._collection = self.client.get_collection(
                     self.collection_name, embedding_function=self.embedding_function
                 )
+            except ValueError as exc:  # chromadb's NotFoundError is not a ValueError
+                raise self._conflict(exc) from exc
             except NotFoundError as exc:
                 existing = self.list_collections()
                 listed = ", ".join(repr(n) for n in existing) if existing else "none"

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from nest_integrations import assembly
+from nest_integrations import assembly, output
 from nest_integrations.config import PRESETS, NestConfig
 from nest_integrations.policy import AnswerPolicy
 from nest_integrations.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PRESET
@@ -55,8 +55,8 @@ class ServerSettings:
         max_tokens_cap: the largest ``max_tokens`` accepted.
         default_max_tokens: ``max_tokens`` when a request sends none.
         max_body_bytes: the largest request body accepted (413 above).
-        collection: the name of the served collection (``/v1/attributions`` accepts it, or
-            none; None: the engine's passages have no name).
+        collection: the name of the served collection (a request may name it, or none; any
+            other is a 400. None: the engine's Chroma collection's name, if any).
         max_attribution_chars: the longest ``text`` ``/v1/attributions`` accepts.
         attribution: the ``AttributionConfig`` of ``/v1/attributions`` (None: the defaults).
     """
@@ -120,6 +120,23 @@ class Server:
                    ModelGate(engine, max_queue=settings.max_queue))
 
     @property
+    def collection(self) -> str | None:
+        """The served collection's name: ``--collection``, else the engine's Chroma
+        collection's (None: the engine's passages have no name)."""
+        return self.settings.collection or getattr(_chroma(self.engine.retriever),
+                                                   "collection_name", None)
+
+    def collections(self) -> list[str] | None:
+        """The collections of the served Chroma store (None: another retriever, or a Chroma
+        server that cannot be reached now)."""
+        store = _chroma(self.engine.retriever)
+        try:
+            return store.list_collections() if store is not None else None
+        except Exception as exc:  # a server that went away: the error still names the served one
+            LOG.warning("could not list the store's collections: %s", exc)
+            return None
+
+    @property
     def decoding(self) -> str:
         """The decoding method of a request that names none (the preset's policy decides when
         neither the settings nor the engine name one)."""
@@ -137,6 +154,14 @@ class Server:
             self.attributor = Attributor(self.settings.attribution, lm=e.lm,
                                          key_store=e.key_store, retriever=e.retriever)
         return self.attributor(req.text, req.passages, question=req.question)
+
+
+def _chroma(retriever: Any) -> Any:
+    """The ``ChromaPassageStore`` under ``retriever`` (itself, or a hybrid's dense side)."""
+    for r in (retriever, getattr(retriever, "dense", None)):
+        if hasattr(r, "list_collections") and hasattr(r, "collection_name"):
+            return r
+    return None
 
 
 def get_method(name: str) -> Any:
@@ -245,6 +270,35 @@ def check_model(server: Server, req: P.GenerationRequest) -> None:
         )
 
 
+def check_collection(server: Server, name: str | None) -> None:
+    """A request's ``collection`` must be the served one (``nest serve --collection``): any
+    other is a 400 naming the served collection and the others in its store, never an answer
+    from the wrong corpus."""
+    served = server.collection
+    if name is None or name == served:
+        return
+    if served is None:
+        raise P.ApiError(400, f"unknown collection {name!r}: this server serves one unnamed "
+                         "corpus; leave 'collection' out", param="collection",
+                         code="collection_not_found")
+    listed = server.collections()
+    others = [c for c in listed or () if c != served]
+    if listed is None:
+        more = ""
+    elif others:
+        more = (f" Other collections in its store: {', '.join(repr(c) for c in others)}; serve "
+                "one with `nest serve --collection NAME`.")
+    else:
+        more = (f" Its store has no other collection: create one with `nest ingest PATH... "
+                f"--collection {name}`, then serve it with `nest serve --collection {name}`.")
+    raise P.ApiError(
+        400,
+        f"unknown collection {name!r}: this server serves the collection {served!r} (`nest "
+        f"serve --collection {served}`); send 'collection': {served!r} or leave it out.{more}",
+        param="collection", code="collection_not_found",
+    )
+
+
 def engine_call(server: Server, req: P.GenerationRequest) -> tuple[dict[str, Any], str, str]:
     """``engine.stream`` arguments for ``req``, its preset and decoding method; what the config,
     the engine and the method registry reject is a 400 naming the parameter."""
@@ -287,6 +341,7 @@ async def _completion(request: Any, chat: bool) -> Any:
     parse = P.parse_chat if chat else P.parse_completion
     req = parse(await read_json(server, request), server.limits)
     check_model(server, req)
+    check_collection(server, req.collection)
     kwargs, preset, decoding = engine_call(server, req)
     if req.stream:
         return stream_events(server, request, req, kwargs, preset, decoding, chat=chat)
@@ -314,14 +369,7 @@ async def attributions(request: Any) -> Any:
     server: Server = request.app.state.nest
     authorize(server, request)
     req = P.parse_attribution(await read_json(server, request), server.limits)
-    served = server.settings.collection
-    if req.collection is not None and req.collection != served:
-        raise P.ApiError(
-            404,
-            f"unknown collection {req.collection!r}: this server serves "
-            + (f"{served!r}" if served else "one unnamed corpus (omit 'collection')"),
-            param="collection", code="collection_not_found",
-        )
+    check_collection(server, req.collection)
     if req.passages is None and server.engine.retriever is None:
         raise P.invalid("passages", "this server has no corpus: send the 'passages' to "
                         "attribute the text against")
@@ -375,7 +423,7 @@ async def passage(request: Any) -> Any:
         "char_start": p.char_start,
         "char_end": p.char_end,
         "title": p.metadata.get("title") or p.metadata.get("source") or p.doc_id,
-        "url": p.metadata.get("url") or None,
+        "url": output.document_url(p.metadata),
         "source": p.metadata.get("source"),
     })
 
@@ -389,6 +437,7 @@ async def health(request: Any) -> Any:
         "model": s.model_name,
         "preset": s.preset,
         "decoding": server.decoding,
+        "collection": server.collection,
         "auth": s.api_key is not None,
         "presets": sorted(PRESETS),
         **server.gate.status(),

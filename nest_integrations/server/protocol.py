@@ -1,8 +1,10 @@
 """The OpenAI wire format: request validation and response bodies (no web framework here).
 
 Requests are plain dicts parsed from JSON; ``parse_chat`` / ``parse_completion`` check them the
-way OpenAI does (unknown fields are ignored, invalid values raise ``ApiError`` with a status and
-OpenAI's error shape) and return a ``GenerationRequest`` for the engine. Responses are built
+way OpenAI does (an unknown field, or an invalid value, raises ``ApiError`` with a 400 naming it,
+in OpenAI's error shape; every field of OpenAI's API is accepted: ``CHAT_FIELDS`` /
+``COMPLETION_FIELDS`` say which are used, ignored, or refused when set) and return a
+``GenerationRequest`` for the engine. Responses are built
 from the engine's ``Citation`` / ``NestResult`` by ``server.responses`` (re-exported here).
 
 Citations use the shape OpenAI's clients already parse (``message.annotations`` entries of type
@@ -27,6 +29,7 @@ count Unicode code points, as Python strings do).
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -54,6 +57,33 @@ DEFAULT_SERVED_MODEL = "nest"
 
 #: Roles accepted in ``messages`` (``developer`` is OpenAI's newer name for ``system``).
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+#: The request fields of OpenAI's chat completions API (openai-python 3.x
+#: ``CompletionCreateParams``), by what this server does with them. ``used``: read;
+#: ``ignored``: accepted and ignored (they tune a hosted service: penalties, caching, storage,
+#: the end user's id...); ``refused``: accepted when absent, false, empty or ``null``, else a 400
+#: naming them (a client would silently miss the feature). Any other field is a 400.
+CHAT_FIELDS = {
+    "used": ("messages", "model", "max_tokens", "max_completion_tokens", "n", "stream",
+             "stream_options", "stop", "temperature", "top_p", "seed", "response_format"),
+    "ignored": ("frequency_penalty", "presence_penalty", "logit_bias", "user", "metadata",
+                "store", "service_tier", "parallel_tool_calls", "tool_choice", "top_logprobs",
+                "reasoning_effort", "verbosity", "prompt_cache_key", "prompt_cache_options",
+                "prompt_cache_retention", "safety_identifier", "modalities"),
+    "refused": ("tools", "functions", "function_call", "logprobs", "audio", "prediction",
+                "web_search_options", "moderation"),
+}
+#: The same for ``/v1/completions`` (the legacy API's fields).
+COMPLETION_FIELDS = {
+    "used": ("prompt", "model", "max_tokens", "n", "stream", "stream_options", "stop",
+             "temperature", "top_p", "seed"),
+    "ignored": ("frequency_penalty", "presence_penalty", "logit_bias", "user"),
+    "refused": ("echo", "logprobs", "best_of", "suffix"),
+}
+#: NEST's own request options, top level (the openai client's ``extra_body``) or inside a
+#: ``nest`` object.
+EXTENSIONS = ("preset", "decoding", "collection")
 
 
 class ApiError(Exception):
@@ -105,6 +135,7 @@ class GenerationRequest:
     seed: int | None = None
     preset: str | None = None
     decoding: str | None = None
+    collection: str | None = None
     include_usage: bool = False
     model: str = ""
 
@@ -137,6 +168,7 @@ class AttributionRequest:
 def parse_chat(body: Any, limits: Limits) -> GenerationRequest:
     """Validate a ``/v1/chat/completions`` body."""
     raw = _required(_object(body), "messages")
+    _known_fields(body, CHAT_FIELDS, "OpenAI's chat/completions")
     if not isinstance(raw, list) or not raw:
         raise invalid("messages", "'messages' must be a non-empty array of {role, content} objects")
     messages = [_message(m, i) for i, m in enumerate(raw)]
@@ -157,6 +189,7 @@ def parse_chat(body: Any, limits: Limits) -> GenerationRequest:
 def parse_completion(body: Any, limits: Limits) -> GenerationRequest:
     """Validate a ``/v1/completions`` body (one prompt string)."""
     prompt = _required(_object(body), "prompt")
+    _known_fields(body, COMPLETION_FIELDS, "OpenAI's completions")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str):
@@ -165,6 +198,12 @@ def parse_completion(body: Any, limits: Limits) -> GenerationRequest:
         raise invalid("prompt", "'prompt' is empty: send non-empty text")
     if body.get("echo"):
         raise invalid("echo", "'echo' is not supported")
+    if body.get("logprobs"):
+        raise invalid("logprobs", "'logprobs' is not supported by this server")
+    if body.get("best_of") not in (None, 1):
+        raise invalid("best_of", "only best_of=1 is supported")
+    if body.get("suffix"):
+        raise invalid("suffix", "'suffix' (insertion) is not supported by this server")
     req = _common(body, limits, max_keys=("max_tokens",))
     req.prompt = prompt
     return req
@@ -175,6 +214,7 @@ def parse_attribution(body: Any, limits: Limits) -> AttributionRequest:
     and ``passages`` (strings, or objects with ``text`` and optional ``id``, ``doc_id``,
     ``title``, ``url``, ``source``, ``char_start``/``char_end``)."""
     text = _required(_object(body), "text")
+    _known_fields(body, {"used": ("text", "question", "passages")}, "the attributions")
     if not isinstance(text, str):
         raise invalid("text", "'text' must be a string: the answer to attribute")
     if not text.strip():
@@ -236,12 +276,53 @@ def _passages(raw: Any, limits: Limits) -> list[Passage]:
     return out
 
 
+def _known_fields(body: dict[str, Any], fields: Mapping[str, Sequence[str]], api: str) -> None:
+    """A 400 naming the first field that is neither the API's (``fields``) nor one of NEST's
+    ``EXTENSIONS`` (the OpenAI API answers an unknown parameter the same way), with the closest
+    known name; inside a ``nest`` object only the ``EXTENSIONS`` are known."""
+    known = list(dict.fromkeys([k for names in fields.values() for k in names]
+                               + [*EXTENSIONS, "nest"]))
+    for key in body:
+        if key not in known:
+            raise _unknown(key, key, known, api)
+    nest = body.get("nest")
+    if nest is None:
+        return
+    if not isinstance(nest, dict):
+        raise invalid("nest", "'nest' must be an object of NEST options: "
+                      + ", ".join(repr(k) for k in EXTENSIONS))
+    for key in nest:
+        if key not in EXTENSIONS:
+            raise _unknown(f"nest.{key}", key, list(EXTENSIONS), api)
+
+
+def _unknown(param: str, key: str, known: Sequence[str], api: str) -> ApiError:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ApiError(
+        400,
+        f"Unrecognized request argument supplied: {param!r}{hint}. This server takes {api} "
+        "fields and NEST's " + ", ".join(repr(k) for k in EXTENSIONS)
+        + " (top level, e.g. the openai client's extra_body, or inside 'nest'); see "
+        "docs/server.md",
+        param=param, code="unknown_parameter",
+    )
+
+
 def _unsupported(body: dict[str, Any]) -> None:
     """Features a client would silently miss if ignored: refuse them by name."""
     if body.get("tools") or body.get("functions"):
         raise invalid("tools", "tools / function calling are not supported by this server")
-    if body.get("logprobs"):
-        raise invalid("logprobs", "'logprobs' is not supported by this server")
+    if body.get("function_call") not in (None, "", "none", "auto"):
+        raise invalid("function_call", "function calling is not supported by this server")
+    for key, what in (("logprobs", "'logprobs'"), ("audio", "audio output"),
+                      ("prediction", "predicted outputs ('prediction')"),
+                      ("web_search_options", "web search"), ("moderation", "'moderation'")):
+        if body.get(key):
+            raise invalid(key, f"{what} is not supported by this server")
+    modalities = body.get("modalities")
+    if isinstance(modalities, list) and any(m != "text" for m in modalities):
+        raise invalid("modalities", "only the 'text' modality is supported by this server")
     fmt = body.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
         raise invalid(
@@ -296,7 +377,7 @@ def _message(m: Any, i: int) -> dict[str, str]:
 
 
 def _common(body: dict[str, Any], limits: Limits, max_keys: Sequence[str]) -> GenerationRequest:
-    """Options shared by chat and completions (unknown fields are ignored)."""
+    """Options shared by chat and completions (the fields were checked by ``_known_fields``)."""
     model = body.get("model", "")
     if not isinstance(model, str):
         raise invalid("model", "'model' must be a string")
@@ -337,6 +418,7 @@ def _common(body: dict[str, Any], limits: Limits, max_keys: Sequence[str]) -> Ge
         seed=_int(body, "seed") if body.get("seed") is not None else None,
         preset=_name(body, "preset"),
         decoding=_name(body, "decoding"),
+        collection=_name(body, "collection"),
         include_usage=include_usage,
         model=model,
     )

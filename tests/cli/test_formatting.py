@@ -31,7 +31,7 @@ def test_single_token_matches_are_not_marked():
     cites = [Citation("The", 0, 3, "a", "doc-a", 0, 3, 0, 3, 1, {})]
     res = NestResult(text, [1, 2, 3], cites, NestStats(new_tokens=3))
     assert with_markers(res) == "The cat sat."
-    assert with_markers(res, min_tokens=1) == "The cat sat.[1]"
+    assert with_markers(res, min_tokens=1) == "The[1] cat sat."
     assert "Sources: none" in render(res)
 
 
@@ -41,9 +41,10 @@ def test_render_without_citations_says_so():
     assert with_markers(res) == "hello"
 
 
-def test_markers_go_at_the_end_of_the_sentence_or_line_never_inside_a_word_or_code():
-    """A span that ends inside a line of code or a word gets its marker where the line or the
-    sentence ends (the quickstart's "if[1] not expression" and "expression[1]1")."""
+def test_markers_never_inside_a_word_or_a_line_of_code():
+    """A span that ends inside a line of code is marked where the line ends (the quickstart's
+    "if[1] not expression"); one that ends inside a word, where the word ends
+    ("expression[1]1")."""
     text = ('The simple form is equivalent to\n\n   if not expression: raise AssertionError\n'
             'The form "assert expression1, expression2" is equivalent to this')
     a = text.index("if not")
@@ -55,10 +56,32 @@ def test_markers_go_at_the_end_of_the_sentence_or_line_never_inside_a_word_or_co
     assert "if[" not in marked and "expression[" not in marked
     assert marked.startswith("The simple form is equivalent to\n\n   if not expression: raise "
                              "AssertionError[1]\n")
-    assert marked.endswith("is equivalent to this[2]")
+    assert 'The form "assert expression1,[2] expression2" is equivalent to this' in marked
     for m in re.finditer(r"\[\d\]", marked):  # a marker follows no letter inside a word
         after = marked[m.end(): m.end() + 1]
         assert not after.isalnum()
+
+
+def test_no_marker_after_uncited_words():
+    """Issue 62: a marker goes right after its cited span (and the punctuation attached to
+    it), never after the uncited words of the rest of the sentence; a span that runs on from
+    the same passage's last one shares its marker."""
+    text = "Rome was big and had many people. It had emperors, said the book."
+    cites = [_cite("a", 0, 12, "Rome was big"), _cite("b", 34, 50, "It had emperors,")]
+    res = NestResult(text, [1] * 10, cites, NestStats(new_tokens=10))
+    assert with_markers(res) == ("Rome was big[1] and had many people. It had emperors,[2] "
+                                 "said the book.")
+    run_on = [_cite("a", 0, 8, "Rome was"), _cite("a", 8, 12, " big")]
+    res = NestResult(text, [1] * 10, run_on, NestStats(new_tokens=10))
+    assert with_markers(res) == ("Rome was big[1] and had many people. It had emperors, said "
+                                 "the book.")
+    # a span whose last character is a space is marked before it
+    res = NestResult(text, [1] * 10, [_cite("a", 0, 13, "Rome was big ")], NestStats(new_tokens=4))
+    assert with_markers(res).startswith("Rome was big[1] and")
+    # inside a ``` fence, a span is marked at the end of its line
+    code = "Use it:\n```\nx = assert_ok(y)\n```\nDone."
+    res = NestResult(code, [1] * 4, [_cite("a", 12, 17, "x = a")], NestStats(new_tokens=4))
+    assert with_markers(res) == "Use it:\n```\nx = assert_ok(y)[1]\n```\nDone."
 
 
 def test_unsupported_sentences_are_flagged_and_support_is_labelled():

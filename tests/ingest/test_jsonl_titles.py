@@ -38,3 +38,36 @@ def test_a_title_that_is_not_a_string_is_a_clear_issue(tmp_path) -> None:
     docs, issues = load_documents([path])
     assert [d.doc_id for d in docs] == ["y"]
     assert any('"title" must be a string' in str(i) for i in issues)
+
+
+def test_urls_from_the_record_or_its_metadata_reach_the_citation(tmp_path) -> None:
+    """Issue 62: a Hugging Face dump's top-level ``url`` counts as ``metadata.url``; a
+    citation's ``url`` is the document's URL (``url``, ``source_url``, ``link`` or an http(s)
+    ``source``), else None, and the server's ``url_citation.url`` falls back to the source path
+    (then the doc id) only then."""
+    from nest_integrations import output
+    from nest_integrations.server.protocol import annotation
+    from nest_integrations.types import Citation
+
+    path = tmp_path / "dump.jsonl"
+    _write(path, [
+        {"id": "1", "url": "https://en.wikipedia.org/wiki/Aruba", "title": "Aruba", "text": "A."},
+        {"id": "2", "url": "https://x.org/ignored", "text": "B.",
+         "metadata": {"url": "https://x.org/own"}},
+        {"id": "3", "url": 5, "text": "C."},
+    ])
+    docs, issues = load_documents([path])
+    by_id = {d.doc_id: d for d in docs}
+    assert by_id["1"].metadata["url"] == "https://en.wikipedia.org/wiki/Aruba"
+    assert by_id["2"].metadata["url"] == "https://x.org/own"  # metadata wins
+    assert "3" not in by_id and any('"url" must be a string' in str(i) for i in issues)
+
+    def url(meta: dict) -> tuple:
+        c = Citation("A.", 0, 2, "p", "doc", 0, 2, 0, 2, 1, {"source": "dump.jsonl", **meta})
+        return output.citation_fields(c)["url"], annotation(c)["url_citation"]["url"]
+
+    assert url({"url": "https://a"}) == ("https://a", "https://a")
+    assert url({"source_url": "https://b"}) == ("https://b", "https://b")
+    assert url({"link": "https://c", "source_url": ""}) == ("https://c", "https://c")
+    assert url({"source": "https://d/page"}) == ("https://d/page", "https://d/page")
+    assert url({}) == (None, "dump.jsonl")  # no URL: the server names the source file

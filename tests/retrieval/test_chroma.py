@@ -21,6 +21,7 @@ from nest_integrations.retrieval.chroma import (
     ChromaConnectionError,
     ChromaPassageStore,
     CollectionNotFoundError,
+    EmbeddingFunctionConflictError,
     parse_chroma_url,
 )
 from nest_integrations.retrieval.hybrid import HybridRetriever, fuse, sharpness
@@ -184,6 +185,59 @@ def test_missing_collection_error(tmp_path: Path, corpus: Path, lm: FakeLM) -> N
         other.retrieve("x", 3)
     assert "'nope-col'" in str(err.value) and "'test-col'" in str(err.value)
     assert "nest ingest" in str(err.value)
+
+
+def _plain_chroma_collection(persist: Path, name: str, records: int) -> None:
+    """A collection made the way plain chromadb makes one: its default embedding function,
+    given vectors (the default one is never called)."""
+    import chromadb
+
+    from nest_integrations import paths
+
+    client = chromadb.PersistentClient(path=str(paths.chroma_dir(persist)))
+    col = client.create_collection(name)
+    if records:
+        col.add(ids=[f"r{i}" for i in range(records)], embeddings=[[float(i), 1.0, 0.0]
+                                                                    for i in range(records)],
+                documents=[f"user text {i}" for i in range(records)])
+
+
+@pytest.mark.parametrize("records", [0, 2])
+def test_a_plain_chroma_collection_gets_a_clear_error_and_is_left_as_it_is(
+    tmp_path: Path, corpus: Path, lm: FakeLM, records: int
+) -> None:
+    """Issue 62: a collection made by plain chromadb (embedding function 'default') is neither
+    read nor written: reading and ingesting raise ``EmbeddingFunctionConflictError`` saying how
+    to ingest it with `nest ingest` or which embedding to pass, not Chroma's raw "Embedding
+    function conflict", and the user's records are all still there, unchanged."""
+    import chromadb
+
+    from nest_integrations import paths
+
+    persist = tmp_path / "store"
+    _plain_chroma_collection(persist, "user-col", records)
+    store = ChromaPassageStore.from_persist_dir(persist, "user-col")
+    for attempt in (lambda: store.retrieve("x", 3),
+                    lambda: IngestPipeline(store, lm, with_keys=False).ingest([corpus])):
+        with pytest.raises(EmbeddingFunctionConflictError) as err:
+            attempt()
+        msg = str(err.value)
+        assert msg.startswith("collection 'user-col' in ") and "Embedding function" not in msg
+        assert ("made with the embedding function 'default' (e.g. by plain chromadb), not "
+                "NEST's 'nest_minilm'; NEST left it as it is.") in msg
+        assert "`nest ingest PATH... --collection user-col-nest`" in msg
+        assert "embedding_function=NestEmbeddingFunction()" in msg
+        if records:
+            assert f"It holds {records:,} records, embedded by 'default'" in msg
+        else:
+            assert "It is empty: delete it" in msg and ".delete_collection('user-col')" in msg
+    client = chromadb.PersistentClient(path=str(paths.chroma_dir(persist)))
+    col = client.get_collection("user-col", embedding_function=None)
+    got = col.get(include=["documents", "embeddings"])
+    assert got["ids"] == [f"r{i}" for i in range(records)]
+    assert got["documents"] == [f"user text {i}" for i in range(records)]
+    assert [list(e) for e in got["embeddings"]] == [[float(i), 1.0, 0.0] for i in range(records)]
+    assert col.configuration_json["embedding_function"]["name"] == "default"
 
 
 def test_batches_respect_max_batch_size(

@@ -112,10 +112,11 @@ def chat(content: str = "What is belly dance?", **extra: Any) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def running(tiny_lm: Any, settings: ServerSettings) -> Iterator[Server]:
-    """A real uvicorn server over the tiny engine (``HeldEngine``) with ``settings``."""
-    engine = HeldEngine(NestEngine(tiny_lm, InMemoryRetriever(PASSAGES), InMemoryKeyStore(),
-                                   NestConfig()))
+def running(tiny_lm: Any, settings: ServerSettings, retriever: Any = None) -> Iterator[Server]:
+    """A real uvicorn server over the tiny engine (``HeldEngine``) with ``settings``, over
+    ``retriever`` (default: ``PASSAGES`` in memory)."""
+    retriever = InMemoryRetriever(PASSAGES) if retriever is None else retriever
+    engine = HeldEngine(NestEngine(tiny_lm, retriever, InMemoryKeyStore(), NestConfig()))
     app = create_app(engine, settings)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))  # held open and handed to uvicorn: nobody else can take it

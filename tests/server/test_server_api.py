@@ -503,17 +503,20 @@ def test_bad_input(live_server: Any, body, raw, key, status, needle, param) -> N
 
 
 def test_bad_input_via_openai_client_and_still_serving(live_server: Any) -> None:
-    """The SDK raises its typed errors, unknown fields are ignored, and the server keeps
-    serving."""
+    """The SDK raises its typed errors (an unknown field is a 400 naming it, as OpenAI's API
+    answers), OpenAI's fields the server ignores are accepted, and the server keeps serving."""
     import openai
 
     client = live_server.client()
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError, match="'frobnicate'"):
+        client.chat.completions.create(model="nest", messages=[{"role": "user", "content": "x"}],
+                                       extra_body={"frobnicate": True})
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{live_server.url}/v1", api_key="bad", max_retries=0).models.list()
     resp = client.chat.completions.create(
         model="nest", messages=[{"role": "user", "content": QUESTIONS[3]}], max_tokens=4,
-        extra_body={"frobnicate": True, "logit_bias": {"1": 2}}, user="someone",
+        extra_body={"logit_bias": {"1": 2}}, user="someone",
     )
     assert resp.choices[0].message.content

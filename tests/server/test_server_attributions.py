@@ -138,8 +138,9 @@ def test_an_attribution_waits_in_the_queue_and_gets_429_when_full(held: Server) 
     ({"text": 7}, 400, "'text' must be a string", "text"),
     ({"text": "x" * (MAX_CHARS + 1)}, 400, f"cap of {MAX_CHARS:,}", "text"),
     ({"text": "Hi.", "question": 3}, 400, "'question' must be a string", "question"),
-    ({"text": "Hi.", "collection": "nope"}, 404, "unknown collection 'nope': this server "
-     "serves 'docs'", "collection"),
+    ({"text": "Hi.", "collection": "nope"}, 400, "unknown collection 'nope': this server "
+     "serves the collection 'docs'", "collection"),
+    ({"text": "Hi.", "passage": ["a"]}, 400, "'passage' (did you mean 'passages'?)", "passage"),
     ({"text": "Hi.", "collection": "docs", "passages": ["a"]}, 400, "not both", "passages"),
     ({"text": "Hi.", "passages": []}, 400, "non-empty array", "passages"),
     ({"text": "Hi.", "passages": ["ok", {"title": "no text"}]}, 400, "passages[1] must be",

@@ -22,8 +22,9 @@ def cite(start: int, end: int, text: str, pid: str = "p1", meta: dict | None = N
 
 def test_chat_request_defaults_and_options() -> None:
     """Defaults fill in; extension options come top level (extra_body) or under ``nest``;
-    content parts are joined; developer is system; unknown fields are ignored."""
-    req = P.parse_chat({"messages": MSG, "whatever": 1, "user": "u"}, LIMITS)
+    content parts are joined; developer is system; OpenAI's fields this server ignores are
+    accepted."""
+    req = P.parse_chat({"messages": MSG, "user": "u", "logit_bias": {"1": 2}}, LIMITS)
     assert req.max_tokens == 16 and not req.stream and req.preset is None
     req = P.parse_chat(
         {"model": "nest", "stream": True, "max_completion_tokens": 8, "stop": "\n",
@@ -66,6 +67,15 @@ def test_chat_request_defaults_and_options() -> None:
         ({"messages": MSG, "logprobs": True}, "logprobs", "not supported"),
         ({"messages": MSG, "response_format": {"type": "json_object"}}, "response_format",
          "only 'text'"),
+        ({"messages": MSG, "presett": "paper-ra"}, "presett",
+         "Unrecognized request argument supplied: 'presett' (did you mean 'preset'?)"),
+        ({"messages": MSG, "nest": {"decodng": "greedy"}}, "nest.decodng",
+         "'nest.decodng' (did you mean 'decoding'?)"),
+        ({"messages": MSG, "nest": "paper-ra"}, "nest", "must be an object"),
+        ({"messages": MSG, "collection": ""}, "collection", "non-empty string"),
+        ({"messages": MSG, "audio": {"voice": "alloy"}}, "audio", "not supported"),
+        ({"messages": MSG, "modalities": ["text", "audio"]}, "modalities", "only the 'text'"),
+        ({"messages": MSG, "function_call": {"name": "f"}}, "function_call", "not supported"),
     ],
 )
 def test_chat_request_errors(body, param, needle) -> None:
@@ -77,11 +87,40 @@ def test_chat_request_errors(body, param, needle) -> None:
     assert set(e.body()["error"]) == {"message", "type", "param", "code"}
 
 
+def test_every_openai_field_is_accepted_and_the_lists_are_disjoint() -> None:
+    """Issue 62: each field of OpenAI's chat/completions API is known (used, ignored, or
+    refused only when set); the three lists do not overlap; a refused field that is absent,
+    false or null is accepted, and each extension is read top level or under ``nest``."""
+    for fields in (P.CHAT_FIELDS, P.COMPLETION_FIELDS):
+        names = [k for v in fields.values() for k in v]
+        assert len(names) == len(set(names))
+    openai = pytest.importorskip("openai")
+    from openai.types import completion_create_params as cp
+    from openai.types.chat import completion_create_params as ccp
+
+    for module, fields in ((ccp, P.CHAT_FIELDS), (cp, P.COMPLETION_FIELDS)):
+        wire = set(module.CompletionCreateParamsBase.__annotations__)
+        assert wire <= {k for v in fields.values() for k in v}, (openai.__version__, wire)
+    body = {"messages": MSG, **{k: None for k in P.CHAT_FIELDS["refused"]},
+            **{k: None for k in P.CHAT_FIELDS["ignored"]}, "logprobs": False, "tools": []}
+    assert P.parse_chat(body, LIMITS).max_tokens == 16
+    req = P.parse_chat({"messages": MSG, "collection": "docs"}, LIMITS)
+    assert req.collection == "docs"
+    assert P.parse_chat({"messages": MSG, "nest": {"collection": "c"}}, LIMITS).collection == "c"
+    req = P.parse_completion({"prompt": "x", "suffix": None, "best_of": 1, "user": "u",
+                              "collection": "docs"}, LIMITS)
+    assert req.collection == "docs"
+
+
 def test_completion_request() -> None:
     assert P.parse_completion({"prompt": ["x"]}, LIMITS).prompt == "x"
     for body, needle in (({}, "'prompt'"), ({"prompt": " "}, "empty"),
                          ({"prompt": ["a", "b"]}, "one prompt"),
-                         ({"prompt": "a", "echo": True}, "echo")):
+                         ({"prompt": "a", "echo": True}, "echo"),
+                         ({"prompt": "a", "best_of": 3}, "best_of=1"),
+                         ({"prompt": "a", "suffix": "z"}, "suffix"),
+                         ({"prompt": "a", "presett": "x"}, "'presett'"),
+                         ({"prompt": "a", "messages": MSG}, "'messages'")):
         with pytest.raises(P.ApiError, match=needle):
             P.parse_completion(body, LIMITS)
 
@@ -140,3 +179,20 @@ def test_serve_rejects_bad_options_before_loading_the_model(monkeypatch, capsys)
     parser = cli.build_parser()
     args = parser.parse_args(["serve"])
     assert (args.host, args.port, args.api_key) == ("127.0.0.1", 8000, None)  # loopback by default
+
+
+def test_docs_list_the_fields_as_the_server_takes_them() -> None:
+    """docs/server.md's table of request fields is ``CHAT_FIELDS`` / ``COMPLETION_FIELDS``."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "server.md").read_text()
+    rows = {line.split("|")[1].strip(): line.split("|")[2:4]
+            for line in page.splitlines() if line.startswith("| ") and line.count("|") == 4}
+    names = {"used": "used", "ignored": "accepted, ignored",
+             "refused": "400 when set (not null, false or empty)"}
+    for column, fields in ((0, P.CHAT_FIELDS), (1, P.COMPLETION_FIELDS)):
+        for key, row in names.items():
+            assert set(re.findall(r"`(\w+)`", rows[row][column])) - {"text"} == set(
+                fields[key]), (row, column)
+    assert set(re.findall(r"`(\w+)`", rows["NEST's own"][0])) == {*P.EXTENSIONS, "nest"}
