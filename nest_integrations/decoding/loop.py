@@ -221,7 +221,7 @@ class DecodeLoop:
         """The model's say in an evidence quote (``Guards.quote_check``): its mean
         log-probability under p_LM, read off the quote's own pass, against the guard's bar.
         A rejected quote sets ``quote_rejected`` and ends the loop with nothing committed."""
-        bar = self.guards.quote_check
+        bar = self.guards.quote_check  # only the opening quote: nothing is streamed yet
         score = quote_score(dist.p_lm[0], logits, tokens)
         self.stats.quote_score = score
         if bar is None or score >= bar:
@@ -256,7 +256,7 @@ class DecodeLoop:
             logits, keys = self.forward(tokens)  # ONE pass: (L, V), (L, d)
             if draft.quoted:  # an evidence quote: all of it, or none where the model says no
                 vdist, m = None, len(tokens)
-                if not self._quote_kept(dist, logits, tokens):
+                if not self.out.ids and not self._quote_kept(dist, logits, tokens):
                     self.target.crop(before)
                     self.drafts.update(draft, 0)
                     return  # nothing committed: the engine answers without the evidence

@@ -173,17 +173,26 @@ class OutputText:
                      scan.junk_start())
         if cut is None:  # an unfinished sentence held back as a possible repeat: drop it, but
             held = scan.open_repeat_start(text)  # the text ended for its own reason (the budget)
-            if held is not None:
+            if held is not None and not self._copied_from(held):
                 self._cut(held)
             return False
-        self._cut_repeat(cut)
-        return True
+        return self._cut_repeat(cut)
 
-    def _cut_repeat(self, cut: int | None) -> None:
-        if cut is None:
-            return
+    def _cut_repeat(self, cut: int | None) -> bool:
+        """Cut a repeat or loop starting at char ``cut`` (not where the source repeats itself:
+        ``_copied_from``); whether it cut."""
+        if cut is None or self._copied_from(cut):
+            return False
         self._cut(cut)
         self.repeated = True
+        return True
+
+    def _copied_from(self, cut: int) -> bool:
+        """Whether all the text from char ``cut`` on is copied from the corpus: a line or a
+        loop the source itself repeats (a code block said twice) is no degenerate output, so
+        the repeat guard does not cut it."""
+        k = bisect.bisect_right(self.ends, cut)  # the first token that ends after ``cut``
+        return k < len(self.ids) and all(self.copied[k:])
 
     def _apply_stop_strings(self) -> None:
         if not self.stop:

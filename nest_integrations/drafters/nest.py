@@ -47,7 +47,9 @@ class NestDrafter:
         self.config = ctx.config
         self._rows: list[int] | None = None  # memory rows of the last draft (None: token mode)
         self._stream_row: int | None = None  # continue copying here after a full acceptance
-        self._quote: list[int] = []  # the evidence sentence's rows, quoted before any draft
+        #: the evidence window's rows, quoted before any draft: its first sentence (the draft
+        #: the loop checks, ``Guards.quote_check``), then the rest of the window
+        self._quotes: list[list[int]] = []
         self._window_last: int | None = None  # the evidence window's last memory row
         self._end = False  # the evidence window is copied to its end: the answer ends
         self._quoting = False  # the last draft was the quote (no acceptance to learn from)
@@ -70,10 +72,11 @@ class NestDrafter:
             self._quote_first(ctx.evidence)
 
     def _quote_first(self, evidence: EvidenceSpan) -> None:
-        """Evidence first, then copy (``core.evidence``): the memory keeps only the evidence
-        window's rows; the answer opens with the evidence sentence, quoted in one pass (a
-        ``quoted`` draft: every token decided, each cited to its row), and NEST's spans go on
-        from the window's next row (relaxed acceptance, as any continuation)."""
+        """Evidence first (``core.evidence``, ``policy.evidence``): the memory keeps only the
+        evidence window's rows, and the answer is the window, quoted: its first sentence in one
+        pass (a ``quoted`` draft: every token decided, each cited to its row; the loop checks
+        it, ``Guards.quote_check``), then the rest of the window in one more; the answer then
+        ends (``_end``). A window cut by the budget ends with it."""
         memory = self.memory
         if evidence.passage_id not in memory.passage_ids:
             return
@@ -85,7 +88,8 @@ class NestDrafter:
         memory.mask([r for r in range(len(memory)) if not first <= r < last])
         q_end = evidence.sentence_end if evidence.sentence_end is not None else evidence.end
         _, qb = evidence_rows(memory.offsets[p], evidence.start, q_end)
-        self._quote = list(range(first, memory.starts[p] + max(qb, a + 1)))
+        split = memory.starts[p] + max(qb, a + 1)
+        self._quotes = [list(range(first, split)), list(range(split, last))]
         self._window_last = last - 1
         if self._lock:
             self.document = self._doc_of[p]
@@ -101,8 +105,10 @@ class NestDrafter:
             limit = min(limit, 1 + self.planner.length())
         if self._end and state.eos:  # the evidence is said: the answer ends with it
             return Draft([min(state.eos)], [None], chosen_first=True)
-        if self._quote:  # evidence first: its sentence in one pass, then copy on from there
-            rows, self._quote = self._quote, []
+        while self._quotes and not self._quotes[0]:
+            self._quotes.pop(0)
+        if self._quotes:  # evidence first: its sentence in one pass, then the rest of it
+            rows = self._quotes.pop(0)
             self._quoting = True
             draft = self._draft(rows, chosen_first=True)
             draft.quoted = True

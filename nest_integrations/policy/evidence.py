@@ -177,14 +177,17 @@ def choose_evidence(
 def _window_end(text: str, start: int, first_end: int, window_chars: int) -> int:
     """The end of the window that starts at ``start``: the last sentence end within
     ``window_chars`` of it (at least the first sentence's) that does not announce what follows
-    (a sentence ending in ``:`` or with no closing punctuation, as "... is equivalent to"
-    before its code block: the window then ends before it, unless it is the first)."""
+    (``_announces``: "... is equivalent to" before its code block), or the passage's own end
+    (what a sentence announces is then all there)."""
+    spans = sentence_spans(text)
     end = first_end
-    for s, e in sentence_spans(text):
-        if s >= first_end and e - start <= window_chars and not _announces(text[s:e]):
-            end = e
-        elif s >= first_end and e - start > window_chars:
+    for k, (s, e) in enumerate(spans):
+        if s < first_end:
+            continue
+        if e - start > window_chars:
             break
+        if k == len(spans) - 1 or not _announces(text[s:e]):
+            end = e
     return end
 
 

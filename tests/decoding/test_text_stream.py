@@ -240,3 +240,19 @@ def test_streamed_citations_agree_with_the_final_ones(evidence):
                                   stream.offsets)
         dropped += final != [c for c in unruled if stream.shows(c)]
     assert streamed > 100 and dropped > 20, (streamed, dropped)
+
+
+def test_a_line_the_source_repeats_is_no_repeat_but_the_models_is(tok):
+    """The repeat guard stops the LM's degenerate repeats; text copied from the corpus that
+    repeats a line of its own (a code block said twice, as pydoc's assert topic does) is the
+    source's, and is kept whole (issue 60: the main command's answer stopped mid-thought)."""
+    text = ("The simple form is equivalent to\n\n   if __debug__:\n       check(x)\n\n"
+            "The extended form is equivalent to\n\n   if __debug__:\n       check(x)\n")
+    ids = tok.tokenize(text)
+    copied = OutputText(tok.detokenize, repeat_guard=True)
+    copied.append(ids, [(0, i) for i in range(len(ids))], True)
+    assert not copied.finish() and not copied.repeated and copied.text == text
+    generated = OutputText(tok.detokenize, repeat_guard=True)
+    generated.append(ids, [None] * len(ids), False)
+    generated.finish()
+    assert generated.repeated and len(generated.text) < text.rindex("if __debug__")
