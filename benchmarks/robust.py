@@ -328,7 +328,8 @@ def score(item: Item, result: Any) -> dict[str, Any]:
            "cited_chars": cited,
            "gold_cited_chars": sum(len(c.text) for c in cites if c.doc_id == item.gold_doc_id),
            "min_cite_words": min((len(c.text.split()) for c in cites), default=None),
-           "exact_rows": result.stats.exact_rows}
+           "exact_rows": result.stats.exact_rows, "evidence": result.stats.evidence,
+           "quote_score": result.stats.quote_score}
     shown = [c for c in cites if c.kind in ("copy", "verbatim")]
     texts = {p.id: p.text for p in result.passages}
     out["cut_words"] = sum(cuts_word(text, c, texts.get(c.passage_id)) for c in shown)
@@ -346,10 +347,23 @@ def score(item: Item, result: Any) -> dict[str, Any]:
                                                  [tuple(a) for a in item.other_attributes],
                                                  item.distractors, item.other_entities)
         out["first_sentence"] = first_sentence(text)
+        out["run_on"] = out["correct"] and runs_on(text, item.answer)
     else:
         out["rouge_l"] = rouge_l(text, item.gold_text)
         out["degenerate"] = degenerate(text)
     return out
+
+
+def runs_on(text: str, answer: str) -> bool:
+    """Whether a right answer goes on past the sentence that holds its value (into the
+    neighbouring facts): any word after that sentence's end."""
+    from nest_integrations.core.evidence import sentence_spans
+
+    at = text.lower().find(answer.lower())
+    if at < 0:
+        return False
+    end = next((e for s, e in sentence_spans(text) if s <= at < e), len(text))
+    return any(ch.isalnum() for ch in text[end:])
 
 
 def cuts_word(text: str, c: Any, src: str | None = None) -> bool:
