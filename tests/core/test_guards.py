@@ -1,4 +1,4 @@
-"""On-topic guards (issue 22, ``core.topic``): a repeated sentence ends the answer, a copy stays in
+"""On-topic guards (issue 22, ``core.guards``): a repeated sentence ends the answer, a copy stays in
 the answer's document, short citations are not shown. On in relaxed modes, opt-in in lossless."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import torch
 from nest_integrations.config import Guards, NestConfig
 from nest_integrations.core.proposers import span_start
 from nest_integrations.core.token_memory import Hits
-from nest_integrations.core.topic import (
+from nest_integrations.core.guards import (
     GuardScan,
     complete_words,
     junk_start,
     loop_start,
     open_junk_start,
     open_loop_start,
-    answer_document,
+    first_copy_document,
     citation_words,
     open_repeat_start,
     repeat_start,
@@ -125,10 +125,10 @@ def test_span_start_can_be_restricted_to_allowed_passages():
     assert span_start(hits, _Mem(), 7, allowed=torch.tensor([False, False, False])) is None
 
 
-def test_answer_document_is_the_first_substantial_copy():
-    assert answer_document(["A", "A", "A", "A"], 4) == "A"
-    assert answer_document(["B"] * 3, 3) is None  # too short to fix the topic
-    assert answer_document([], 0) is None
+def test_first_copy_document_is_the_first_substantial_copy():
+    assert first_copy_document(["A", "A", "A", "A"], 4) == "A"
+    assert first_copy_document(["B"] * 3, 3) is None  # too short to fix the topic
+    assert first_copy_document([], 0) is None
 
 
 def _passage(text, pid, doc):
@@ -224,7 +224,7 @@ def test_an_unfinished_possible_repeat_at_the_budget_is_dropped_not_called_a_rep
 
 
 def test_junk_guard_finds_separator_runs_and_blank_line_runs():
-    from nest_integrations.core.topic import junk_start, open_junk_start
+    from nest_integrations.core.guards import junk_start, open_junk_start
 
     text = "Belly dance is a Middle Eastern dance.,,,,,,,,,,,,,,,,"
     assert junk_start(text) == text.index(",")
