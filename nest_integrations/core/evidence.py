@@ -28,10 +28,9 @@ from typing import Sequence
 
 import numpy as np
 
-#: A sentence end: terminal punctuation (closing quotes kept) before whitespace, a blank line, or
-#: a line break before a line that does not go on in lower case.
-_END = re.compile(r"[.!?]+[\"')\]»”’]*(?=\s)|:(?=[ \t]*\n)|\n[ \t]*\n"
-                  r"|\n(?=[ \t]*[^\W_a-z\u00df-\u00ff])", re.UNICODE)
+from nest_integrations.core.sentences import PASSAGE
+from nest_integrations.core.sentences import sentence_spans as _sentence_spans
+
 _WORD = re.compile(r"\w+", re.UNICODE)
 #: Function words of the languages the sample corpora hold (English, French, Spanish): they carry
 #: no content, so they never make a sentence evidence.
@@ -62,21 +61,8 @@ class EvidenceSpan:
 
 def sentence_spans(text: str) -> list[tuple[int, int]]:
     """The sentences of ``text`` as whitespace-trimmed ``(start, end)`` spans (see the module
-    docstring); spans without a letter or digit are dropped."""
-    spans, start = [], 0
-    for m in _END.finditer(text):
-        spans.append((start, m.end()))
-        start = m.end()
-    spans.append((start, len(text)))
-    out = []
-    for s, e in spans:
-        while s < e and text[s].isspace():
-            s += 1
-        while e > s and text[e - 1].isspace():
-            e -= 1
-        if s < e and any(ch.isalnum() for ch in text[s:e]):
-            out.append((s, e))
-    return out
+    docstring: ``core.sentences.PASSAGE``); spans without a letter or digit are dropped."""
+    return _sentence_spans(text, PASSAGE)
 
 
 def content_words(text: str) -> list[str]:
