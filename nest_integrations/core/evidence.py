@@ -28,21 +28,10 @@ from typing import Sequence
 
 import numpy as np
 
-from nest_integrations.core.sentences import PASSAGE
+from nest_integrations.core.sentences import PASSAGE, STOP_WORDS
 from nest_integrations.core.sentences import sentence_spans as _sentence_spans
 
 _WORD = re.compile(r"\w+", re.UNICODE)
-#: Function words of the languages the sample corpora hold (English, French, Spanish): they carry
-#: no content, so they never make a sentence evidence.
-STOP_WORDS = frozenset(
-    """a an the of in on at to for from by with about into over under as and or but nor not no
-    is are was were be been being am do does did done has have had having can could will would
-    shall should may might must it its it's this that these those there here what which who whom
-    whose when where why how i me my we our you your he him his she her they them their
-    tell explain describe give show please say said also than then so such very more most
-    le la les un une des du de et ou est sont que qui quoi quel quelle ce cette en au aux pour
-    par sur dans el los las una unos unas del y es son que qu cual como por para con al lo se""".split()
-)
 
 
 @dataclass(frozen=True)

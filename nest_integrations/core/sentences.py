@@ -1,4 +1,4 @@
-"""Sentences: the package's one sentence-end rule.
+"""Sentences and words: the package's one sentence-end rule, and its one list of function words.
 
 A sentence ends (``SENTENCE_END``, the only sentence-end expression of the package):
 
@@ -18,6 +18,11 @@ Three readers split different texts, and differ only in what else ends a sentenc
   growing text, so every end it sees is final once the next character has come (a period
   whose sentence end depends on the next word would move under it); its units are lines,
   because the list items a small model repeats are lines.
+
+``STOP_WORDS``: the function words of the corpus languages (English, French, Spanish), and the
+verbs of a request ("tell", "explain"): they carry no content, so they never make a sentence a
+question's evidence (``core.evidence.content_words``) nor a title a document's name
+(``retrieval.titles``).
 """
 
 from __future__ import annotations
@@ -130,5 +135,19 @@ def sentence_spans(text: str, rule: SentenceRule) -> list[tuple[int, int]]:
     return out
 
 
-__all__ = ["ABBREVIATIONS", "LINES", "OUTPUT", "PASSAGE", "SENTENCE_END",
+#: Function words (see the module docstring); compared with lower-cased, accent-folded words.
+STOP_WORDS = frozenset("""
+a an the and or but nor not no yes if then than so such very as of in on at to for from by
+with without about into onto over under is are was were be been being am do does did done has
+have had having can could will would shall should may might must it its it's this that these
+those there here what which who whom whose when where why how i me my we our us you your he
+him his she her they them their also all any each every some more most other same just only
+tell explain describe give show please say said
+le la les un une des du de d l et ou en au aux dans sur pour par avec sans est sont qui que qu
+quoi quel quelle quels quelles ce cet cette ces son sa ses leur leurs il elle ils elles on
+el los las una unos unas del al y o con sin por para es son quien cual cuales como cuando donde
+este esta estos estas ese esa su sus se lo
+""".split())
+
+__all__ = ["ABBREVIATIONS", "LINES", "OUTPUT", "PASSAGE", "SENTENCE_END", "STOP_WORDS",
            "SentenceRule", "sentence_ends", "sentence_spans", "trim"]
