@@ -579,7 +579,7 @@ def test_default_answers_have_every_sentence_cited_or_flagged(
     from nest_integrations import assembly
     from nest_integrations.attribution import unaccounted
     from nest_integrations.cli.formatting import render
-    from nest_integrations.evaluation.entities import SAMPLE_QUESTIONS
+    from benchmarks.sets.sample_questions import SAMPLE_QUESTIONS
     from tests._stores import copy_sample_store
     from tests.invariants import cited_text_matches_source
 
