@@ -10,7 +10,8 @@ answer token by token (Wikipedia text of the sample corpus, with the embedded mo
 tokenizer) and times, on every prefix, the calls the stream makes: ``rescan`` (the functions,
 as the stream called them before the scan) and ``scan`` (as it calls them now), alternating
 per token. Both give the same answers on every prefix (checked here too; and in
-``tests/core/test_output_guards.py``). Microseconds per token, mean over the answer, and over its last 48.
+``tests/core/test_output_guards.py``). Microseconds per token, mean over the answer, and over its
+last 48.
 
     python -m benchmarks.guard_cost [--budgets 48,256,1024] [--repeats 3] [--quiet]
 

@@ -196,7 +196,8 @@ def open_repeat_start(text: str, min_chars: int = MIN_REPEAT_CHARS) -> int | Non
 class GuardScan:
     """The repeat, loop and junk guards of one growing text, incrementally: ``update(text)`` reads
     only what was added since the last call, and the methods then answer as the functions of
-    the same name do on ``text`` (``tests/core/test_output_guards.py`` checks them against each other).
+    the same name do on ``text`` (``tests/core/test_output_guards.py`` checks them against each
+    other).
 
     The functions rescan the whole text, so a stream that calls them after every token spends
     O(n^2) on an answer of n tokens (about 1 ms a token at 1,300 tokens). What they read only

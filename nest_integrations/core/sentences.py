@@ -88,6 +88,8 @@ def sentence_ends(text: str, rule: SentenceRule, pos: int = 0) -> Iterator[int]:
         if kind == "stop" and rule.abbreviations and m.group().startswith(".") \
                 and _abbreviation(text, m.start()):
             continue
+        if kind == "blank" and rule.lines == "all":
+            yield m.start() + 1  # every line ends one: the blank line's first break too
         yield m.end()
 
 
