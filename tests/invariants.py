@@ -62,7 +62,7 @@ def citations_cover_copied_tokens(result: NestResult, lm: Any = None, exact: boo
 
     ``exact``: the citations count every attributed token (the check before issue 53, for an
     output whose copies are all whole words: a memory holding the model's own continuation)."""
-    from nest_integrations.core.citations import word_edge
+    from nest_integrations.core.citations import trim_span, word_edge
 
     attributed = sum(s is not None for s in result.token_sources)
     runs = [c for c in result.citations if c.kind != "support"]  # support: no copied tokens
@@ -84,19 +84,12 @@ def citations_cover_copied_tokens(result: NestResult, lm: Any = None, exact: boo
     for c in runs:
         mine = [i for i, src in enumerate(result.token_sources)
                 if src is not None and src[0] == c.passage_id]
-        inside = sum(1 for i in mine if c.start <= _trimmed(text, starts[i], ends[i])[0]
-                     and _trimmed(text, starts[i], ends[i])[1] <= c.end
+        inside = sum(1 for i in mine if c.start <= trim_span(text, starts[i], ends[i])[0]
+                     and trim_span(text, starts[i], ends[i])[1] <= c.end
                      and any(ch.isalnum() for ch in text[starts[i] : ends[i]]))
         overlapping = sum(1 for i in mine if starts[i] < c.end and ends[i] > c.start)
         assert c.n_tokens >= 1 and inside <= c.n_tokens <= overlapping, (c, inside, overlapping)
 
-
-def _trimmed(text: str, s: int, e: int) -> tuple[int, int]:
-    while s < e and text[s].isspace():
-        s += 1
-    while e > s and text[e - 1].isspace():
-        e -= 1
-    return s, e
 
 
 def citations_ordered(citations: Sequence[Citation]) -> None:

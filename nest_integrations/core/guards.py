@@ -43,8 +43,8 @@ import re
 from typing import Sequence
 
 from nest_integrations.config import GROUNDED_MIN_CITATION_WORDS
+from nest_integrations.core.citations import trim_span
 from nest_integrations.core.sentences import LINES, sentence_ends
-from nest_integrations.core.sentences import trim
 
 #: Shortest sentence (normalised characters) whose repeat ends the answer.
 MIN_REPEAT_CHARS = 12
@@ -80,11 +80,11 @@ def sentence_spans(text: str) -> tuple[list[tuple[int, int]], int]:
     spans: list[tuple[int, int]] = []
     pos = 0
     for end in sentence_ends(text, LINES):
-        s, e = trim(text, pos, end)
+        s, e = trim_span(text, pos, end)
         if s < e:
             spans.append((s, e))
         pos = end
-    s, _ = trim(text, pos, len(text))
+    s, _ = trim_span(text, pos, len(text))
     return spans, s
 
 
@@ -94,7 +94,7 @@ def repeat_start(text: str, final: bool = False, min_chars: int = MIN_REPEAT_CHA
     last sentence counts as complete (the text has ended)."""
     spans, open_start = sentence_spans(text)
     if final and open_start < len(text):
-        spans.append(trim(text, open_start, len(text)))
+        spans.append(trim_span(text, open_start, len(text)))
     seen: set[str] = set()
     for s, e in spans:
         norm = normalize_sentence(text[s:e])
@@ -243,7 +243,7 @@ class GuardScan:
         elif not text.startswith(self._read):  # a rewritten tail: junk is searched again
             self._junk_from, self._junk = 0, None
         for end in sentence_ends(text, LINES, self._pos):
-            s, e = trim(text, self._pos, end)
+            s, e = trim_span(text, self._pos, end)
             if s < e:
                 norm = normalize_sentence(text[s:e])
                 if len(norm) >= self.min_chars:
@@ -254,7 +254,7 @@ class GuardScan:
                         self._seen.add(norm)
                         self._long.append(norm)
             self._pos = end
-        self._open = trim(text, self._pos, len(text))[0]
+        self._open = trim_span(text, self._pos, len(text))[0]
         self._partial = None
         for m in _WORD.finditer(text, self._wpos):
             if m.end() < len(text):  # whitespace follows (words are maximal runs)
@@ -278,7 +278,7 @@ class GuardScan:
         """``repeat_start(text, final)`` for the text last read."""
         if self._repeat is not None or not final or self._open >= len(text):
             return self._repeat
-        s, e = trim(text, self._open, len(text))
+        s, e = trim_span(text, self._open, len(text))
         norm = normalize_sentence(text[s:e])
         return _with_marker(text, s) if len(norm) >= self.min_chars and norm in self._seen \
             else None

@@ -31,6 +31,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterator
 
+from nest_integrations.core.citations import trim_span
+
 #: A sentence end; the kinds past ``stop`` and ``blank`` count only under a rule that names them.
 SENTENCE_END = re.compile(
     r"(?P<stop>[.!?]+[\"')\]»”’]*(?=\s))"
@@ -112,15 +114,6 @@ def _abbreviation(text: str, dot: int) -> bool:
     return bool(nxt) and nxt[0].islower()  # "... approx. three" / lowercase goes on
 
 
-def trim(text: str, start: int, end: int) -> tuple[int, int]:
-    """``[start, end)`` narrowed past leading and trailing whitespace (``str.isspace``)."""
-    while start < end and text[start].isspace():
-        start += 1
-    while end > start and text[end - 1].isspace():
-        end -= 1
-    return start, end
-
-
 def sentence_spans(text: str, rule: SentenceRule) -> list[tuple[int, int]]:
     """The sentences of ``text`` under ``rule`` as whitespace-trimmed ``(start, end)`` spans
     (``text[start:end]`` is the sentence); a piece without a letter or digit is dropped, or
@@ -128,7 +121,7 @@ def sentence_spans(text: str, rule: SentenceRule) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     start = 0
     for end in [*sentence_ends(text, rule), len(text)]:
-        s, e = trim(text, start, end)
+        s, e = trim_span(text, start, end)
         start = end
         if s < e and any(ch.isalnum() for ch in text[s:e]):
             out.append((s, e))
@@ -152,4 +145,4 @@ este esta estos estas ese esa su sus se lo
 """.split())
 
 __all__ = ["ABBREVIATIONS", "LINES", "OUTPUT", "PASSAGE", "SENTENCE_END", "STOP_WORDS",
-           "SentenceRule", "sentence_ends", "sentence_spans", "trim"]
+           "SentenceRule", "sentence_ends", "sentence_spans"]
