@@ -709,7 +709,7 @@ def answers_main(args: Any, run: harness.Run) -> int:
     records = harness.read_jsonl(path)
     retrieve = answer_retrieval(args.persist_dir, args.store_dir)
     cfg = AttributionConfig(scorer=args.answers_scorer)
-    from nest_integrations.embeddings import shared_embedder
+    from nest_integrations.embedders.minilm import shared_embedder
 
     att = Attributor(cfg, embedder=shared_embedder())
     systems = [s for s in args.answers_systems.split(",") if s] or None
@@ -818,7 +818,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # cores made MiniLM 25x slower here (thread contention)
     if args.answers:
         return answers_main(args, run)
-    from nest_integrations.embeddings import shared_embedder
+    from nest_integrations.embedders.minilm import shared_embedder
 
     rng = random.Random(args.seed)
     embedder = shared_embedder()

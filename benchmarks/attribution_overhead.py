@@ -4,7 +4,7 @@ since issue 53) add to the wall time of a default answer (issue 23: target at mo
 
 The default engine (``NestEngine.from_defaults`` over the sample store, ``nest ingest
 --sample``; it attributes against all its ``n_passages`` retrieved passages) answers the first
-``--questions`` questions of ``evaluation.entities.SAMPLE_QUESTIONS`` as a chat user message
+``--questions`` questions of ``benchmarks.sets.sample_questions`` as a chat user message
 (what ``nest ask`` sends), with ``max_new_tokens=64``, with attribution off and on,
 interleaved (the order alternates per repetition, so drift and caches hit both alike). One
 warm-up answer per setting comes first, off then on (the off one loads the model, the passage
@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from nest_integrations import NestEngine
     from nest_integrations.assembly import DEFAULT_PRESET
     from nest_integrations.attribution import split_sentences, unaccounted
-    from nest_integrations.evaluation.entities import SAMPLE_QUESTIONS
+    from benchmarks.sets.sample_questions import SAMPLE_QUESTIONS
 
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()

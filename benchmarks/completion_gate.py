@@ -208,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from benchmarks.harness.systems import llama_engine
     from benchmarks.sets.profiles import generate_profiles
     from benchmarks.sets.quality_set import build_question_set
-    from nest_integrations.embeddings import shared_embedder
+    from nest_integrations.embedders.minilm import shared_embedder
     from nest_integrations.evaluation.metrics import rouge_scorer
     from nest_integrations.lm import backend
     from nest_integrations.policy import AnswerPolicy

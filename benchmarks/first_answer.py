@@ -11,7 +11,7 @@ Usage::
     NEST_THREADS=1 python -m benchmarks.first_answer --set sample --set held-out \\
         --compare /path/to/other/checkout --stem first_answer
 
-``--set sample``: the README's sample questions (``evaluation.entities.SAMPLE_QUESTIONS``);
+``--set sample``: the README's sample questions (``benchmarks.sets.sample_questions``);
 ``--set held-out``: the "Tell me about X." / "Explain X." family below, topics of the sample
 corpus that no sample question names; speed work was never tuned on them.
 """
@@ -47,7 +47,7 @@ def questions(name: str) -> list[str]:
     if name == "held-out":
         return list(HELD_OUT)
     if name == "sample":
-        from nest_integrations.evaluation.entities import SAMPLE_QUESTIONS
+        from benchmarks.sets.sample_questions import SAMPLE_QUESTIONS
 
         return [q.question for q in SAMPLE_QUESTIONS]
     raise SystemExit(f"unknown set {name!r}: use sample or held-out")

@@ -1,16 +1,17 @@
 """What the output guards cost a token as an answer grows: the functions on the whole text
-against the incremental scan (``core.topic.GuardScan``), paired in one process.
+against the incremental scan (``core.guards.GuardScan``), paired in one process.
 
 After every committed token the output stream (``decoding.text_stream.OutputText``) asks the
 repeat, loop and junk guards whether to cut, and what a stream must hold back. The functions
-of ``core.topic`` rescan the whole text for that, so a token's guard work grows with the
+of ``core.guards`` rescan the whole text for that, so a token's guard work grows with the
 answer; the scan reads only the new text (a few characters before it for the junk guard).
 For each budget the benchmark grows one
 answer token by token (Wikipedia text of the sample corpus, with the embedded model's
 tokenizer) and times, on every prefix, the calls the stream makes: ``rescan`` (the functions,
 as the stream called them before the scan) and ``scan`` (as it calls them now), alternating
 per token. Both give the same answers on every prefix (checked here too; and in
-``tests/core/test_topic.py``). Microseconds per token, mean over the answer, and over its last 48.
+``tests/core/test_output_guards.py``). Microseconds per token, mean over the answer, and over its
+last 48.
 
     python -m benchmarks.guard_cost [--budgets 48,256,1024] [--repeats 3] [--quiet]
 
@@ -32,7 +33,7 @@ REPO = harness.REPO
 
 
 def _rescan(text: str, checked: int) -> tuple:
-    from nest_integrations.core import topic as t
+    from nest_integrations.core import guards as t
 
     cut = (t.repeat_start(text), t.loop_start(text, first_end=checked + 1), t.junk_start(text))
     held = (t.open_repeat_start(text), t.open_loop_start(text), t.open_junk_start(text),
@@ -41,7 +42,7 @@ def _rescan(text: str, checked: int) -> tuple:
 
 
 def _scan(scan, text: str, checked: int) -> tuple:  # type: ignore[no-untyped-def]
-    from nest_integrations.core import topic as t
+    from nest_integrations.core import guards as t
 
     scan.update(text)
     cut = (scan.repeat_start(text), scan.loop_start(first_end=checked + 1), scan.junk_start())
@@ -62,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from nest_integrations.core.topic import GuardScan
+    from nest_integrations.core.guards import GuardScan
     from nest_integrations.lm.default import default_model_path
 
     tok = AutoTokenizer.from_pretrained(str(default_model_path()))

@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     from nest_integrations import assembly
-    from nest_integrations.evaluation.entities import SAMPLE_QUESTIONS
+    from benchmarks.sets.sample_questions import SAMPLE_QUESTIONS
     from nest_integrations.index.lazy_cache import LazyKeyCache
     from nest_integrations.index.keys import ensure_keys
     from nest_integrations.index.store import DiskKeyStore

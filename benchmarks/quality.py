@@ -11,7 +11,7 @@ Question sets (``--set``):
   ``--split dev``; report ``--split test``;
 - ``entities``: the grounded-QA dev set (``evaluation.entities``: 60 fictional documents sharing
   sentence frames; ``--n`` of its 300 questions);
-- ``sample``: the questions about the sample corpus (``entities.SAMPLE_QUESTIONS``);
+- ``sample``: the questions about the sample corpus (``benchmarks.sets.sample_questions``);
 - ``robust``: every question asked in several phrasing families, over four corpora
   (``benchmarks/robust.py``, which has its own options: ``--set robust --help``).
 
@@ -150,7 +150,8 @@ def build(args: argparse.Namespace) -> None:
 def pick(args: argparse.Namespace) -> tuple[list[Any], list[Any], dict[str, str], str]:
     """(closed questions, open-ended questions, question id -> source, what was picked)."""
     if args.set != "quality":
-        from nest_integrations.evaluation.entities import SAMPLE_QUESTIONS, generate_corpus
+        from benchmarks.sets.sample_questions import SAMPLE_QUESTIONS
+        from nest_integrations.evaluation.entities import generate_corpus
 
         if args.set == "sample":
             closed = list(SAMPLE_QUESTIONS)

@@ -21,7 +21,7 @@ from llama_index.core.llms import MockLLM
 from llama_index.core.node_parser import SentenceSplitter
 from llama_index.vector_stores.chroma import ChromaVectorStore
 
-from nest_integrations.embeddings import NestEmbeddingFunction
+from nest_integrations.embedders.minilm import NestEmbeddingFunction
 from nest_integrations.ingest import sample_corpus_path
 from nest_integrations.llama_index import NestEmbedding, NestQueryEngine
 

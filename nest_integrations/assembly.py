@@ -418,7 +418,7 @@ def attributor_from_defaults(
             key_store = (open_key_store(es.persist_dir, lm) if es.opens_store
                          or es.persist_dir is not None else memory_key_store())
     if embedder is None and acfg.scorer in ("embedding", "combined"):
-        from nest_integrations.embeddings import shared_embedder
+        from nest_integrations.embedders.minilm import shared_embedder
 
         embedder = shared_embedder()
     return Attributor(acfg, embedder=embedder, lm=lm, key_store=key_store, retriever=retriever)

@@ -170,7 +170,7 @@ def load_embedders(retriever: Any, policy: Any, config: Any) -> None:
     wanted = [own] if own is not None else []
     if ((own is None and policy.evidence in embedding)
             or (config.attribute and config.attribute_scorer in embedding)):
-        from nest_integrations.embeddings import shared_embedder
+        from nest_integrations.embedders.minilm import shared_embedder
 
         wanted.append(shared_embedder())
     for embedder in wanted:

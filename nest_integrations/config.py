@@ -17,7 +17,7 @@ KEY_SOURCES = ("ffn_input", "block_input", "final_norm")
 #: ``attribution.SCORERS`` (config is an inner layer: the names are repeated, a test pins them).
 ATTRIBUTE_SCORERS = ("embedding", "keys", "combined", "fuzzy")
 
-#: Fewest words of a shown citation under the grounded policies (``core.topic``).
+#: Fewest words of a shown citation under the grounded policies (``core.guards``).
 GROUNDED_MIN_CITATION_WORDS = 3
 
 
@@ -29,7 +29,7 @@ class Guards:
     Prefix-exact (any mode): they only end an answer early, so a lossless answer stays a
     prefix of greedy's.
         stop_on_repeat: a sentence or line that repeats an earlier one, or a run of junk
-            (``core.topic``), ends the answer and is never streamed
+            (``core.guards``), ends the answer and is never streamed
             (``finish_reason == "repeat"``).
         min_citation_words: citations of every kind show only with at least this many words;
             shorter ones stay in ``token_sources``.

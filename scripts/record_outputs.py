@@ -55,7 +55,7 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
 
-#: Three questions about the sample corpus (from ``evaluation.entities.SAMPLE_QUESTIONS``,
+#: Three questions about the sample corpus (from ``benchmarks.sets.sample_questions``,
 #: written out here so that moving that module does not change the recording).
 QUESTIONS: tuple[str, ...] = (
     "How does the assert statement work in Python?",

@@ -415,7 +415,8 @@ def test_the_first_answers_embedders_load_with_the_engine(monkeypatch: pytest.Mo
     retriever."""
     from types import SimpleNamespace
 
-    from nest_integrations import assembly_parts, embeddings
+    from nest_integrations import assembly_parts
+    from nest_integrations.embedders import minilm as embeddings
     from nest_integrations.config import NestConfig
     from nest_integrations.policy import AnswerPolicy
 

@@ -3,7 +3,7 @@ questions over the shipped sample corpus (``nest ingest --sample``), with the de
 entry point gets (``assembly.DEFAULT_PRESET``), 48 new tokens as in the README.
 
 Each question lists words a right answer contains and words a wrong copy contains
-(``evaluation.entities.SAMPLE_QUESTIONS``). Every answer must show a copied or verbatim citation,
+(``benchmarks.sets.sample_questions``). Every answer must show a copied or verbatim citation,
 on the gold document where the question has one, and every citation must be an exact slice of
 its source. Slow: ingests the whole sample corpus (about 2 minutes on 2 cores).
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.sets.sample_questions import SAMPLE_QUESTIONS
 from nest_integrations import assembly
 from tests._stores import copy_sample_store
-from nest_integrations.evaluation.entities import SAMPLE_QUESTIONS
 from nest_integrations.evaluation.grounded import keyword_correct
 from nest_integrations.lm.backend import machine_name
 

@@ -31,9 +31,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from benchmarks.sets.sample_questions import KeywordQuestion
 from nest_integrations.config import NestConfig
 from nest_integrations.evaluation import grounded, stats
-from nest_integrations.evaluation.entities import EntityQuestion, KeywordQuestion
+from nest_integrations.evaluation.entities import EntityQuestion
 
 LOG = logging.getLogger(__name__)
 

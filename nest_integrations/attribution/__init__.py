@@ -26,7 +26,8 @@ quoted term (``values.py``).
 
 Modules: ``config`` (``AttributionConfig``, thresholds), ``results`` (``Attribution``,
 ``SentenceAttribution``), ``splitting`` (units, word tokens, candidate sentences), ``verbatim``
-(runs), ``values`` (the value check), ``embedder`` and ``scorers`` (support scores),
+(runs), ``values`` (the value check), ``scorers`` (support scores; the embedder port is
+``embedders.port``),
 ``attributor`` (``Attributor``, ``attribute``), ``streaming`` (``SentenceStream``, and
 ``unaccounted``: the units of an answer neither cited nor flagged).
 

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from nest_integrations.attribution.config import AttributionConfig
-from nest_integrations.attribution.embedder import default_embedder, embed
+from nest_integrations.embedders.port import default_embedder, embed
 from nest_integrations.attribution.results import Attribution, SentenceAttribution
 from nest_integrations.attribution.scorers import fuzzy_scores, key_scores
 from nest_integrations.attribution.splitting import Candidate, candidates, split_units, word_tokens

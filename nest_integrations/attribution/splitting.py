@@ -11,16 +11,10 @@ from typing import Sequence
 import numpy as np
 
 from nest_integrations.core.citations import trim_span
+from nest_integrations.core.sentences import OUTPUT, sentence_spans
 from nest_integrations.types import Passage
 
-#: Words whose trailing period does not end a sentence.
-_ABBREVIATIONS = frozenset(
-    "e.g i.e etc vs cf al mr mrs ms dr prof st jr sr no fig approx ca c inc ltd co".split()
-)
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
-_END = re.compile(  # ". " (closing quotes kept), CJK ends, blank lines, list items
-    r"[.!?]+[\"')\]»”’]*(?=\s)|[。！？]+[」』）]*|\n\s*\n|\n(?=\s*(?:[-*•]|\d+\.)\s)"
-)
 _CLAUSE = re.compile(
     r"[;:](?=\s)|,(?=\s+(?:and|but|or|which|while|who|whose|where|although|whereas|because|"
     r"so|yet|then|when)\b)|\s[–—-]\s"
@@ -44,36 +38,11 @@ def split_units(
 
 
 def split_sentences(text: str) -> list[tuple[int, int]]:
-    """Sentences of ``text`` as whitespace-trimmed ``(start, end)`` spans (no clause split);
-    a period after an abbreviation or an initial, or before a lower-case word, ends none."""
-    spans, start = [], 0
-    for m in _END.finditer(text):
-        end = m.end()
-        if m.group().startswith(".") and _abbreviation(text, m.start()):
-            continue
-        spans.append((start, end))
-        start = end
-    spans.append((start, len(text)))
-    out = []
-    for s, e in spans:
-        s, e = trim_span(text, s, e)
-        if s < e and any(ch.isalnum() for ch in text[s:e]):
-            out.append((s, e))
-        elif s < e and out:  # stray punctuation joins the previous sentence
-            out[-1] = (out[-1][0], e)
-    return out
-
-
-def _abbreviation(text: str, dot: int) -> bool:
-    """Whether the period at ``dot`` ends an abbreviation or an initial (no sentence end)."""
-    m = re.search(r"([\w.]+)$", text[:dot])
-    if not m:
-        return False
-    word = m.group(1).lower().rstrip(".")
-    if word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha()):
-        return True
-    nxt = text[dot + 1 :].lstrip()
-    return bool(nxt) and nxt[0].islower()  # "... approx. three" / lowercase goes on
+    """Sentences of ``text`` as whitespace-trimmed ``(start, end)`` spans (no clause split), by
+    the package's sentence rule for answers (``core.sentences.OUTPUT``: a period after an
+    abbreviation or an initial, or before a lower-case word, ends none; CJK full stops and list
+    items do)."""
+    return sentence_spans(text, OUTPUT)
 
 
 def _clauses(text: str, s: int, e: int, min_chars: int) -> list[tuple[int, int]]:

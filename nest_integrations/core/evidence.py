@@ -28,22 +28,10 @@ from typing import Sequence
 
 import numpy as np
 
-#: A sentence end: terminal punctuation (closing quotes kept) before whitespace, a blank line, or
-#: a line break before a line that does not go on in lower case.
-_END = re.compile(r"[.!?]+[\"')\]»”’]*(?=\s)|:(?=[ \t]*\n)|\n[ \t]*\n"
-                  r"|\n(?=[ \t]*[^\W_a-z\u00df-\u00ff])", re.UNICODE)
+from nest_integrations.core.sentences import PASSAGE, STOP_WORDS
+from nest_integrations.core.sentences import sentence_spans as _sentence_spans
+
 _WORD = re.compile(r"\w+", re.UNICODE)
-#: Function words of the languages the sample corpora hold (English, French, Spanish): they carry
-#: no content, so they never make a sentence evidence.
-STOP_WORDS = frozenset(
-    """a an the of in on at to for from by with about into over under as and or but nor not no
-    is are was were be been being am do does did done has have had having can could will would
-    shall should may might must it its it's this that these those there here what which who whom
-    whose when where why how i me my we our you your he him his she her they them their
-    tell explain describe give show please say said also than then so such very more most
-    le la les un une des du de et ou est sont que qui quoi quel quelle ce cette en au aux pour
-    par sur dans el los las una unos unas del y es son que qu cual como por para con al lo se""".split()
-)
 
 
 @dataclass(frozen=True)
@@ -62,21 +50,8 @@ class EvidenceSpan:
 
 def sentence_spans(text: str) -> list[tuple[int, int]]:
     """The sentences of ``text`` as whitespace-trimmed ``(start, end)`` spans (see the module
-    docstring); spans without a letter or digit are dropped."""
-    spans, start = [], 0
-    for m in _END.finditer(text):
-        spans.append((start, m.end()))
-        start = m.end()
-    spans.append((start, len(text)))
-    out = []
-    for s, e in spans:
-        while s < e and text[s].isspace():
-            s += 1
-        while e > s and text[e - 1].isspace():
-            e -= 1
-        if s < e and any(ch.isalnum() for ch in text[s:e]):
-            out.append((s, e))
-    return out
+    docstring: ``core.sentences.PASSAGE``); spans without a letter or digit are dropped."""
+    return _sentence_spans(text, PASSAGE)
 
 
 def content_words(text: str) -> list[str]:

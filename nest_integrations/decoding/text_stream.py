@@ -42,7 +42,7 @@ from nest_integrations.core.citations import (
     snap_to_words,
     word_edge,
 )
-from nest_integrations.core.topic import (
+from nest_integrations.core.guards import (
     GuardScan,
     citation_words,
     open_guarded_start,

@@ -20,7 +20,7 @@ copy and its citation go on, and that check feeds the acceptance estimate.
 Accepted rows are masked so the same keys are never proposed again (unless strict acceptance
 keeps p_M history-free for the lossless preset).
 
-Answer document (``Guards.lock_document``; ``core.topic``): the first
+Answer document (``Guards.lock_document``; ``core.guards.first_copy_document``): the first
 accepted copy of at least ``LOCK_MIN_TOKENS`` tokens fixes the document the answer is about.
 From then on spans start, and token-mode tokens are cited, only in that document's passages:
 a copy never continues into another document (a "What is belly dance?" answer drifting into a
@@ -35,7 +35,7 @@ import torch
 
 from nest_integrations.core.evidence import EvidenceSpan, evidence_rows
 from nest_integrations.core.proposers import span_draft, span_start, use_span
-from nest_integrations.core.topic import answer_document
+from nest_integrations.core.guards import first_copy_document
 from nest_integrations.drafters.base import DecodeState, Draft, DrafterContext, Source
 
 
@@ -158,8 +158,8 @@ class NestDrafter:
         if self._window_last is not None and self._window_last in rows[:n_accepted]:
             self._end = True
         if self._lock and self.document is None:
-            doc = answer_document([self._doc_of[memory.source(r)[0]] for r in rows[:n_accepted]],
-                                  n_accepted)
+            docs = [self._doc_of[memory.source(r)[0]] for r in rows[:n_accepted]]
+            doc = first_copy_document(docs, n_accepted)
             if doc is not None:
                 self.document = doc
                 self._allowed = torch.tensor([d == doc for d in self._doc_of], dtype=torch.bool)

@@ -300,45 +300,6 @@ def generate_corpus(seed: int = 0, per_kind: int = 15) -> EntityCorpus:
     return EntityCorpus(seed, documents, questions)
 
 
-# ----------------------------------------------------------------------------- other questions
-
-
-@dataclass(frozen=True)
-class KeywordQuestion:
-    """A question over the shipped sample corpus, scored by keywords: the answer must contain
-    every ``must`` word (normalised, whole words) and none of the ``must_not`` words."""
-
-    id: str
-    question: str
-    gold_doc_id: str | None
-    must: tuple[str, ...]
-    must_not: tuple[str, ...] = ()
-
-
-#: The README's and the cookbook's questions over the sample corpus
-#: (``nest ingest --sample``), with the words a right answer contains and a wrong one does not.
-#: The ``must`` words come from the gold document (e.g. "debugging" for assert), so the LM's
-#: own vague answer usually fails them; run-on is not meaningful for these free-form answers.
-SAMPLE_QUESTIONS: tuple[KeywordQuestion, ...] = (
-    KeywordQuestion("sample/generator", "What is a generator?", None,
-                    ("generator",), ("writing system", "numbers without words", "pension")),
-    KeywordQuestion("sample/assert", "How does the assert statement work in Python?",
-                    "pydoc/assert.txt", ("assert", "debugging"), ()),
-    KeywordQuestion("sample/with", "How does the with statement work?", "pydoc/with.txt",
-                    ("with", "context manager"), ()),
-    KeywordQuestion("sample/global", "What does the global statement do?", "pydoc/global.txt",
-                    ("global", "identifiers"), ("economic",)),
-    KeywordQuestion("sample/roman-empire", "What is the Roman Empire?", None,
-                    ("roman", "empire"),
-                    ("privately owned", "titus ulises", "great turkish war", "ottoman")),
-    KeywordQuestion("sample/dickens", "Who was Charles Dickens?", "Charles Dickens",
-                    ("english",), ("french", "sculptor")),
-    KeywordQuestion("sample/pinball", "What is pinball?", "Pinball", ("ball", "table"), ()),
-    KeywordQuestion("sample/cell-membrane", "What is a cell membrane?", "Cell membrane",
-                    ("membrane",), ("sphere",)),
-)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Write the generated entity corpus and questions.")
     ap.add_argument("--out", required=True, help="folder for corpus.jsonl and questions.jsonl")
@@ -358,11 +319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 __all__ = [
     "GENERATOR_VERSION",
     "KINDS",
-    "SAMPLE_QUESTIONS",
     "EntityCorpus",
     "EntityDocument",
     "EntityQuestion",
-    "KeywordQuestion",
     "frame",
     "generate_corpus",
 ]

@@ -23,12 +23,10 @@ Definitions (one question, one output):
 
 from __future__ import annotations
 
-import re
 from typing import Any, Iterable, Sequence
 
+from nest_integrations.core.sentences import LINES, sentence_ends
 from nest_integrations.evaluation.metrics import normalize_answer
-
-_SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s|$)|\n")
 
 
 def _contains(norm_text: str, phrase: str) -> bool:
@@ -96,8 +94,8 @@ def answer_end(text: str, answer: str | None, distractors: Iterable[str] = ()) -
 
 def run_on_start(text: str, answer: str | None, distractors: Iterable[str] = ()) -> int | None:
     """Character position after the first sentence end that follows the answer (None: none)."""
-    m = _SENTENCE_END.search(text, answer_end(text, answer, distractors))
-    return m.end() if m else None
+    # a space after the text lets a sentence end at its very end (``core.sentences.LINES``)
+    return next(sentence_ends(text + " ", LINES, answer_end(text, answer, distractors)), None)
 
 
 def run_on_tokens(

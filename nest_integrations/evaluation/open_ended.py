@@ -4,8 +4,8 @@ citations point. Pure functions (hand-computed cases in tests/evaluation/test_qu
 - **ROUGE-L** (``rouge_l``): F-measure of the answer against the gold passage (``metrics.rouge``).
 - **degenerate** (``degenerate``): the answer is empty, mostly punctuation (under half of its
   non-space characters are letters or digits), repeats a sentence or line, or loops on a phrase
-  (``core.topic.repeat_start`` / ``loop_start``, with the text taken as ended), runs into junk
-  (``core.topic.junk_start``: 4+ separators or 4+ empty lines in a row), or repeats one short
+  (``core.guards.repeat_start`` / ``loop_start``, with the text taken as ended), runs into junk
+  (``core.guards.junk_start``: 4+ separators or 4+ empty lines in a row), or repeats one short
   line ``LINE_REPEATS`` times (a line the guards' 12-character minimum lets through).
 - **junk** (``junky``): a rough pattern count of broken text that ``degenerate`` lets through:
   two commas with nothing between, a function word right before a comma ("was a, and"), a
@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-from nest_integrations.core.topic import citation_words, junk_start, loop_start, repeat_start
+from nest_integrations.core.guards import citation_words, junk_start, loop_start, repeat_start
 
 #: Words of a citation counted as a substantial copy (the issue's ">= 4-word citation").
 SUBSTANTIAL_WORDS = 4

@@ -74,7 +74,7 @@ def build_retriever(
         raise ValueError(f"retriever={kind!r} is invalid: choose one of {RETRIEVERS}")
     if kind == "bm25":
         return BM25Retriever(passages)
-    from nest_integrations.embeddings import MiniLMEmbedder
+    from nest_integrations.embedders.minilm import MiniLMEmbedder
     from nest_integrations.retrieval.in_memory import InMemoryRetriever
 
     if cache_dir is None:

@@ -206,7 +206,7 @@ def _titled(passage: Passage, sentence: str) -> str:
 
 
 def _cosines(question: str, texts: Sequence[str], retriever: Any) -> np.ndarray:
-    from nest_integrations.attribution.embedder import default_embedder, embed
+    from nest_integrations.embedders.port import default_embedder, embed
     from nest_integrations.retrieval.relevance import embedder_of
 
     embedder = embedder_of(retriever) or default_embedder()

@@ -27,7 +27,7 @@ from typing import Any, Iterator, Sequence
 from urllib.parse import urlsplit
 
 from nest_integrations import paths
-from nest_integrations.embeddings import NestEmbeddingFunction
+from nest_integrations.embedders.minilm import NestEmbeddingFunction
 from nest_integrations.types import Passage
 
 LOG = logging.getLogger(__name__)

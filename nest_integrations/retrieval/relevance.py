@@ -84,7 +84,7 @@ def retriever_relevance(retriever: Any, prompt: str, passage: Any) -> float:
     embedder of its own (a stored vector of another embedder is never mixed in)."""
     own = embedder_of(retriever)
     if own is None:
-        from nest_integrations.embeddings import shared_embedder
+        from nest_integrations.embedders.minilm import shared_embedder
 
         return relevance(shared_embedder().embed, prompt, passage.text)
     return relevance(own.embed, prompt, passage.text, stored_vector(retriever, passage.id))

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from nest_integrations.core.sentences import STOP_WORDS
 from nest_integrations.types import Passage
 
 FORMAT = "nest-title-index"
@@ -45,20 +46,6 @@ _QUALIFIER = re.compile(r"^(?P<base>.+?)\s*\((?P<q>[^()]+)\)\s*$")
 _QUOTED = re.compile(r"[\"\u201c\u201d`\u00ab\u00bb]([^\"\u201c\u201d`\u00ab\u00bb]{1,80})"
                      r"[\"\u201c\u201d`\u00ab\u00bb]"
                      r"|(?:(?<=\W)|^)['\u2018]([^'\u2019]{1,80})['\u2019](?=\W|$)")
-
-#: Function words of the corpus languages: a title made only of these is too common a word
-#: to name a document unless the question quotes it.
-STOPWORDS = frozenset("""
-a an the and or but nor of in on at to for from by with without about into onto over under
-as is are was were be been being am do does did has have had it its this that these those
-there here what which who whom whose when where why how not no yes if then than so such
-i you he she we they me him her us them my your his our their can could will would shall
-should may might must also all any each every some more most other same very just only
-le la les un une des du de d l et ou en au aux dans sur pour par avec sans est sont qui que
-quoi quel quelle quels quelles ce cet cette ces son sa ses leur leurs il elle ils elles on
-el los las unos unas del al y o en con sin por para es son que quien cual cuales este esta
-estos estas ese esa su sus se lo le les como cuando donde
-""".split())
 
 
 def normalize(text: str) -> str:
@@ -137,7 +124,7 @@ class TitleIndex:
                     docs, qualified = self._qualified.get(phrase), True
                 if docs is None:
                     continue
-                if all(w in STOPWORDS for w in words[i : i + n]) and phrase not in quoted:
+                if all(w in STOP_WORDS for w in words[i : i + n]) and phrase not in quoted:
                     continue
                 found.append(TitleMatch(phrase, tuple(docs), i, i + n, qualified))
                 taken[i : i + n] = [True] * n
@@ -205,7 +192,7 @@ def candidate_titles(text: str, max_words: int = CANDIDATE_WORDS) -> list[str]:
     for n in range(min(max_words, len(words)), 0, -1):
         for i in range(len(words) - n + 1):
             run = words[i : i + n]
-            if all(normalize(w) in STOPWORDS for w in run):
+            if all(normalize(w) in STOP_WORDS for w in run):
                 continue
             phrase = " ".join(run)
             out += [phrase, phrase.lower(), phrase.title(), phrase[:1].upper() + phrase[1:]]
@@ -236,6 +223,6 @@ def lookup_of(retriever: Any) -> Any:
     return fn if callable(fn) else None
 
 
-__all__ = ["CANDIDATE_WORDS", "LOOKUP_LIMIT", "MAX_TITLE_WORDS", "STOPWORDS", "TitleIndex",
+__all__ = ["CANDIDATE_WORDS", "LOOKUP_LIMIT", "MAX_TITLE_WORDS", "STOP_WORDS", "TitleIndex",
            "TitleMatch", "candidate_titles", "first_passages", "index_of", "lookup_of",
            "normalize", "qualifier_base", "title_of"]

@@ -206,7 +206,7 @@ class _CountingEmbedder:
     """The packaged MiniLM, counting the texts it is asked to embed."""
 
     def __init__(self) -> None:
-        from nest_integrations.embeddings import shared_embedder
+        from nest_integrations.embedders.minilm import shared_embedder
 
         self.inner, self.texts = shared_embedder(), []
 
@@ -226,7 +226,7 @@ def test_the_value_check_gates_what_is_embedded(text: str) -> None:
     supporting sentences are those of scoring every candidate and then applying the check."""
     from nest_integrations.attribution.splitting import candidates
     from nest_integrations.attribution.values import value_overlap
-    from nest_integrations.attribution.embedder import default_embedder, embed
+    from nest_integrations.embedders.port import default_embedder, embed
 
     passages = [Passage("hq", HQ, doc_id="hq"), Passage("ops", OPS, doc_id="ops"),
                 *_passages()]
@@ -579,7 +579,7 @@ def test_default_answers_have_every_sentence_cited_or_flagged(
     from nest_integrations import assembly
     from nest_integrations.attribution import unaccounted
     from nest_integrations.cli.formatting import render
-    from nest_integrations.evaluation.entities import SAMPLE_QUESTIONS
+    from benchmarks.sets.sample_questions import SAMPLE_QUESTIONS
     from tests._stores import copy_sample_store
     from tests.invariants import cited_text_matches_source
 

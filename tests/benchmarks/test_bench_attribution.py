@@ -53,7 +53,7 @@ def test_pr_curve_and_operating_points() -> None:
 
 
 def test_pydoc_items_are_labelled_from_their_topic() -> None:
-    from nest_integrations.embeddings import shared_embedder
+    from nest_integrations.embedders.minilm import shared_embedder
 
     items = B.pydoc_items(6, random.Random(0), shared_embedder())
     assert sum(it.positive for it in items) == 6

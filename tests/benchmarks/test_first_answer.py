@@ -12,7 +12,7 @@ from benchmarks import first_answer
 
 
 def test_the_sets_are_the_readme_questions_and_a_held_out_family() -> None:
-    from nest_integrations.evaluation.entities import SAMPLE_QUESTIONS
+    from benchmarks.sets.sample_questions import SAMPLE_QUESTIONS
 
     assert first_answer.questions("sample") == [q.question for q in SAMPLE_QUESTIONS]
     held = first_answer.questions("held-out")

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.harness import qa_dev
-from nest_integrations.evaluation.entities import SAMPLE_QUESTIONS, generate_corpus
+from benchmarks.sets.sample_questions import SAMPLE_QUESTIONS
+from nest_integrations.evaluation.entities import generate_corpus
 from nest_integrations.types import Passage
 
 

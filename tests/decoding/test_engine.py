@@ -102,7 +102,7 @@ def test_own_continuation_is_copied_and_cited(default_lm):
     assert res.stats.forward_passes < res.stats.new_tokens / 2
     assert all(c.doc_id == "own" for c in res.citations)
     cited_text_matches_source(res, {"own": own.text})
-    citations_cover_copied_tokens(res)
+    citations_cover_copied_tokens(res, default_lm, exact=True)  # measured: 32 of 32 tokens
     citations_ordered(res.citations)
     # strict acceptance over the same memory gives greedy decoding of p_M
     strict = engine.generate(

@@ -320,11 +320,15 @@ def test_tiny_run_of_every_wikipedia_task(tiny_setup, tmp_path):
         if r["system"] not in copying:  # plain decoding (with or without passages) never cites
             assert r["citations_total"] == 0 and r["attributed_tokens"] == 0
         else:  # an in-corpus prefix: every copying system copies (its tokens keep sources);
-            # the tiny random model copies sub-word runs, which are no citations (a citation
-            # never starts or ends inside a word, issue 53), so citations may be 0 here
+            # the tiny random model copies sub-word runs too, which are no citations (a
+            # citation never starts or ends inside a word, issue 53): not every record cites
             assert r["attributed_tokens"] > 0, r
     cited = [r for r in run.records["completion-in"] if r["system"] in copying]
-    assert sum(r["attributed_tokens"] for r in cited) > 0
+    # but every example has a copying system that cites, and some cite the gold document
+    # (measured: 1 and 3 citing systems of 3 on the two examples, all of them correct)
+    for i in range(0, len(cited), len(copying)):
+        assert sum(r["citations_total"] for r in cited[i : i + len(copying)]) > 0, cited
+    assert sum(r["citations_correct"] for r in cited) > 0
     md = markdown(run)
     assert "Table 1" in md and "+RA-NEST" in md and "Gamma sweep" in md
     paths = write_outputs(run, tmp_path)

@@ -79,7 +79,7 @@ def test_relevance_is_one_for_a_passages_own_opening_and_low_for_another_subject
     """The gate's measure (``retrieval.relevance``, the packaged MiniLM): a passage's own opening
     is exactly as close as the reference; a text about another subject is far below the
     grounded threshold, and the same holds for any length of the opening."""
-    from nest_integrations.embeddings import shared_embedder
+    from nest_integrations.embedders.minilm import shared_embedder
     from nest_integrations.policy.answer import GROUNDED_COMPLETION_RELEVANCE
     from nest_integrations.retrieval.relevance import (
         embedder_of,

@@ -325,7 +325,7 @@ def test_persistence_across_processes(tmp_path: Path, corpus: Path, lm: FakeLM) 
 def test_missing_embedder_package_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
-    from nest_integrations import embeddings
+    from nest_integrations.embedders import minilm as embeddings
 
     real = importlib.util.find_spec
     monkeypatch.setattr(
@@ -448,7 +448,7 @@ def test_in_memory_bm25_and_embedder() -> None:
     hits = lexical.retrieve("capital of France", 5)
     assert [h.text for h in hits] == PASSAGES[:2]  # no shared word -> not returned
     assert hits[0].score > hits[1].score > 0
-    from nest_integrations.embeddings import MiniLMEmbedder
+    from nest_integrations.embedders.minilm import MiniLMEmbedder
 
     dense = InMemoryRetriever(PASSAGES, embedder=MiniLMEmbedder())
     assert dense.retrieve("a yellow tropical fruit", 1)[0].text == PASSAGES[2]

@@ -1,4 +1,4 @@
-"""The packaged embedder without transformers (``nest_integrations.minilm``): the same word
+"""The packaged embedder without transformers (``nest_integrations.embedders.bert``): the same word
 pieces and the same bits as transformers' ``BertModel``, and transformers is not imported to
 embed."""
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from nest_integrations.embeddings import MAX_SEQ_LENGTH, MiniLMEmbedder, default_embedder_path
-from nest_integrations.minilm import BertEncoder, UnsupportedCheckpoint
+from nest_integrations.embedders.minilm import MAX_SEQ_LENGTH, MiniLMEmbedder, default_embedder_path
+from nest_integrations.embedders.bert import BertEncoder, UnsupportedCheckpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "nest_integrations" / "data" / "sample"
@@ -53,7 +53,7 @@ def test_the_same_word_pieces_and_bits_as_transformers(batch: int) -> None:
 
 
 def test_embedding_does_not_import_transformers() -> None:
-    code = ("import sys; from nest_integrations.embeddings import MiniLMEmbedder; "
+    code = ("import sys; from nest_integrations.embedders.minilm import MiniLMEmbedder; "
             "v = MiniLMEmbedder().embed(['How does assert work?', 'x']); "
             "print(v.shape, round(float((v * v).sum()), 4), 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -72,7 +72,7 @@ def test_another_architecture_falls_back_to_transformers(tmp_path: Path) -> None
     texts = _texts()[:12]
     want = plain.embed(texts)
     via_hf = MiniLMEmbedder(path, batch_size=1)
-    from nest_integrations.embeddings import _transformers_model
+    from nest_integrations.embedders.minilm import _transformers_model
 
     via_hf._tokenizer, via_hf._model = _transformers_model(str(path), "cpu")
     np.testing.assert_array_equal(via_hf.embed(texts), want)

@@ -176,8 +176,12 @@ def test_grounded_puts_the_named_document_first_and_paper_does_not():
     assert paper.plan(q, paper.retrieve(q)).passages[0].doc_id == "korvanta-note"
     plan = grounded.plan(q, grounded.retrieve(q))
     assert plan.passages[0].doc_id == "korvanta"
-    assert plan.method.name == ("nest" if plan.evidence is not None else "rag-copy")
-    assert plan.evidence is None or plan.evidence.passage_id in {p.id for p in plan.prompt_passages}
+    # the named document states the answer: its sentence is the evidence, copied by NEST
+    assert plan.evidence is not None and plan.method.name == "nest"
+    assert plan.evidence.passage_id == "p-korvanta" and plan.evidence.score > 0.5
+    korvanta = next(p for p in plan.prompt_passages if p.id == plan.evidence.passage_id)
+    assert korvanta.text[plan.evidence.start : plan.evidence.end] == \
+        "The founding year of Korvanta Systems is 1987."
     assert plan.prompt_passages[0].doc_id == "korvanta"
     # the per-call policy decides, and generation uses the same plan
     assert paper.plan(q, paper.retrieve(q), policy=grounded.policy).passages[0].doc_id == \

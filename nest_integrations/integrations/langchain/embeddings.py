@@ -50,7 +50,7 @@ class NestEmbeddings(BaseModel, Embeddings):
     """Checkpoint folder; ``None`` is the packaged all-MiniLM-L6-v2."""
 
     def _embedder(self) -> Any:
-        from nest_integrations.embeddings import shared_embedder
+        from nest_integrations.embedders.minilm import shared_embedder
 
         return shared_embedder(self.model_path)
 

@@ -14,7 +14,7 @@ from typing import Any
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 
-from nest_integrations.embeddings import shared_embedder
+from nest_integrations.embedders.minilm import shared_embedder
 
 
 class NestEmbedding(BaseEmbedding):

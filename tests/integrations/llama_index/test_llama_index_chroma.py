@@ -10,7 +10,7 @@ pytest.importorskip("llama_index.vector_stores.chroma")
 from llama_index.core import StorageContext, VectorStoreIndex  # noqa: E402
 from llama_index.vector_stores.chroma import ChromaVectorStore  # noqa: E402
 
-from nest_integrations.embeddings import NestEmbeddingFunction  # noqa: E402
+from nest_integrations.embedders.minilm import NestEmbeddingFunction  # noqa: E402
 from nest_integrations.llama_index import (  # noqa: E402
     LlamaIndexPassageRetriever,
     NestEmbedding,

@@ -18,7 +18,7 @@ class Embedder(Protocol):
 
 def default_embedder() -> Any:
     """The package's registered MiniLM embedder (the one Chroma collections use), shared."""
-    from nest_integrations.embeddings import shared_embedder
+    from nest_integrations.embedders.minilm import shared_embedder
 
     return shared_embedder()
 

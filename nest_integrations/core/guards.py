@@ -1,4 +1,4 @@
-"""On-topic guards for answers: pure functions on the output text and its sources.
+"""Output guards for answers: pure functions on the output text and its sources.
 
 Relaxed acceptance lets a copy run on and a small model loop; three guards keep an open-ended
 answer on its topic and make it end:
@@ -6,7 +6,8 @@ answer on its topic and make it end:
 - **Repeat guard** (``repeat_start``, ``open_repeat_start``): a sentence or line whose
   normalised text (``normalize_sentence``: lower case, whitespace collapsed) equals an earlier
   one's ends the answer; the repeat itself is not emitted. A sentence is complete at ``.``,
-  ``!`` or ``?`` (and closing quotes or brackets) followed by whitespace, or at a newline.
+  ``!`` or ``?`` (and closing quotes or brackets) followed by whitespace, or at a newline
+  (``core.sentences.LINES``).
   Sentences shorter than ``MIN_REPEAT_CHARS`` normalised characters may repeat ("Yes.",
   list bullets, blank lines). While the unfinished last sentence is a prefix of an earlier one
   it may still become a repeat, so a stream holds it back. A list marker alone on the line
@@ -22,7 +23,7 @@ answer on its topic and make it end:
   copies of one symbol: the reStructuredText rules of the Python docs that relaxed copies run
   into after the content. A trailing run that may still grow into one is held back from a
   stream.
-- **Answer document** (``answer_document``): the document of the first copied run of at least
+- **Document lock** (``first_copy_document``): the document of the first copied run of at least
   ``LOCK_MIN_TOKENS`` tokens. Once it is set, span proposals and token-mode citations from
   other documents are dropped (``drafters.nest``): a copy never continues into another
   document than the one the answer is about.
@@ -42,6 +43,8 @@ import re
 from typing import Sequence
 
 from nest_integrations.config import GROUNDED_MIN_CITATION_WORDS
+from nest_integrations.core.citations import trim_span
+from nest_integrations.core.sentences import LINES, sentence_ends
 
 #: Shortest sentence (normalised characters) whose repeat ends the answer.
 MIN_REPEAT_CHARS = 12
@@ -65,9 +68,6 @@ LOCK_MIN_TOKENS = 4
 #: Fewest words a shown citation holds under the grounded policies (module docstring).
 MIN_CITATION_WORDS = GROUNDED_MIN_CITATION_WORDS
 
-_BOUNDARY = re.compile(r"[.!?][\"')\]]*(?=\s)|\n")
-
-
 def normalize_sentence(text: str) -> str:
     """Lower case, whitespace collapsed to single spaces, stripped."""
     return " ".join(text.lower().split())
@@ -79,21 +79,13 @@ def sentence_spans(text: str) -> tuple[list[tuple[int, int]], int]:
     unfinished last sentence starts (``len(text)`` when there is none)."""
     spans: list[tuple[int, int]] = []
     pos = 0
-    for m in _BOUNDARY.finditer(text):
-        s, e = _strip(text, pos, m.end())
+    for end in sentence_ends(text, LINES):
+        s, e = trim_span(text, pos, end)
         if s < e:
             spans.append((s, e))
-        pos = m.end()
-    s, _ = _strip(text, pos, len(text))
+        pos = end
+    s, _ = trim_span(text, pos, len(text))
     return spans, s
-
-
-def _strip(text: str, s: int, e: int) -> tuple[int, int]:
-    while s < e and text[s].isspace():
-        s += 1
-    while e > s and text[e - 1].isspace():
-        e -= 1
-    return s, e
 
 
 def repeat_start(text: str, final: bool = False, min_chars: int = MIN_REPEAT_CHARS) -> int | None:
@@ -102,7 +94,7 @@ def repeat_start(text: str, final: bool = False, min_chars: int = MIN_REPEAT_CHA
     last sentence counts as complete (the text has ended)."""
     spans, open_start = sentence_spans(text)
     if final and open_start < len(text):
-        spans.append(_strip(text, open_start, len(text)))
+        spans.append(trim_span(text, open_start, len(text)))
     seen: set[str] = set()
     for s, e in spans:
         norm = normalize_sentence(text[s:e])
@@ -204,7 +196,8 @@ def open_repeat_start(text: str, min_chars: int = MIN_REPEAT_CHARS) -> int | Non
 class GuardScan:
     """The repeat, loop and junk guards of one growing text, incrementally: ``update(text)`` reads
     only what was added since the last call, and the methods then answer as the functions of
-    the same name do on ``text`` (``tests/core/test_topic.py`` checks them against each other).
+    the same name do on ``text`` (``tests/core/test_output_guards.py`` checks them against each
+    other).
 
     The functions rescan the whole text, so a stream that calls them after every token spends
     O(n^2) on an answer of n tokens (about 1 ms a token at 1,300 tokens). What they read only
@@ -249,8 +242,8 @@ class GuardScan:
             self._reset()
         elif not text.startswith(self._read):  # a rewritten tail: junk is searched again
             self._junk_from, self._junk = 0, None
-        for m in _BOUNDARY.finditer(text, self._pos):
-            s, e = _strip(text, self._pos, m.end())
+        for end in sentence_ends(text, LINES, self._pos):
+            s, e = trim_span(text, self._pos, end)
             if s < e:
                 norm = normalize_sentence(text[s:e])
                 if len(norm) >= self.min_chars:
@@ -260,8 +253,8 @@ class GuardScan:
                     else:
                         self._seen.add(norm)
                         self._long.append(norm)
-            self._pos = m.end()
-        self._open = _strip(text, self._pos, len(text))[0]
+            self._pos = end
+        self._open = trim_span(text, self._pos, len(text))[0]
         self._partial = None
         for m in _WORD.finditer(text, self._wpos):
             if m.end() < len(text):  # whitespace follows (words are maximal runs)
@@ -285,7 +278,7 @@ class GuardScan:
         """``repeat_start(text, final)`` for the text last read."""
         if self._repeat is not None or not final or self._open >= len(text):
             return self._repeat
-        s, e = _strip(text, self._open, len(text))
+        s, e = trim_span(text, self._open, len(text))
         norm = normalize_sentence(text[s:e])
         return _with_marker(text, s) if len(norm) >= self.min_chars and norm in self._seen \
             else None
@@ -350,11 +343,14 @@ def open_junk_start(text: str) -> int | None:
     return m.start() if m and m.end() > m.start() else None
 
 
-def answer_document(
+def first_copy_document(
     doc_ids: Sequence[str | None], n_accepted: int, min_tokens: int = LOCK_MIN_TOKENS
 ) -> str | None:
-    """The answer's document from one accepted copy: the document of its first token when the
-    copy is at least ``min_tokens`` tokens long (``doc_ids`` per accepted token), else None."""
+    """The document a decoding locks to, from one accepted copy: the document of its first
+    token when the copy is at least ``min_tokens`` tokens long (``doc_ids`` per accepted
+    token), else None. Decided while decoding, once; not the citations' answer document
+    (``core.citations.answer_document``: the evidence's, else the most cited, on the whole
+    answer)."""
     if n_accepted < min_tokens or not doc_ids:
         return None
     return doc_ids[0]
@@ -372,9 +368,9 @@ __all__ = [
     "MIN_CITATION_WORDS",
     "MIN_REPEAT_CHARS",
     "SYMBOL_RUN",
-    "answer_document",
     "citation_words",
     "complete_words",
+    "first_copy_document",
     "junk_start",
     "open_guarded_start",
     "loop_start",
