@@ -78,7 +78,7 @@ class OutputText:
     ``ends`` as in the module docstring (``ends.text is text``). After a stop string, ``text`` is cut at the end
     of the last whole token before it, so the text holds nothing that is absent from ``ids``.
 
-    With ``repeat_guard`` (``core.topic``), a sentence or line that repeats an earlier one is
+    With ``repeat_guard`` (``core.guards``), a sentence or line that repeats an earlier one is
     cut the same way (``repeated`` and ``stopped`` are then set), and ``delta`` holds back an
     unfinished sentence while it may still become a repeat.
     """
@@ -92,7 +92,7 @@ class OutputText:
         self._detok = detokenize
         self.stop = [s for s in stop if s]
         self.repeat_guard = repeat_guard
-        self._scan = GuardScan()  # the guards' reading of the text, incremental (core.topic)
+        self._scan = GuardScan()  # the guards' reading of the text, incremental (core.guards)
         self.repeated = False
         self._loop_checked = 0  # phrases ending at or before this word hold no loop
         self.ids: list[int] = []
@@ -221,7 +221,7 @@ class OutputText:
             if self.text.endswith("\ufffd"):
                 return ""  # hold back an incomplete multi-byte character
             overlap = stop_prefix_overlap(self.text, self.stop)  # it may become a stop string
-            if self.repeat_guard:  # text that a guard may still cut (core.topic)
+            if self.repeat_guard:  # text that a guard may still cut (core.guards)
                 text, scan = self.text, self._scan
                 if self.stopped:  # after a cut the scan read a longer text: the functions
                     held = _first(open_repeat_start(text), open_loop_start(text),
