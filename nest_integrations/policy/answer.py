@@ -153,8 +153,15 @@ GROUNDED_COMPLETION_RELEVANCE = 0.735
 #: the sample corpus), and the threshold between them, ``python -m benchmarks.evidence``.
 GROUNDED_EVIDENCE = "combined"
 GROUNDED_EVIDENCE_MIN = 0.33
+#: ``grounded``'s bar for the model's say in the evidence quote (``Guards.quote_check``): the
+#: LM's mean log-probability of the quote's opening sentence as the answer. On the dev split
+#: (``python -m benchmarks.evidence_rank``, docs/decisions.md "The model checks the quote") the
+#: right picks score from -0.86 up (176 of 176 kept at -1.0), while 84 of 841 wrong candidate
+#: sentences score below -1.0 (10%).
+GROUNDED_QUOTE_CHECK = -1.0
 _GROUNDED_GUARDS = Guards(stop_on_repeat=True, min_citation_words=GROUNDED_MIN_CITATION_WORDS,
-                          lock_document=True, confidence_guard=0.3, eos_guard=0.5)
+                          lock_document=True, confidence_guard=0.3, eos_guard=0.5,
+                          quote_check=GROUNDED_QUOTE_CHECK)
 #: The policy part of each preset (``config.PRESETS`` holds the algorithm part).
 POLICIES: dict[str, AnswerPolicy] = {
     **{name: AnswerPolicy() for name in PRESETS},
@@ -289,6 +296,6 @@ def _mark(p: Passage) -> Passage:
 
 
 __all__ = ["FALLBACK_DECODING", "GROUNDED_COMPLETION_RELEVANCE", "GROUNDED_EVIDENCE",
-           "GROUNDED_EVIDENCE_MIN", "POLICIES", "TITLE_CONTEXTS",
+           "GROUNDED_EVIDENCE_MIN", "GROUNDED_QUOTE_CHECK", "POLICIES", "TITLE_CONTEXTS",
            "AnswerPlan", "AnswerPolicy", "gate_relevance", "named_first", "plan_answer",
            "prompt_passages"]
