@@ -62,7 +62,8 @@ _CONNECTIVES = ("and what about", "and how about", "what about", "how about", "a
                 "but", "also", "same for", "then")
 #: Lower-case words inside a name ("Bosnia and Herzegovina", "Trinidad and Tobago").
 _JOINERS = frozenset("of and de la del".split())
-_PREPOSITIONS = frozenset("in of for at on from to into by with about".split())
+_PREPOSITIONS = frozenset("""in of for at on from to into by with about near around across over
+under through within inside outside beyond between among""".split())
 #: Pronouns that refer back, by what takes their place: subject/object, possessive, locative.
 _PRONOUNS = {"it": "", "they": "", "them": "", "he": "", "she": "", "him": "", "this": "",
              "that": "", "its": "'s", "their": "'s", "his": "'s", "her": "'s", "there": "in"}
@@ -80,6 +81,7 @@ _DEFINITIONAL = [
     re.compile(r"^(?:tell me about|explain|describe|define)\s+(?P<x>.+?)\s*[?.!]*$",
                re.IGNORECASE),
 ]
+_POSSESSIVE = re.compile(r"['\u2019\u02bc]s$", re.IGNORECASE)
 _ARTICLE = re.compile(r"^(?:a|an|the)\s+", re.IGNORECASE)
 _QUOTED = re.compile(r"[\"\u201c\u201d]([^\"\u201c\u201d]{1,80})[\"\u201c\u201d]")
 
@@ -208,7 +210,9 @@ def subject_of(text: str, titles: TitleIndex | None = None) -> str | None:
     for pattern in _DEFINITIONAL:
         m = pattern.match(text.strip())
         x = _ARTICLE.sub("", m.group("x").strip()) if m else ""
-        simple = not any(w.casefold() in _PREPOSITIONS for w in _words(x))
+        # a plain noun phrase: "the Z of X" and "X's Z" ask for an attribute of X
+        simple = not any(w.casefold() in _PREPOSITIONS or _POSSESSIVE.search(w)
+                         for w in _words(x))
         if x and simple and any(w.casefold() not in _FUNCTION for w in _words(x)) and (
                 not named or normalize(named[0]) in normalize(x)):
             return x  # "What is a Zorvane pump?": the whole noun phrase, not its proper noun
@@ -276,7 +280,7 @@ def _capitalised_runs(text: str) -> list[str]:
         w = m.group()
         cap = w[:1].isupper() and w != "I"
         joiner = w.casefold() in _JOINERS and cur
-        if (cap or joiner) and (i > 0 or _bare_caps(words)):
+        if (cap or joiner) and (i > 0 or _bare_caps(words) or _topic(text, words)):
             cur.append(m)
             continue
         if cur:
@@ -292,8 +296,21 @@ def _capitalised_runs(text: str) -> list[str]:
                 len(run) > 1 and run[0].group().casefold() == "the"):
             run = run[1:]
         if run and any(m.group().casefold() not in _FUNCTION for m in run):
-            out.append(text[run[0].start() : run[-1].end()])
+            out.append(_POSSESSIVE.sub("", text[run[0].start() : run[-1].end()]))
     return out
+
+
+def _topic(text: str, words: Sequence[re.Match[str]]) -> bool:
+    """Whether the text opens with a capitalised topic set off by a colon, a comma or a
+    possessive ("Cambodia: what is ...?", "Malawi's capital?")."""
+    i = 0
+    while i < len(words) and (words[i].group()[:1].isupper() or i and
+                              words[i].group().casefold() in _JOINERS):
+        i += 1
+    if not i or words[0].group().casefold() in _FUNCTION:
+        return False
+    after = text[words[i - 1].end():].lstrip()
+    return after[:1] in (":", ",") or words[i - 1].group()[-2:].casefold() in ("'s", "’s")
 
 
 def _bare_caps(words: Sequence[re.Match[str]]) -> bool:
