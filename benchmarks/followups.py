@@ -102,20 +102,22 @@ def score(conv: Conversation, result: Any, title: str) -> dict[str, Any]:
             "decoding": result.stats.decoding, "title": title}
 
 
+def engine_of(name: str, corpus: str, root: Path) -> Any:
+    """System ``name``'s engine over ``corpus``, its retriever recording the queries."""
+    engine = assembly.build_engine(system_spec(name, COLLECTIONS[corpus], root))
+    engine.retriever = RecordingRetriever(engine.retriever)
+    return engine
+
+
 def run(convs: list[Conversation], systems: list[str], root: Path, max_tokens: int,
         records_path: Path, titles: dict[str, str]) -> list[dict[str, Any]]:
-    engines: dict[tuple[str, str], Any] = {}
+    engines = {(name, corpus): engine_of(name, corpus, root)
+               for corpus in sorted({c.corpus for c in convs}) for name in systems}
     records = []
     with records_path.open("w", encoding="utf-8") as f:
         for i, conv in enumerate(convs):
             for name in systems:
-                key = (name, conv.corpus)
-                if key not in engines:
-                    engine = assembly.build_engine(system_spec(name, COLLECTIONS[conv.corpus],
-                                                               root))
-                    engine.retriever = RecordingRetriever(engine.retriever)
-                    engines[key] = engine
-                engine = engines[key]
+                engine = engines[(name, conv.corpus)]
                 engine.retriever.queries.clear()
                 t0 = time.perf_counter()
                 result = engine.generate(conv.chat(), max_new_tokens=max_tokens)

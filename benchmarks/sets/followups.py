@@ -27,10 +27,8 @@ Usage::
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from benchmarks.sets.profiles import ProfileCorpus, _name, generate_profiles
@@ -79,12 +77,7 @@ class DeviceCorpus:
     devices: list[dict[str, Any]]  # name, doc_id, lead, keys (operation terms), other terms
     seed: int
 
-    def write_jsonl(self, path: str | Path) -> Path:
-        path = Path(path)
-        with path.open("w", encoding="utf-8") as f:
-            for d in self.documents:
-                f.write(json.dumps(d, ensure_ascii=False) + "\n")
-        return path
+    write_jsonl = ProfileCorpus.write_jsonl  # one JSON document a line
 
 
 @dataclass

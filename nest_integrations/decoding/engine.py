@@ -225,7 +225,7 @@ class NestEngine:
         """Generate for a string prompt (completion) or chat messages (``[{"role","content"}]``).
 
         ``passages`` skips stage-1 retrieval; ``query`` overrides the retrieval query (default:
-        the prompt, or the last user message). ``config`` and ``policy`` override the engine's
+        the prompt, or the chat's standalone question). ``config``/``policy`` override the engine's
         for this call (a ``NestConfig`` / ``AnswerPolicy``, or a preset name: ``settings``),
         ``decoding`` the method (see ``drafters.METHODS``) and ``drafter_options`` its
         drafter's options.
