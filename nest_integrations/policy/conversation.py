@@ -82,6 +82,9 @@ _DEFINITIONAL = [
                re.IGNORECASE),
 ]
 _POSSESSIVE = re.compile(r"['\u2019\u02bc]s$", re.IGNORECASE)
+#: Where a clause ends or a subordinate one starts.
+_CLAUSE = re.compile(r"[,;:]|\b(?:when|while|before|after|because|since|if|although|though|"
+                     r"until|unless|whether|who|which|that)\b", re.IGNORECASE)
 _ARTICLE = re.compile(r"^(?:a|an|the)\s+", re.IGNORECASE)
 _QUOTED = re.compile(r"[\"\u201c\u201d]([^\"\u201c\u201d]{1,80})[\"\u201c\u201d]")
 
@@ -123,10 +126,15 @@ def resolve(text: str, previous: Resolved | None, titles: TitleIndex | None = No
     if previous is None or not previous.subject:
         return Resolved(text, text, subject_of(text, titles))
     antecedent = previous.subject
-    pronouns = anaphors(text)
+    named = named_in(text, titles)
+    # a pronoun may refer to a name of its own sentence in an earlier clause ("When Ada was
+    # young, where did she live?"), never in its own (binding: a pronoun is free in its clause,
+    # so "the GDP ... there" is not GDP); those pronouns are left alone
+    ends = [m.end() for n in named for m in _mentions(text, n)]
+    pronouns = [p for p in anaphors(text) if not any(
+        e <= p.start() and _CLAUSE.search(text, e, p.start()) for e in ends)]
     if pronouns:
         return Resolved(text, substitute(text, pronouns, antecedent), antecedent, "pronoun")
-    named = named_in(text, titles)
     rest = [w for w in _words(_without(text, named)) if w.casefold() not in _FUNCTION]
     verbless = not any(w.casefold() in _VERBS for w in _words(text))
     if named and not rest and verbless:  # "And in Y?": the previous question, of Y
@@ -322,6 +330,10 @@ def _bare_caps(words: Sequence[re.Match[str]]) -> bool:
     while ws and ws[-1].casefold() in _FUNCTION:
         ws = ws[:-1]
     return bool(ws) and all(w[:1].isupper() or w.casefold() in _JOINERS for w in ws)
+
+
+def _mentions(text: str, phrase: str) -> list[re.Match[str]]:
+    return list(re.finditer(r"(?<!\w)" + re.escape(phrase) + r"(?!\w)", text, re.IGNORECASE))
 
 
 def _without(text: str, phrases: Sequence[str]) -> str:

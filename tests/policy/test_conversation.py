@@ -53,6 +53,8 @@ def standalone(*turns: str, titles: TitleIndex | None = TITLES) -> str:
     ("What is the area of Malawi?", "Which lakes are near there?",
      "Which lakes are near Malawi?"),
     ("Is Cambodia a monarchy?", "Is it larger than Malawi?", "Is Cambodia larger than Malawi?"),
+    ("Who was Ada Lovelace?", "Did she meet Charles Babbage before he built his engine?",
+     "Did Ada Lovelace meet Charles Babbage before he built his engine?"),
     # ellipsis of the subject, and a bare definite (bridging)
     ("What is the capital of Malawi?", "And the currency?", "What is the currency of Malawi?"),
     ("What is the capital of Malawi?", "What is the national holiday?",
@@ -71,6 +73,8 @@ def test_a_follow_up_takes_the_previous_subject_or_predicate(titles, first, foll
     ("What is the capital of Cambodia?", "Is there a list of kettles?"),  # existential there
     ("What is the capital of Cambodia?", "Why?"),  # a sluice: nothing to carry
     ("What is the capital of Cambodia?", "What is the difference between a list and a tuple?"),
+    # a pronoun after a name of its own sentence refers to that name
+    ("What is the capital of Cambodia?", "When Ada Lovelace was young, where did she live?"),
 ])
 def test_a_self_contained_question_is_left_alone(titles, first, question):
     assert standalone(first, question, titles=titles) == question
