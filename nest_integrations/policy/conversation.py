@@ -108,8 +108,8 @@ def user_messages(messages: Sequence[Any]) -> list[str]:
 
 def carry_over(messages: Sequence[Any], titles: TitleIndex | None = None) -> str:
     """The last user message made standalone by the carry-over rule (module docstring)."""
-    return resolve_turns(user_messages(messages)[-CARRY_TURNS:], titles)[-1].standalone \
-        if user_messages(messages) else ""
+    turns = user_messages(messages)[-CARRY_TURNS:]
+    return resolve_turns(turns, titles)[-1].standalone if turns else ""
 
 
 def resolve_turns(turns: Sequence[str], titles: TitleIndex | None = None) -> list[Resolved]:
@@ -140,8 +140,14 @@ def resolve(text: str, previous: Resolved | None, titles: TitleIndex | None = No
     if named and not rest and verbless:  # "And in Y?": the previous question, of Y
         return Resolved(text, replace_subject(previous.standalone, antecedent, named[0]),
                         named[0], "ellipsis")
-    if not named and rest and (verbless or _connective(text)):  # "And the population?"
+    if not named and rest and (verbless or _connective(text)):
         phrase = _strip_connective(text)
+        if _ARTICLE.match(phrase) and phrase.split()[0].casefold() != "the":
+            # "And a toaster?": an indefinite is a new referent in the previous one's place
+            new = _ARTICLE.sub("", phrase)
+            return Resolved(text, replace_subject(previous.standalone, antecedent, new), new,
+                            "ellipsis")
+        # "And the population?": a definite is an attribute of the previous subject
         return Resolved(text, f"What is {phrase} of {antecedent}?", antecedent, "ellipsis")
     if not named and bridging(text):  # "What is the currency?"
         return Resolved(text, f"{text.rstrip(' ?.!')} of {antecedent}?", antecedent, "bridging")
@@ -166,8 +172,8 @@ def anaphors(text: str) -> list[re.Match[str]]:
         w = m.group().casefold()
         if w not in _PRONOUNS:
             continue
-        inside = lambda spans: any(a <= m.start() < b for a, b in spans)  # noqa: E731
-        if w == "it" and inside(expletive) or w == "there" and inside(existential):
+        if w == "it" and _within(m.start(), expletive) or \
+                w == "there" and _within(m.start(), existential):
             continue
         nxt = words[i + 1].group().casefold() if i + 1 < len(words) else None
         if w in ("this", "that") and nxt is not None and nxt not in _PRONOMINAL_NEXT:
@@ -177,6 +183,10 @@ def anaphors(text: str) -> list[re.Match[str]]:
             continue  # a complementiser or relative "that" ("the claim that ...")
         out.append(m)
     return out
+
+
+def _within(at: int, spans: Sequence[tuple[int, int]]) -> bool:
+    return any(a <= at < b for a, b in spans)
 
 
 def substitute(text: str, pronouns: Sequence[re.Match[str]], subject: str) -> str:

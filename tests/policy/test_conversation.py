@@ -57,6 +57,8 @@ def standalone(*turns: str, titles: TitleIndex | None = TITLES) -> str:
      "Did Ada Lovelace meet Charles Babbage before he built his engine?"),
     # ellipsis of the subject, and a bare definite (bridging)
     ("What is the capital of Malawi?", "And the currency?", "What is the currency of Malawi?"),
+    # an indefinite in a fragment is a new referent in the previous one's place
+    ("What is a kettle?", "And a toaster?", "What is a toaster?"),
     ("What is the capital of Malawi?", "What is the national holiday?",
      "What is the national holiday of Malawi?"),
 ])
