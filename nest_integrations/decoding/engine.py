@@ -21,11 +21,13 @@ from nest_integrations.decoding.loop import DecodeLoop
 from nest_integrations.decoding.target import session
 from nest_integrations.decoding.text_stream import OutputText, TextStream
 from nest_integrations.decoding.prompts import (
+    REWRITE_CALL,
     Prompt,
     chat_retry,
     check_string_prompts,
     prompt_ids,
     query_of,
+    standalone_query,
     string_as_chat,
 )
 from nest_integrations.defaults import DEFAULT_MAX_NEW_TOKENS
@@ -223,7 +225,7 @@ class NestEngine:
         """Generate for a string prompt (completion) or chat messages (``[{"role","content"}]``).
 
         ``passages`` skips stage-1 retrieval; ``query`` overrides the retrieval query (default:
-        the prompt, or the last user message). ``config`` and ``policy`` override the engine's
+        the prompt, or the chat's standalone question). ``config``/``policy`` override the engine's
         for this call (a ``NestConfig`` / ``AnswerPolicy``, or a preset name: ``settings``),
         ``decoding`` the method (see ``drafters.METHODS``) and ``drafter_options`` its
         drafter's options.
@@ -264,6 +266,9 @@ class NestEngine:
         question = query_of(prompt)
         if not question.strip():
             raise ValueError("the prompt is empty: pass a non-empty string or user message")
+        question = query or standalone_query(  # a chat's follow-up, made standalone
+            prompt, pol.conversation, retriever=self.retriever,
+            complete=lambda m: self.generate(m, **REWRITE_CALL).text)
         # an LM with its own thread pool (llama.cpp) keeps torch's few ops per step on one
         # thread while it decodes (``lm.backend.torch_on_one_thread``)
         with session(self.lm):

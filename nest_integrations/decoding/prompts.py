@@ -19,13 +19,29 @@ What a prompt means:
     and a question gets an answer.
 
 - With RA (``ra_passages > 0``) the top passages go into the prompt through the templates below.
+
+What a prompt asks (``standalone_query``): retrieval, the title index and the evidence read one
+question. A string prompt is that question; for chat messages it is the last user message made
+standalone from the conversation by the policy's ``conversation`` mode (``policy.conversation``:
+``"carry"``, ``"rewrite"`` with the engine's own LM, or ``"last"``), while the prompt the model
+decodes from keeps the whole conversation.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from nest_integrations.lm.base import capabilities_of
+from nest_integrations.policy import AnswerPolicy
+from nest_integrations.policy.conversation import (
+    CARRY_TURNS,
+    REWRITE_TOKENS,
+    carry_over,
+    check_conversation,
+    rewrite,
+    user_messages,
+)
+from nest_integrations.retrieval.titles import TitleIndex, index_of, lookup_of
 from nest_integrations.types import Passage
 
 Prompt = str | Sequence[dict[str, str]]
@@ -106,3 +122,46 @@ def query_of(prompt: Prompt) -> str:
         if m.get("role") == "user":
             return str(m.get("content", ""))
     return str(messages[-1].get("content", ""))
+
+
+#: The ``NestEngine.generate`` arguments of a ``"rewrite"``: greedy, short, no passages, no
+#: conversation of its own (``policy.conversation.condense_messages`` is one user message).
+REWRITE_CALL: dict[str, Any] = dict(max_new_tokens=REWRITE_TOKENS, passages=[], decoding="greedy",
+                                    policy=AnswerPolicy(conversation="last"), stop=["\n"])
+
+
+def standalone_query(
+    prompt: Prompt, conversation: str = "last", *, retriever: Any = None,
+    complete: Callable[[list[dict[str, str]]], str] | None = None,
+) -> str:
+    """The question retrieval, title match and evidence read: a string prompt as it is; for
+    chat messages, the last user message made standalone by ``conversation``
+    (``policy.conversation``): ``"carry"`` with the titles ``retriever`` knows, ``"rewrite"``
+    by ``complete`` (greedy decoding of a message list; without it, ``"carry"``), ``"last"``
+    as it is. A single user message is always read as it is."""
+    check_conversation(conversation, "conversation")
+    if isinstance(prompt, str):
+        return prompt
+    messages = list(prompt)
+    users = user_messages(messages)
+    if conversation == "last" or len(users) < 2:
+        return query_of(messages)
+    if conversation == "rewrite" and complete is not None:
+        return rewrite(messages, complete)
+    return carry_over(messages, conversation_titles(retriever, users[-CARRY_TURNS:]))
+
+
+def conversation_titles(retriever: Any, turns: Sequence[str]) -> TitleIndex | None:
+    """The title index the carry-over reads the ``turns`` with: the retriever's collection-wide
+    index, else the titles a lookup by the turns' words finds (``titles.index_of``); None
+    without either."""
+    fn = getattr(retriever, "title_index", None)
+    index = fn() if callable(fn) else None
+    if index is not None:
+        return index if len(index) else None
+    if lookup_of(retriever) is None:
+        return None
+    titles: dict[str, str] = {}
+    for text in turns:
+        titles.update(index_of(retriever, [], text)[0].titles)
+    return TitleIndex(titles) if titles else None

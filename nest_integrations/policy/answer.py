@@ -40,6 +40,7 @@ from typing import Any, Sequence
 from nest_integrations.config import GROUNDED_MIN_CITATION_WORDS, PRESETS, Guards
 from nest_integrations.core.evidence import EvidenceSpan
 from nest_integrations.drafters import Method, get_method
+from nest_integrations.policy.conversation import check_conversation
 from nest_integrations.policy.evidence import EVIDENCE_SCORERS, choose_evidence
 from nest_integrations.retrieval.titles import (
     LOOKUP_LIMIT,
@@ -78,6 +79,9 @@ class AnswerPolicy:
             sentence holds enough of the question) the question is decoded with ``decoding``.
         evidence_decoding: the method that copies the evidence (its memory is the evidence
             window; ``drafters.nest``).
+        conversation: how a chat's last message becomes the question that retrieval, title
+            match and evidence read (``policy.conversation``): ``"carry"``, ``"rewrite"`` or
+            ``"last"``.
     """
 
     title_match: bool = False
@@ -89,8 +93,10 @@ class AnswerPolicy:
     evidence: str | None = None
     evidence_min: float = 0.0
     evidence_decoding: str = "nest"
+    conversation: str = "carry"
 
     def __post_init__(self) -> None:
+        check_conversation(self.conversation)
         if not isinstance(self.title_match, bool):
             raise ValueError(f"AnswerPolicy.title_match={self.title_match!r} is invalid: "
                              "allowed True or False")

@@ -27,7 +27,8 @@ __all__ = ["ChatNest", "citation_annotation", "to_chat_messages", "usage_metadat
 class ChatNest(NestModelParams, BaseChatModel):
     """Chat with a local LM that decodes with NEST and cites every span it copies.
 
-    NEST (arXiv 2405.19325) retrieves passages for the last user message, mixes the LM with a
+    NEST (arXiv 2405.19325) retrieves passages for the last user message (a follow-up made
+    standalone from the history: ``AnswerPolicy.conversation``), mixes the LM with a
     token-level nearest-neighbour distribution, and copies whole spans of corpus text when
     retrieval is confident. Each copied span comes back as a standard LangChain ``Citation``.
 

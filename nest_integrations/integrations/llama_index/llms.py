@@ -100,7 +100,8 @@ class NestLLM(CustomLLM):
     instruction-tuned), unless ``completion_as_chat=False`` or ``formatted=True``: then the text
     is continued as is (NEST's language-model setting, the most direct way to copy a passage
     whose opening words the prompt quotes). The retrieval query is the prompt or the last user
-    message; with a query engine's prompt that is the whole context-plus-question message.
+    message, a follow-up made standalone from the chat (``AnswerPolicy.conversation``); with a
+    query engine's prompt that is the whole context-plus-question message.
 
     Per-call keyword arguments: ``max_new_tokens`` (aliases ``max_tokens``, ``num_output``),
     ``temperature``, ``stop``, ``config`` (a ``NestConfig`` or preset name), ``passages``
