@@ -116,7 +116,7 @@ COUNTRY: tuple[Attribute, ...] = (
                "{x}?"), _same(lambda r: f"Mount {_name(r)}")),
     Attribute("median age", "The median age in {x} is {v} years.",
               ("How old is the typical resident of {x}?",
-               "Half of the people in {x} are younger than what age?"), _dec(17, 49)),
+               "Half of the people in {x} are younger than how many years?"), _dec(17, 49)),
     Attribute("independence day", "The independence day of {x} is {v}.",
               ("On what date did {x} become a sovereign nation?",
                "When does {x} celebrate breaking free from foreign rule?"),
