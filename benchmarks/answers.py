@@ -62,7 +62,7 @@ def parse_args(argv: Sequence[str]) -> Any:
     ap = harness.parser("benchmarks.answers", __doc__)
     ap.set_defaults(out=None)
     ap.add_argument("--split", choices=answer_sets.SPLITS, default="dev")
-    ap.add_argument("--families", default="factoid,definition,explanation",
+    ap.add_argument("--families", default=",".join(answer_sets.FAMILIES),
                     help=f"comma-separated from {','.join(answer_sets.FAMILIES)}")
     ap.add_argument("--with-held-out", action="store_true",
                     help="on --split dev, keep the held-out families (not for decisions)")
