@@ -24,8 +24,8 @@ Usage (from the repository root; the model converted under ``$NEST_HOME``, defau
     (cd .nest/bench/answers && apt-get download dict-foldoc)  # once: the definition family
     NEST_THREADS=1 python -m benchmarks.answers --split dev --limit 8 \\
         --systems rag,default --out benchmarks/results/answers_dev.md
-    python -m benchmarks.answers --split test --families factoid,synonym,definition,explanation \\
-        --out benchmarks/results/answers_test.md             # the whole test split
+    NEST_THREADS=1 python -m benchmarks.answers --split test \\
+        --out benchmarks/results/answers_test.md      # the whole test split, every family
     python -m benchmarks.answers --from-records benchmarks/results/answers_dev.jsonl.gz \\
         --out benchmarks/results/answers_dev.md               # re-score recorded answers
 
@@ -191,8 +191,9 @@ def sources_text(src: answer_sets.Sources, foldoc: Path | None) -> list[str]:
 
 def markdown(args: Any, rows: list[dict[str, Any]], counts: dict[str, tuple[int, int]],
              corpora: list[str], records: list[dict[str, Any]]) -> str:
+    fams = ", ".join(f"{f} {n} prompts ({q} questions)" for f, (n, q) in counts.items())
     lines = [f"# Answers a person would give: {args.split} split (issue 60)", "",
-             f"Families: {', '.join(f'{f} {n} prompts ({q} questions)' for f, (n, q) in counts.items())}"
+             f"Families: {fams}"
              f"; split by document (`benchmarks/sets/answer_sets.py`, seed {args.seed})"
              + (f", the first {args.limit} questions of each family" if args.limit else "")
              + ".", "", "Corpora: " + "; ".join(corpora) + ".", "",

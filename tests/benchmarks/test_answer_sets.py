@@ -161,8 +161,8 @@ def test_choose_is_seeded_and_order_free():
         glossary.choose(entries, 80, 30)
 
 
-@pytest.mark.skipif(not FOLDOC_DEB, reason="no dict-foldoc .deb in .nest/bench/answers (apt-get download "
-                    "dict-foldoc there)")
+@pytest.mark.skipif(not FOLDOC_DEB, reason="no dict-foldoc .deb in .nest/bench/answers "
+                    "(apt-get download dict-foldoc there)")
 def test_real_foldoc_gives_at_least_40_definitions_per_split():
     src = A.load_sources(["definition"], FOLDOC_DEB[0])
     dev, test = (A.build_items(src, ["definition"], s) for s in A.SPLITS)
