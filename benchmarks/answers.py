@@ -29,9 +29,9 @@ Usage (from the repository root; the model converted under ``$NEST_HOME``, defau
     python -m benchmarks.answers --from-records benchmarks/results/answers_dev.jsonl.gz \\
         --out benchmarks/results/answers_dev.md               # re-score recorded answers
 
-Writes ``<out>.md`` and ``<out>.json`` (summary; both name the command, the commit with
-``+dirty`` when tracked files differ, the machine and load) and ``<out>.jsonl.gz`` (every
-answer: prompt, text, finish reason, citations, metrics). Stores are built once under
+Writes ``<out>.md`` (the summary: the command, the commit with ``+dirty`` when tracked files
+differ, the machine and load, n and intervals per family) and ``<out>.jsonl.gz`` (every answer:
+prompt, text, finish reason, citations, metrics; ``<out>.partial.jsonl`` while it runs). Stores are built once under
 ``--work`` (default ``$NEST_HOME/bench/answers``).
 """
 
@@ -268,9 +268,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for fam in dict.fromkeys(r["family"] for r in records):
         rr = [r for r in records if r["family"] == fam and r["system"] == systems[0]]
         counts[fam] = (len(rr), len({r["qid"] for r in rr}))
-    harness.write_result(out_dir, stem, {"rows": rows, "counts": counts},
-                         markdown(args, rows, counts, sources_text(src, args.foldoc), records),
-                         run_record)
+    _, summary = harness.write_result(
+        out_dir, stem, {"rows": rows, "counts": counts},
+        markdown(args, rows, counts, sources_text(src, args.foldoc), records), run_record)
+    summary.unlink()  # benchmarks/results keeps summaries as Markdown, raw records gzipped
     return 0
 
 
