@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.harness import answer_metrics as M
 from benchmarks.harness import answer_summary as S
-from benchmarks.harness.lead_examples import EXAMPLES
+from benchmarks.harness.lead_examples import EXAMPLES, NEAR_MISSES
 
 GOLD = "An ordering of a certain number of elements of a given set."
 
@@ -96,8 +96,10 @@ def test_opens_with_lead_on_a_definition_a_side_sentence_and_a_heading():
 
 def test_the_threshold_agrees_with_the_hand_checked_examples():
     assert len(EXAMPLES) == 10 and {e["lead"] for e in EXAMPLES} == {True, False}
-    for e in EXAMPLES:
+    for e in EXAMPLES + NEAR_MISSES:
         assert M.opens_with_lead(e["answer"], e["gold"]) == e["lead"], e
+    # the near misses are why the threshold is not lower: they would pass at 0.35
+    assert max(M.lead_overlap(e["answer"], e["gold"]) for e in NEAR_MISSES) > 0.35
 
 
 @pytest.mark.parametrize("k,n,lo,hi", [(81, 263, 0.2553, 0.3662), (15, 148, 0.0624, 0.1605),
