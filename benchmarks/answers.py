@@ -190,7 +190,8 @@ def sources_text(src: answer_sets.Sources, foldoc: Path | None) -> list[str]:
 
 
 def markdown(args: Any, rows: list[dict[str, Any]], counts: dict[str, tuple[int, int]],
-             corpora: list[str], records: list[dict[str, Any]]) -> str:
+             corpora: list[str], records: list[dict[str, Any]],
+             rescored: tuple[str, str] | None = None) -> str:
     fams = ", ".join(f"{f} {n} prompts ({q} questions)" for f, (n, q) in counts.items())
     lines = [f"# Answers a person would give: {args.split} split (issue 60)", "",
              f"Families: {fams}"
@@ -203,6 +204,9 @@ def markdown(args: Any, rows: list[dict[str, Any]], counts: dict[str, tuple[int,
              "test; McNemar's with one phrasing). Metrics: "
              "`benchmarks/harness/answer_metrics.py` (opens with the lead: ROUGE-L F1 of the "
              f"first sentence against the gold sentence >= {answer_metrics.LEAD_THRESHOLD})."]
+    if rescored:
+        lines += ["", f"Re-scored from the recorded answers with `{rescored[0]}` at commit "
+                  f"`{rescored[1]}` (the command and commit above are the answering run's)."]
     lines += answer_summary.markdown(rows, args.reference)
     lines += ["", "Seconds per answer and tok/s are means over the family's answers "
               "(retrieval included), on a shared machine: compare systems side by side."]
@@ -236,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     harness.setup()
     run_record = harness.Run.start("benchmarks.answers", argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("absl").setLevel(logging.WARNING)  # rouge_score's per-call notice
     families = [f for f in args.families.split(",") if f]
     systems = [s for s in args.systems.split(",") if s]
     if args.reference not in systems:
@@ -250,8 +255,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.foldoc = found[-1] if found else None
     src = answer_sets.load_sources(families, args.foldoc, args.seed)
     items = answer_sets.build_items(src, families, args.split, args.seed, args.limit)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rescored = None
     if args.from_records is not None:
         records = harness.read_jsonl(args.from_records)
+        if records and "run" in records[0]:  # the answering run's record: its command, commit
+            rescored = (run_record.command, run_record.commit)
+            run_record.record = records.pop(0)["run"]
     else:
         from benchmarks.robust import store_id
         from nest_integrations import paths
@@ -261,11 +271,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = args.work or paths.nest_home() / "bench" / "answers"
         roots = {b: build_stores(work, b, src, families)
                  for b in sorted({store_id(n) for n in systems})}
-        out_dir.mkdir(parents=True, exist_ok=True)
         records = generate(items, systems, roots, args, out_dir / f"{stem}.partial.jsonl")
     records = [rescore(r) for r in records]
+    head = {"run": run_record.finish()}
     with gzip.open(out_dir / f"{stem}.jsonl.gz", "wt", encoding="utf-8") as f:
-        for r in records:
+        for r in [head, *records]:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
     (out_dir / f"{stem}.partial.jsonl").unlink(missing_ok=True)
     rows = answer_summary.summarize(records, systems, args.reference,
@@ -276,7 +286,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         counts[fam] = (len(rr), len({r["qid"] for r in rr}))
     _, summary = harness.write_result(
         out_dir, stem, {"rows": rows, "counts": counts},
-        markdown(args, rows, counts, sources_text(src, args.foldoc), records), run_record)
+        markdown(args, rows, counts, sources_text(src, args.foldoc), records, rescored),
+        run_record)
     summary.unlink()  # benchmarks/results keeps summaries as Markdown, raw records gzipped
     return 0
 
