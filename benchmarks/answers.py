@@ -31,8 +31,11 @@ Usage (from the repository root; the model converted under ``$NEST_HOME``, defau
 
 Writes ``<out>.md`` (the summary: the command, the commit with ``+dirty`` when tracked files
 differ, the machine and load, n and intervals per family) and ``<out>.jsonl.gz`` (every answer:
-prompt, text, finish reason, citations, metrics; ``<out>.partial.jsonl`` while it runs). Stores are built once under
-``--work`` (default ``$NEST_HOME/bench/answers``).
+prompt, text, finish reason, citations, metrics, after a first line ``{"run": ...}`` holding the
+run record; ``<out>.partial.jsonl`` while it runs). ``--from-records`` re-scores such a file and
+keeps its run record (command, commit) in the summary. Stores are built once under ``--work``
+(default ``$NEST_HOME/bench/answers``): about 15 minutes on 2 busy cores, most of it the sample
+corpus's token keys.
 """
 
 from __future__ import annotations
