@@ -201,8 +201,9 @@ def markdown(args: Any, rows: list[dict[str, Any]], counts: dict[str, tuple[int,
              f"; split by document (`benchmarks/sets/answer_sets.py`, seed {args.seed})"
              + (f", the first {args.limit} questions of each family" if args.limit else "")
              + ".", "", "Corpora: " + "; ".join(corpora) + ".", "",
-             "Rates are `k/n = rate [95% interval]`: Wilson, or `*` a cluster bootstrap over "
-             "questions where a question has several phrasings. Paired: a question is won "
+             "Rates are `k/n = rate [95% Wilson interval]`; `*`: a question has several "
+             "phrasings, so the interval counts one observation per question (conservative). "
+             "Paired: a question is won "
              "when a system is right on more of its phrasings than the reference (exact sign "
              "test; McNemar's with one phrasing). Metrics: "
              "`benchmarks/harness/answer_metrics.py` (opens with the lead: ROUGE-L F1 of the "

@@ -25,9 +25,10 @@ Per answer (``score``):
   sentence against the gold sentence (the entry's definition, the topic's lead sentence) is at
   least ``LEAD_THRESHOLD``; why 0.5 is in ``benchmarks/results/answers_dev.md`` (10 answers
   checked by hand);
-- **ends mid-clause**: the answer ended on its own (``finish_reason == "stop"``) and its last
+- **ends mid-clause**: the answer ended on its own (``finish_reason`` ``"stop"``, or
+  ``"repeat"``: the engine's repeat guard ended it, not the token budget) and its last
   character is not a sentence end, a closing quote or the end of a code block
-  (``ends_mid_clause``).
+  (``ends_mid_clause``). ``ENDED`` names those finish reasons.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from typing import Any, Iterable, Sequence
 from nest_integrations.evaluation.grounded import answer_correct
 from nest_integrations.evaluation.metrics import normalize_answer
 
+#: Finish reasons of an answer that ended on its own (not at ``max_new_tokens``).
+ENDED = ("stop", "repeat")
 #: Citation kinds that show the answer's text as a quote of the corpus.
 CITED_KINDS = ("copy", "verbatim")
 #: ROUGE-L F1 of the first sentence against the gold sentence from which an answer "opens with
@@ -152,10 +155,11 @@ def opens_with_lead(text: str, gold_sentence: str, threshold: float = LEAD_THRES
 
 
 def ends_mid_clause(text: str, finish_reason: str) -> bool:
-    """The answer ended on its own and stops inside a clause: its last character (trailing
-    whitespace aside) is none of a sentence end (``.!?…``, closing brackets after it allowed),
-    a closing quote, the end of a fenced code block or a line of an indented code block."""
-    if finish_reason != "stop":
+    """The answer ended on its own (``ENDED``) and stops inside a clause: its last character
+    (trailing whitespace aside) is none of a sentence end (``.!?…``, closing brackets after it
+    allowed), a closing quote, the end of a fenced code block or a line of an indented code
+    block."""
+    if finish_reason not in ENDED:
         return False
     body = text.rstrip()
     if not body or body.endswith("```"):
@@ -194,6 +198,6 @@ def score(kind: str, text: str, finish_reason: str, citations: Sequence[Any],
     return out
 
 
-__all__ = ["CITED_KINDS", "LEAD_THRESHOLD", "cited_on_gold", "ends_mid_clause",
+__all__ = ["CITED_KINDS", "ENDED", "LEAD_THRESHOLD", "cited_on_gold", "ends_mid_clause",
            "first_sentence", "lead_overlap", "opens_with_lead", "quotes", "right", "run_on",
            "score", "sentence_spans", "sentences", "value_span"]

@@ -2,26 +2,29 @@
 intervals, and paired comparisons that respect phrasing clusters (issue 60; tests:
 ``tests/benchmarks/test_answer_metrics.py``).
 
-- ``rate_ci``: a rate over prompts with its 95% interval: **Wilson** (``evaluation.stats``)
-  when every question has one prompt in the group; a **cluster bootstrap** (questions resampled
-  with all their prompts, 2000 draws, seed 0, percentile interval) when some question has
-  several phrasings, since phrasings of one question are not independent.
+- ``rate_ci``: a rate over prompts with its 95% **Wilson** interval (``evaluation.stats``).
+  When some question has several phrasings in the group, they are not independent: the
+  interval is then Wilson's at the rate over prompts but with **one observation per question**
+  (n = questions, k = rate x questions: the design effect of fully correlated phrasings, so
+  the interval is conservative). A percentile cluster bootstrap was tried first and gave
+  [0, 0] for 0 of 16 prompts on 8 questions, too tight to report.
 - ``paired``: system A against B on the same prompts, **clustered by question**: a question is
   won by A when A is right on more of its phrasings than B, lost when on fewer, tied
   otherwise; p is the exact two-sided sign test over won and lost questions (with one phrasing
   per question this is McNemar's exact test).
 - ``summarize``: one row per (family, system) with n prompts, n questions and each metric of
   ``answer_metrics`` over its denominator (right answers for cited-on-gold and run-on, wrong
-  answers for cited-wrong, answers that ended on their own for mid-clause); ``markdown``
+  answers for cited-wrong, answers that ended on their own, ``answer_metrics.ENDED``, for
+  mid-clause); ``markdown``
   shows them.
 """
 
 from __future__ import annotations
 
 import math
-import random
 from typing import Any, Sequence
 
+from benchmarks.harness.answer_metrics import ENDED
 from nest_integrations.evaluation import stats
 
 #: (metric, which answers it is a rate over, label) per family kind.
@@ -29,15 +32,13 @@ FACTOID_RATES = (("right", None, "right"),
                  ("cited_on_gold", "right", "right answers cited on gold"),
                  ("cited_wrong", "wrong", "wrong answers cited"),
                  ("run_on", "right", "right answers that run on"),
-                 ("mid_clause", "stopped", "stopped answers ending mid-clause"))
+                 ("mid_clause", "stopped", "answers that ended on their own ending mid-clause"))
 LEAD_RATES = (("opens_with_lead", None, "opens with the lead"),
               ("cited_on_gold", None, "cited on gold"),
-              ("mid_clause", "stopped", "stopped answers ending mid-clause"))
-BOOT = 2000
+              ("mid_clause", "stopped", "answers that ended on their own ending mid-clause"))
 
 
-def rate_ci(pairs: Sequence[tuple[str, bool]], level: float = 0.95, seed: int = 0
-            ) -> dict[str, Any]:
+def rate_ci(pairs: Sequence[tuple[str, bool]]) -> dict[str, Any]:
     """``{"k", "n", "rate", "lo", "hi", "method"}`` for ``(question id, success)`` pairs
     (module docstring); NaNs for no pairs."""
     k, n = sum(bool(s) for _, s in pairs), len(pairs)
@@ -50,17 +51,9 @@ def rate_ci(pairs: Sequence[tuple[str, bool]], level: float = 0.95, seed: int = 
     if all(len(v) == 1 for v in clusters.values()):
         lo, hi = stats.wilson_ci(k, n)
         return {"k": k, "n": n, "rate": k / n, "lo": lo, "hi": hi, "method": "wilson"}
-    groups = [(sum(v), len(v)) for v in clusters.values()]
-    rng = random.Random(seed)
-    draws = []
-    for _ in range(BOOT):
-        pick = [groups[rng.randrange(len(groups))] for _ in groups]
-        draws.append(sum(a for a, _ in pick) / sum(b for _, b in pick))
-    draws.sort()
-    a = (1 - level) / 2
-    lo = draws[int(math.floor(a * (BOOT - 1)))]
-    hi = draws[int(math.ceil((1 - a) * (BOOT - 1)))]
-    return {"k": k, "n": n, "rate": k / n, "lo": lo, "hi": hi, "method": "cluster bootstrap"}
+    q = len(clusters)
+    lo, hi = stats.wilson_ci(k / n * q, q)
+    return {"k": k, "n": n, "rate": k / n, "lo": lo, "hi": hi, "method": "wilson per question"}
 
 
 def paired(a: Sequence[tuple[str, bool]], b: Sequence[tuple[str, bool]]) -> dict[str, Any]:
@@ -89,7 +82,7 @@ def _denominator(rec: dict[str, Any], over: str | None) -> bool:
     if over == "wrong":
         return not rec.get("right")
     if over == "stopped":
-        return rec.get("finish") == "stop"
+        return rec.get("finish") in ENDED
     raise ValueError(f"unknown denominator {over!r}")
 
 
@@ -134,8 +127,8 @@ def _cell(x: dict[str, Any]) -> str:
 
 
 def markdown(rows: Sequence[dict[str, Any]], reference: str = "rag") -> list[str]:
-    """The result tables (factoid and lead families apart); ``*`` marks a cluster-bootstrap
-    interval (Wilson otherwise)."""
+    """The result tables (factoid and lead families apart); ``*`` marks an interval with one
+    observation per question (``rate_ci``)."""
     out: list[str] = []
     for kind, rates, head in (("factoid", FACTOID_RATES, "right"),
                               ("lead", LEAD_RATES, "opens with the lead")):

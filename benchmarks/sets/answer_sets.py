@@ -43,7 +43,7 @@ HELD_OUT_FAMILIES = ("synonym",)
 EXPLAIN_TEMPLATES: dict[str, tuple[str, ...]] = {
     "statement": ("What is the {kw} statement for?", "How does the {kw} statement work?",
                   "Explain the {kw} statement.",
-                  "What happens when Python executes a {kw} statement?"),
+                  "What happens when Python executes {a} {kw} statement?"),
     "other": ("How does Python handle {s}?", "Explain {s} in Python.",
               "What should I know about {s} in Python?", "Describe {s} in Python."),
 }
@@ -187,7 +187,8 @@ def explanation_items(topics: Sequence[Topic], split: str, seed: int = 0) -> lis
         templates = EXPLAIN_TEMPLATES["statement" if t.keyword else "other"]
         first = _rot(t.doc_id, len(templates))
         for i in (first, (first + 2) % len(templates)):
-            text = templates[i].format(kw=t.keyword, s=t.subject)
+            article = "an" if (t.keyword or "x")[0] in "aeiou" else "a"
+            text = templates[i].format(kw=t.keyword, s=t.subject, a=article)
             out.append(Item("explanation", t.doc_id, i, _turn(text), "nest", t.doc_id, "lead",
                             gold_sentence=first_sentence(t.lead), gold_text=t.lead))
     return out

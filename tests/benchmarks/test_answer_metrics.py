@@ -53,6 +53,7 @@ def test_run_on_is_text_past_the_sentence_that_holds_the_value():
 def test_ends_mid_clause_only_for_answers_that_stopped_on_their_own():
     cut = 'The extended form, "assert expression1, expression2", is equivalent to'
     assert M.ends_mid_clause(cut, "stop")
+    assert M.ends_mid_clause("or other iterable object:\n\n", "repeat")  # the guard ended it
     assert not M.ends_mid_clause(cut, "length")
     assert M.ends_mid_clause("The chief of state is King X (since 29", "stop")
     assert M.ends_mid_clause("It is equivalent to:", "stop")
@@ -112,14 +113,18 @@ def test_wilson_interval_matches_newcombe_1998(k, n, lo, hi):
     assert r["lo"] == pytest.approx(lo, abs=6e-5) and r["hi"] == pytest.approx(hi, abs=6e-5)
 
 
-def test_clustered_rates_use_a_wider_cluster_bootstrap():
+def test_clustered_rates_count_one_observation_per_question():
     # 10 questions of 4 phrasings each, all right or all wrong: 40 prompts that are 10 draws
     pairs = [(f"q{q}", q < 5) for q in range(10) for _ in range(4)]
     r = S.rate_ci(pairs)
     flat = S.rate_ci([(f"p{i}", s) for i, (_, s) in enumerate(pairs)])
-    assert r["method"] == "cluster bootstrap" and r["rate"] == 0.5 == flat["rate"]
+    assert r["method"] == "wilson per question" and r["rate"] == 0.5 == flat["rate"]
+    assert (r["k"], r["n"]) == (20, 40)
+    assert (r["lo"], r["hi"]) == pytest.approx((0.2366, 0.7634), abs=6e-5)  # Wilson 5 of 10
     assert (r["hi"] - r["lo"]) > (flat["hi"] - flat["lo"]) * 1.4
-    assert r == S.rate_ci(pairs)  # seeded
+    # none right: still an interval, not [0, 0]
+    zero = S.rate_ci([(f"q{q}", False) for q in range(8) for _ in range(2)])
+    assert zero["lo"] == 0.0 and zero["hi"] == pytest.approx(0.3244, abs=6e-5)  # 0 of 8
     assert S.rate_ci([])["n"] == 0
 
 
