@@ -232,23 +232,14 @@ def build_stores(work: Path, sets: Iterable[str], qs: Any, profiles: Any, pydoc:
                  leads: Any, stores: str = "torch") -> Path:
     """The collections the sets need, under ``store_root(work, stores)`` (``stores``:
     ``store_id``; each built once: a marker file)."""
-    from nest_integrations.ingest.pipeline import IngestPipeline
+    from benchmarks.harness.stores import ingest_once
 
     root = store_root(work, stores)
     backend, _, source = stores.partition("~")
     lm = assembly.shared_model(backend=backend, key_source=source or None)
 
     def ingest(collection: str, write: Any, keys: bool = False) -> None:
-        marker = root / f".{collection}.done"
-        if marker.exists():
-            return
-        src = work / "src" / collection
-        src.mkdir(parents=True, exist_ok=True)
-        sources = write(src)
-        store = assembly.open_store(collection, root)
-        report = IngestPipeline(store, lm, with_keys=keys).ingest(sources, progress=True)
-        LOG.info("%s: %s", collection, report)
-        marker.touch()
+        ingest_once(root, work, collection, write, lm, keys)
 
     sets = set(sets)
     if "entities" in sets:

