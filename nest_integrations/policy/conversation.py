@@ -42,7 +42,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from nest_integrations.retrieval.titles import STOPWORDS, TitleIndex, normalize
+from nest_integrations.core.sentences import STOP_WORDS
+from nest_integrations.retrieval.titles import TitleIndex, normalize
 
 #: What ``AnswerPolicy.conversation`` accepts (see the module docstring).
 CONVERSATION_MODES = ("carry", "rewrite", "last")
@@ -53,9 +54,12 @@ _WORD = re.compile(r"[^\W_]+(?:['\u2019\u02bc][^\W_]+)*", re.UNICODE)
 #: Auxiliaries and copulas: a fragment has none (an ellipsis leaves no verb).
 _VERBS = frozenset("""is are was were be been being am do does did has have had can could will
 would shall should may might must 's 're""".split())
+#: The verbs of a request ("Tell me about X."): no content for evidence (``STOP_WORDS``), but
+#: a verb here: a sentence with one is no fragment to complete from the previous turn.
+_REQUEST_VERBS = frozenset("tell explain describe give show say said".split())
 #: Words that carry no content in a question or a fragment: connectives, wh-words,
-#: discourse particles (beside ``titles.STOPWORDS``).
-_FUNCTION = STOPWORDS | frozenset("""about also too please then now ok okay well so same
+#: discourse particles (beside ``core.sentences.STOP_WORDS``, less the request verbs).
+_FUNCTION = (STOP_WORDS - _REQUEST_VERBS) | frozenset("""about also too please then now ok okay well so same
 instead case as how what which who whom whose when where why much many again
 question""".split())
 _CONNECTIVES = ("and what about", "and how about", "what about", "how about", "and", "or",
