@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # annotations only: `import nest_integrations` loads no numpy (`nest --help`)
+    import numpy as np
 
 
 @dataclass(frozen=True)
