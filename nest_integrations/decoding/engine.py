@@ -278,13 +278,13 @@ class NestEngine:
             request = _Request(self, prompt, plan, cfg, stats, [s for s in (stop or []) if s],
                                {**self.drafter_options, **(drafter_options or {})})
             loop, text = request.loop(as_chat, max_new_tokens)
-            decoded = yield from text.follow(loop.run())
+            decoded = yield from text.follow(_first_token_timed(loop.run(), stats, t_start))
             ended_at_once = (not decoded.out.ids and stats.finish_reason == "stop"
                              and not decoded.out.stopped)
             if not as_chat and chat_retry(self.lm, prompt, self.string_prompts, ended_at_once):
                 stats.finish_reason = ""  # "auto": a completion that ended at once is a question
                 loop, text = request.loop(True, max_new_tokens)
-                decoded = yield from text.follow(loop.run())
+                decoded = yield from text.follow(_first_token_timed(loop.run(), stats, t_start))
             result = self._result(decoded.out, text, stats)
             stats.timing.total = time.perf_counter() - t_start
             stats.mean_lambda = decoded.mean_lambda
@@ -380,6 +380,22 @@ def _check_budget(max_new_tokens: Any) -> None:
 
 
 @dataclass
+def _first_token_timed(commits: Any, stats: NestStats, t_start: float) -> Any:
+    """``commits`` passed through (and closed with this), setting ``stats.timing.first_token``
+    at the first commit that holds a token (issue 63: time to first token)."""
+    try:
+        while True:
+            try:
+                commit = next(commits)
+            except StopIteration as end:
+                return end.value
+            if commit.ids and not stats.timing.first_token:
+                stats.timing.first_token = time.perf_counter() - t_start
+            yield commit
+    finally:
+        commits.close()
+
+
 class _Request:
     """One generation's planned parts and its decode loops: a loop per reading of the prompt
     (raw text, then chat when the completion ended at once), each with a fresh memory."""
