@@ -379,7 +379,6 @@ def _check_budget(max_new_tokens: Any) -> None:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: use an integer >= 1")
 
 
-@dataclass
 def _first_token_timed(commits: Any, stats: NestStats, t_start: float) -> Any:
     """``commits`` passed through (and closed with this), setting ``stats.timing.first_token``
     at the first commit that holds a token (issue 63: time to first token)."""
@@ -396,6 +395,7 @@ def _first_token_timed(commits: Any, stats: NestStats, t_start: float) -> Any:
         commits.close()
 
 
+@dataclass
 class _Request:
     """One generation's planned parts and its decode loops: a loop per reading of the prompt
     (raw text, then chat when the completion ended at once), each with a fresh memory."""
