@@ -138,3 +138,45 @@ def test_packed_linear_matches_f_linear_and_falls_back_off_its_dtype() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
     assert pack_linear_weights(model.to(torch.bfloat16)) == 2
     assert all(isinstance(model[i], PackedLinear) for i in (0, 2))
+
+
+def test_auto_remembers_an_fp32_choice_and_loads_fp32_at_once(tiny_lm_path, monkeypatch,
+                                                              tmp_path) -> None:
+    """Where ``auto`` loaded bf16, found its rows not exact and loaded fp32, the next load goes
+    to fp32 at once (one load, not two) and says so; an explicit dtype is never redirected."""
+    from nest_integrations.lm import auto_dtype, exactness
+    from nest_integrations.lm.row_exact import MachineCache
+
+    class Isolated(MachineCache):
+        @staticmethod
+        def path():
+            return tmp_path / "machine.json"
+
+    monkeypatch.setattr(auto_dtype, "CHOICES", Isolated(auto_dtype.SECTION))
+    monkeypatch.setattr(backend, "cpu_has_native_bf16", lambda: True)
+    real_verdict, real_prepare = exactness.verdict, exactness.prepare
+    monkeypatch.setattr(exactness, "verdict", lambda lm: lm.dtype != torch.bfloat16
+                        and real_verdict(lm))  # this CPU's bf16 rows, faked not exact
+    loads: list[torch.dtype] = []
+
+    def prepare(model, **kwargs):
+        loads.append(next(model.parameters()).dtype)
+        return real_prepare(model, **kwargs)
+
+    monkeypatch.setattr(exactness, "prepare", prepare)
+    first = HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="auto")
+    assert loads == [torch.bfloat16, torch.float32] and first.dtype == torch.float32
+    assert "remembered" not in first.dtype_choice
+    loads.clear()
+    again = HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="auto")
+    assert loads == [torch.float32] and again.exact_rows
+    assert again.dtype_choice == auto_dtype.REMEMBERED
+    assert again.fingerprint == first.fingerprint
+    loads.clear()
+    bf16 = HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="bf16")  # as asked
+    assert loads == [torch.bfloat16] and bf16.dtype == torch.bfloat16 and bf16.dtype_choice is None
+    monkeypatch.setattr(exactness, "verdict", real_verdict)
+    (tmp_path / "machine.json").unlink()  # forgotten: the check runs again
+    loads.clear()
+    HFLanguageModel.from_pretrained(str(tiny_lm_path), dtype="auto")
+    assert loads[0] == torch.bfloat16
