@@ -278,13 +278,15 @@ class NestEngine:
             request = _Request(self, prompt, plan, cfg, stats, [s for s in (stop or []) if s],
                                {**self.drafter_options, **(drafter_options or {})})
             loop, text = request.loop(as_chat, max_new_tokens)
-            decoded = yield from text.follow(_first_token_timed(loop.run(), stats, t_start))
+            decoded = yield from text.follow(loop.run())
+            _first_token(stats, text, t_start)
             ended_at_once = (not decoded.out.ids and stats.finish_reason == "stop"
                              and not decoded.out.stopped)
             if not as_chat and chat_retry(self.lm, prompt, self.string_prompts, ended_at_once):
                 stats.finish_reason = ""  # "auto": a completion that ended at once is a question
                 loop, text = request.loop(True, max_new_tokens)
-                decoded = yield from text.follow(_first_token_timed(loop.run(), stats, t_start))
+                decoded = yield from text.follow(loop.run())
+                _first_token(stats, text, t_start)
             result = self._result(decoded.out, text, stats)
             stats.timing.total = time.perf_counter() - t_start
             stats.mean_lambda = decoded.mean_lambda
@@ -379,20 +381,10 @@ def _check_budget(max_new_tokens: Any) -> None:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: use an integer >= 1")
 
 
-def _first_token_timed(commits: Any, stats: NestStats, t_start: float) -> Any:
-    """``commits`` passed through (and closed with this), setting ``stats.timing.first_token``
-    at the first commit that holds a token (issue 63: time to first token)."""
-    try:
-        while True:
-            try:
-                commit = next(commits)
-            except StopIteration as end:
-                return end.value
-            if commit.ids and not stats.timing.first_token:
-                stats.timing.first_token = time.perf_counter() - t_start
-            yield commit
-    finally:
-        commits.close()
+def _first_token(stats: NestStats, text: TextStream, t_start: float) -> None:
+    """``stats.timing.first_token``: from ``t_start`` to the stream's first token, if any."""
+    if text.first_token_at is not None and not stats.timing.first_token:
+        stats.timing.first_token = text.first_token_at - t_start
 
 
 @dataclass
