@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # annotations only: `import nest_integrations` loads no numpy (`nest --help`)
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,9 @@ class Timings:
     knn: float = 0.0  # the target distribution (p_M's kNN search and mixture)
     draft: float = 0.0  # the drafter's ``propose`` (corpus search, layer-skip passes)
     total: float = 0.0
+    #: from the start of the call (the engine built, its model loaded) to the first committed
+    #: token: retrieval, the plan, evidence, the prompt's prefill and the first step
+    first_token: float = 0.0
 
 
 @dataclass
@@ -221,6 +225,7 @@ class NestStats:
     time_knn = _Flat("timing", "knn")
     time_draft = _Flat("timing", "draft")
     time_total = _Flat("timing", "total")
+    time_to_first_token = _Flat("timing", "first_token")
     route_skip_set = _Flat("route", "skip_set")
     route_domain = _Flat("route", "domain")
     route_similarity = _Flat("route", "similarity")
@@ -269,6 +274,7 @@ STATS_KEYS: tuple[str, ...] = (
     "finish_reason", "decoding", "time_draft", "draft_forwards", "draft_candidates",
     "tree_steps", "tree_nodes", "route_skip_set", "route_domain", "route_similarity",
     "route_fallback", "time_route", "ahead_fed", "ahead_tokens", "exact_rows", "relevance",
+    "time_to_first_token",
 )
 
 

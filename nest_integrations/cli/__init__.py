@@ -5,7 +5,9 @@ Each subcommand module (``ingest``, ``info``, ``ask``, ``attribute``, ``eval``, 
 ``cmd_<name>(args) -> int``, which runs it (``knn_ssd`` for ``nest knn-ssd``); ``common`` holds
 the shared store options and ``formatting`` the terminal rendering of answers. ``main`` parses,
 configures logging, runs the command and turns expected errors into one line on stderr and exit
-status 1 (``--debug`` shows the traceback instead).
+status 1 (``--debug`` shows the traceback instead). Only the module of the command being run is
+imported: ``import nest_integrations.cli`` and ``nest --help`` load no torch, transformers,
+Chroma or LlamaIndex (``tests/cli/test_startup.py``).
 
 Usage::
 
@@ -24,47 +26,58 @@ line is the outermost adapter: no library module imports this package.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
 import traceback
-from typing import Callable, Sequence
+from types import ModuleType
+from typing import Callable, Iterable, Sequence
 
-from nest_integrations.cli.ask import ASK_HELP, add_ask_args, cmd_ask
-from nest_integrations.cli.attribute import ATTRIBUTE_HELP, add_attribute_args, cmd_attribute
-from nest_integrations.cli.calibrate import CALIBRATE_HELP, add_calibrate_args, cmd_calibrate
 from nest_integrations.cli.common import UsageError
-from nest_integrations.cli.dresd import DRESD_HELP, add_dresd_args, cmd_dresd
-from nest_integrations.cli.eval import EVAL_HELP, add_eval_args, cmd_eval
-from nest_integrations.cli.info import INFO_HELP, add_info_args, cmd_info
-from nest_integrations.cli.ingest import INGEST_HELP, add_ingest_args, cmd_ingest
-from nest_integrations.cli.knn_ssd import KNN_SSD_HELP, add_knn_ssd_args, cmd_knn_ssd
-from nest_integrations.cli.serve import SERVE_HELP, add_serve_args, cmd_serve
 
 LOG = logging.getLogger("nest_integrations.cli")
 
-__all__ = ["COMMANDS", "UsageError", "build_parser", "main"]
+__all__ = ["COMMANDS", "UsageError", "build_parser", "command_module", "main"]
 
 
 # --------------------------------------------------------------------------------- registry
 
-Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
-
-#: name -> (add arguments, run, help). Add a subcommand (e.g. ``ask``) with one entry.
-COMMANDS: dict[str, Command] = {
-    "ingest": (add_ingest_args, cmd_ingest, INGEST_HELP),
-    "info": (add_info_args, cmd_info, INFO_HELP),
-    "ask": (add_ask_args, cmd_ask, ASK_HELP),
-    "attribute": (add_attribute_args, cmd_attribute, ATTRIBUTE_HELP),
-    "eval": (add_eval_args, cmd_eval, EVAL_HELP),
-    "dresd": (add_dresd_args, cmd_dresd, DRESD_HELP),
-    "calibrate": (add_calibrate_args, cmd_calibrate, CALIBRATE_HELP),
-    "knn-ssd": (add_knn_ssd_args, cmd_knn_ssd, KNN_SSD_HELP),
-    "serve": (add_serve_args, cmd_serve, SERVE_HELP),
+#: name -> one-line help (shown by ``nest --help``). The subcommand ``name`` lives in the module
+#: ``nest_integrations.cli.<name with _ for ->``, as ``add_<module>_args(parser)`` and
+#: ``cmd_<module>(args) -> int``; the module is imported only when the command runs or its
+#: arguments are parsed, so ``nest --help`` loads no model library. Add a subcommand with one
+#: entry and its module.
+COMMANDS: dict[str, str] = {
+    "ingest": "load, split, embed and store documents (and their token keys)",
+    "info": "show the model backend (dtype, exact lossless decoding here), collections, "
+            "passages, tokens and key-store size",
+    "ask": "answer a question with NEST; every copied span is cited",
+    "attribute": "attribute any text to a collection: verbatim and support citations, "
+                 "unsupported sentences",
+    "eval": "compare base LM, RA, kNN-LM, NEST and RA-NEST (Table 1 style report + plots)",
+    "dresd": "build or inspect a DReSD datastore (lossless dense-retrieval drafts)",
+    "calibrate": "fit the kNN temperature and RRC (mu, alpha, tau) to the model and a collection",
+    "knn-ssd": "build KNN-SSD skip-set profiles: domain prompts, skip-set search, anchors",
+    "serve": "serve an OpenAI-compatible API with span citations, and a playground page at /",
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+
+def command_module(name: str) -> ModuleType:
+    """The module of subcommand ``name`` (imported now)."""
+    return importlib.import_module(f"nest_integrations.cli.{name.replace('-', '_')}")
+
+
+def _functions(name: str) -> tuple[Callable[[argparse.ArgumentParser], None],
+                                   Callable[[argparse.Namespace], int]]:
+    module, stem = command_module(name), name.replace("-", "_")
+    return getattr(module, f"add_{stem}_args"), getattr(module, f"cmd_{stem}")
+
+
+def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
+    """The ``nest`` parser. ``commands``: the subcommands whose arguments it parses (their
+    modules are imported); default all. The others are listed by name and help only."""
     parser = argparse.ArgumentParser(
         prog="nest",
         description="NEST (Nearest Neighbor Speculative Decoding) with span citations.",
@@ -72,9 +85,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: debug)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", help="what to do")
-    for name, (add_args, _, help_text) in COMMANDS.items():
-        add_args(sub.add_parser(name, help=help_text, description=help_text))
+    wanted = set(COMMANDS if commands is None else commands)
+    for name, help_text in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name in wanted:
+            _functions(name)[0](p)
     return parser
+
+
+def _named_command(argv: Sequence[str]) -> list[str]:
+    """The subcommand ``argv`` names, as a list for ``build_parser``; ``[]`` when it names none
+    (``nest --help``: no subcommand module is imported) or an unknown one (argparse says so)."""
+    for word in argv:
+        if word.startswith("-"):  # an option of ``nest`` itself: none takes a value
+            continue
+        return [word] if word in COMMANDS else []
+    return []
 
 
 def _setup_logging(verbose: int) -> None:
@@ -91,13 +117,14 @@ def _setup_logging(verbose: int) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``nest`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every model is local: never reach a hub
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_named_command(argv))
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help(sys.stderr)
         return 2
     _setup_logging(args.verbose)
-    run = COMMANDS[args.command][1]
+    run = _functions(args.command)[1]
     try:
         return run(args)
     except KeyboardInterrupt:

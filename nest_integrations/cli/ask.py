@@ -14,9 +14,6 @@ from nest_integrations import assembly
 from nest_integrations.config import PRESETS, NestConfig
 from nest_integrations.lm.backend import add_backend_args, apply_backend_args
 
-#: One-line help of the subcommand (shown by `nest --help`).
-ASK_HELP = "answer a question with NEST; every copied span is cited"
-
 
 def _decoding_choices() -> list[str]:
     from nest_integrations.drafters import METHODS

@@ -15,10 +15,6 @@ from pathlib import Path
 from nest_integrations import assembly
 from nest_integrations.cli.common import UsageError, out, store_args
 
-#: One-line help of the subcommand (shown by `nest --help`).
-ATTRIBUTE_HELP = ("attribute any text to a collection: verbatim and support citations, "
-                  "unsupported sentences")
-
 _SCORERS = ("embedding", "keys", "combined", "fuzzy")
 
 

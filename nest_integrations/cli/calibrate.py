@@ -9,9 +9,7 @@ import sys
 from nest_integrations.calibrate.runs import calibrate_collection
 from nest_integrations.lm.backend import add_backend_args, apply_backend_args
 
-__all__ = ["CALIBRATE_HELP", "add_calibrate_args", "cmd_calibrate"]
-
-CALIBRATE_HELP = "fit the kNN temperature and RRC (mu, alpha, tau) to the model and a collection"
+__all__ = ["add_calibrate_args", "cmd_calibrate"]
 
 
 def add_calibrate_args(p: argparse.ArgumentParser) -> None:

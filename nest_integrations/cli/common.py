@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from nest_integrations import assembly
+from nest_integrations.defaults import DEFAULT_COLLECTION
 
 
 class UsageError(ValueError):
@@ -19,7 +19,7 @@ def out(text: str = "") -> None:
 
 
 def store_args(p: argparse.ArgumentParser, collection_help: str | None = None) -> None:
-    default = None if collection_help else assembly.DEFAULT_COLLECTION
+    default = None if collection_help else DEFAULT_COLLECTION
     p.add_argument(
         "--collection",
         default=default,
@@ -40,6 +40,8 @@ def store_args(p: argparse.ArgumentParser, collection_help: str | None = None) -
 
 
 def open_store(args: argparse.Namespace) -> Any:
+    from nest_integrations import assembly
+
     return assembly.open_store(args.collection, args.persist_dir, args.chroma_url)
 
 

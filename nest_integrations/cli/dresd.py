@@ -22,8 +22,6 @@ from typing import Any
 
 from nest_integrations.lm.backend import add_backend_args, apply_backend_args
 
-DRESD_HELP = "build or inspect a DReSD datastore (lossless dense-retrieval drafts)"
-
 
 def add_dresd_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="dresd_command", metavar="{build,info}", required=True,

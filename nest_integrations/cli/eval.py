@@ -1,7 +1,7 @@
 """``nest eval``: the evaluation harness from the command line.
 
-Register it in the main CLI with either ``add_eval_parser(subparsers)`` or, in ``COMMANDS``,
-``"eval": (add_eval_args, cmd_eval, EVAL_HELP)``. ``main(argv)`` runs it standalone
+Registered in the main CLI's ``COMMANDS`` (whose help line ``EVAL_HELP`` is); another parser adds
+it with ``add_eval_parser(subparsers)``. ``main(argv)`` runs it standalone
 (as the small evaluation in ``docs/evaluation.md`` does).
 
 Usage::
@@ -21,7 +21,9 @@ import os
 import sys
 from typing import Any, Sequence
 
-EVAL_HELP = "compare base LM, RA, kNN-LM, NEST and RA-NEST (Table 1 style report + plots)"
+from nest_integrations.cli import COMMANDS
+
+EVAL_HELP = COMMANDS["eval"]
 DEFAULT_OUT = os.path.join("benchmarks", "results")
 
 

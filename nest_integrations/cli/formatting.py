@@ -141,8 +141,8 @@ def render(result: NestResult, min_tokens: int = 2) -> str:
                   f"{len(result.unsupported)} sentence(s):",
                   *(f"    \"{_clip(u.text, 100)}\"" for u in result.unsupported), ""]
     parts.append(
-        f"{s.new_tokens} tokens in {s.time_total:.1f}s ({s.tokens_per_second:.1f} tok/s), "
-        f"{s.forward_passes} forward passes, {s.attribution_ratio:.0%} attributed, "
+        f"{s.new_tokens} tokens in {s.time_total:.1f}s ({s.tokens_per_second:.1f} tok/s, "
+        f"first token {s.time_to_first_token:.2f}s), {s.forward_passes} forward passes, {s.attribution_ratio:.0%} attributed, "
         f"{len(result.passages)} passages searched"
     )
     return "\n".join(parts)

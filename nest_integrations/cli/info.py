@@ -13,9 +13,6 @@ from nest_integrations import assembly
 from nest_integrations.cli.common import open_store, out, store_args
 from nest_integrations.lm.backend import add_backend_args, apply_backend_args
 
-INFO_HELP = ("show the model backend (dtype, exact lossless decoding here), collections, "
-             "passages, tokens and key-store size")
-
 
 def add_info_args(p: argparse.ArgumentParser) -> None:
     store_args(p, "also show this collection's passages, documents and tokens "

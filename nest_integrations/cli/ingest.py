@@ -14,8 +14,6 @@ from nest_integrations.cli.common import UsageError, open_store, out, quiet_tran
 from nest_integrations.lm import default as default_model
 from nest_integrations.lm.backend import add_backend_args, apply_backend_args
 
-INGEST_HELP = "load, split, embed and store documents (and their token keys)"
-
 
 def _load_lm() -> Any:
     """The model for token keys: the shared default (``assembly.shared_model``). Subcommands

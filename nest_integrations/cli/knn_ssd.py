@@ -25,8 +25,6 @@ from typing import Any
 
 from nest_integrations.lm.backend import add_backend_args, apply_backend_args
 
-KNN_SSD_HELP = "build KNN-SSD skip-set profiles: domain prompts, skip-set search, anchors"
-
 
 def _load_lm(model: str | None) -> Any:
     """The model to profile: the default engine's model or ``--model``, from the shared model

@@ -19,9 +19,6 @@ from nest_integrations.server.protocol import DEFAULT_SERVED_MODEL
 
 LOG = logging.getLogger(__name__)
 
-#: One-line help of the subcommand (shown by `nest --help`).
-SERVE_HELP = "serve an OpenAI-compatible API with span citations, and a playground page at /"
-
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     """Arguments of ``nest serve`` (the parser comes from the CLI registry)."""

@@ -284,11 +284,13 @@ class NestEngine:
                                {**self.drafter_options, **(drafter_options or {})})
             loop, text = request.loop(as_chat, max_new_tokens)
             decoded = yield from text.follow(loop.run())
+            _first_token(stats, text, t_start)
             if decoded.quote_rejected:  # the model said no to the evidence: answer without it
                 stats.evidence, stats.finish_reason = "rejected", ""
                 request.plan = plan = plan.without_evidence()
                 loop, text = request.loop(as_chat, max_new_tokens)
                 decoded = yield from text.follow(loop.run())
+                _first_token(stats, text, t_start)
             elif stats.quote_score is not None:  # the quote was committed (and checked)
                 stats.evidence = "quoted"
             ended_at_once = (not decoded.out.ids and stats.finish_reason == "stop"
@@ -297,6 +299,7 @@ class NestEngine:
                 stats.finish_reason = ""  # "auto": a completion that ended at once is a question
                 loop, text = request.loop(True, max_new_tokens)
                 decoded = yield from text.follow(loop.run())
+                _first_token(stats, text, t_start)
             result = self._result(decoded.out, text, stats)
             stats.timing.total = time.perf_counter() - t_start
             stats.mean_lambda = decoded.mean_lambda
@@ -389,6 +392,12 @@ def _check_budget(max_new_tokens: Any) -> None:
         max_new_tokens < 1
     ):
         raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: use an integer >= 1")
+
+
+def _first_token(stats: NestStats, text: TextStream, t_start: float) -> None:
+    """``stats.timing.first_token``: from ``t_start`` to the stream's first token, if any."""
+    if text.first_token_at is not None and not stats.timing.first_token:
+        stats.timing.first_token = text.first_token_at - t_start
 
 
 @dataclass

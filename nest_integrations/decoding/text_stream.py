@@ -27,6 +27,7 @@ the loop, and a consumer that stops iterating closes it.
 from __future__ import annotations
 
 import bisect
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Sequence, TypeVar
 
@@ -323,6 +324,9 @@ class TextStream:
         self.evidence_doc = (ev.doc_id if ev.doc_id is not None else ev.id) if ev else None
         self._runs: dict[tuple, list[Citation]] = {}  # run_pieces' cache
         self._sent: dict[tuple, tuple[int, str]] = {}  # each reported citation's last form
+        #: ``time.perf_counter()`` at the first commit that held a token (None before it): the
+        #: engine's time to first token (``NestStats.time_to_first_token``)
+        self.first_token_at: float | None = None
 
     def shows(self, citation: Citation) -> bool:
         """Whether a citation is reported: at least ``min_tokens`` tokens and ``min_words``
@@ -338,6 +342,8 @@ class TextStream:
                     commit = next(commits)
                 except StopIteration as end:
                     return end.value
+                if commit.ids and self.first_token_at is None:
+                    self.first_token_at = time.perf_counter()
                 yield from self.chunks(commit)
         finally:
             commits.close()

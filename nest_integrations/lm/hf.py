@@ -40,7 +40,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from nest_integrations.lm import backend, exactness, hf_text, rowwise_attention
+from nest_integrations.lm import auto_dtype, backend, exactness, hf_text, rowwise_attention
 from nest_integrations.lm.backend import resolve_dtype
 from nest_integrations.lm.base import Capabilities
 from nest_integrations.lm.hf_keys import KeyHook, check_key_source, encode_passages
@@ -203,6 +203,9 @@ class HFLanguageModel:
         check_key_source(key_source)  # fail before a long load
         dev = resolve_device(device)
         load_dtype = resolve_dtype(dtype, dev)  # a bad dtype fails before the load too
+        auto = auto_dtype.key(str(model_id_or_path), dtype, dev, load_dtype, pack_weights,
+                              exact_rows, hf_kwargs)  # fp32 at once where a check chose it
+        load_dtype = torch.float32 if auto and auto_dtype.recall(auto) == "fp32" else load_dtype
         start = time.perf_counter()
         tok_kwargs = {k: hf_kwargs[k] for k in _SHARED_LOAD_KWARGS if k in hf_kwargs}
         tokenizer = AutoTokenizer.from_pretrained(model_id_or_path, **tok_kwargs)
@@ -222,6 +225,7 @@ class HFLanguageModel:
                  time.perf_counter() - start)
         lm = cls(model, tokenizer, name=str(model_id_or_path), key_source=key_source)
         lm.packed_linears, lm.row_exact_linears = kernels["packed"], kernels["row_exact"]
+        lm.dtype_choice = auto_dtype.REMEMBERED if auto and lm.dtype == torch.float32 else None
         if kernels["rowwise"]:
             _ = lm.exact_rows  # checked now (cached per machine), not in the first generation
         if backend.requests_auto(dtype) and dev.type == "cpu" and lm.dtype == torch.bfloat16 \
@@ -235,6 +239,7 @@ class HFLanguageModel:
                                            exact_rows=exact_rows, **hf_kwargs)
                 if fp32.exact_rows:
                     fp32.dtype_choice = "fp32 (auto: bf16 verify rows not bit-exact on this CPU)"
+                    auto_dtype.remember(auto, "fp32")
                     return fp32
                 lm.dtype_choice = "bf16 (auto: verify rows bit-exact in neither bf16 nor fp32)"
         return lm

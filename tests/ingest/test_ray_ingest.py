@@ -198,8 +198,9 @@ def test_unreachable_address_fails_fast_with_the_address(tmp_path, tiny_lm, ray)
 
 def test_cli_unreachable_ray_fails_before_writing(tmp_path, tiny_lm, monkeypatch, capsys, ray):
     from nest_integrations import cli
+    from nest_integrations.cli import ingest as ingest_cli  # imported when the command runs
 
-    monkeypatch.setattr(cli.ingest, "_load_lm", lambda: tiny_lm)
+    monkeypatch.setattr(ingest_cli, "_load_lm", lambda: tiny_lm)
     src = tmp_path / "a.txt"
     src.write_text("A short document about nothing in particular.")
     with _refusing_port() as port:

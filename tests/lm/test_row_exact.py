@@ -140,9 +140,10 @@ def test_a_wrong_plan_is_caught_by_the_model_check(tiny_lm_path, monkeypatch) ->
 def test_auto_loads_fp32_where_bf16_rows_are_not_exact(tiny_lm_path, monkeypatch) -> None:
     """The other CPU's decision, faked: on a CPU with native bf16 whose bf16 verify rows are
     not bit-exact, ``dtype="auto"`` gives the fp32 model (exact), and says why."""
-    from nest_integrations.lm import backend
+    from nest_integrations.lm import auto_dtype, backend
 
     monkeypatch.setattr(backend, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(auto_dtype, "remember", lambda key, choice: None)  # a faked verdict
     real = exactness.verdict
     monkeypatch.setattr(exactness, "verdict",
                         lambda lm: lm.dtype != torch.bfloat16 and real(lm))
