@@ -12,6 +12,7 @@ from typing import Any, Mapping
 from nest_integrations.config import Guards, NestConfig
 from nest_integrations.defaults import DEFAULT_COLLECTION, DEFAULT_MAX_NEW_TOKENS, DEFAULT_PRESET
 from nest_integrations.lm.backend import backend_config
+from nest_integrations.lm.port import port_of
 from nest_integrations.lm.serialized import unwrap
 from nest_integrations.paths import persist_root
 from nest_integrations.policy import AnswerPolicy
@@ -86,7 +87,7 @@ def backend_name(backend: str | None) -> str | None:
 
 def lm_backend(lm: Any) -> str:
     """The backend a loaded model runs on (``"torch"`` unless it says otherwise)."""
-    return str(getattr(unwrap(lm), "backend", "torch"))
+    return port_of(lm).build().backend
 
 
 def engine_config(engine: Any, config: NestConfig | str | Mapping[str, Any] | None) -> NestConfig:

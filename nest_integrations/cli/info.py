@@ -45,7 +45,7 @@ def backend_info(args: argparse.Namespace) -> dict[str, Any]:
         why = f"auto: {decision.reason}; --backend torch|llama.cpp overrides"
     else:
         why = f"asked for (--backend {asked}, or $NEST_BACKEND)"
-    return {"model": getattr(lm, "name", None), "backend": spec.backend, "backend_choice": why,
+    return {"model": lm.name, "backend": spec.backend, "backend_choice": why,
             **describe(assembly.unwrap(lm))}
 
 

@@ -11,7 +11,7 @@ otherwise), the draft's ``q``, as in the speculative-decoding papers and HF.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -164,6 +164,27 @@ class Drafter(Protocol):
     def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:
         """Called after ``draft`` was verified: ``n_accepted`` of its tokens were committed
         (for a tree: the length of the accepted path)."""
+
+
+@runtime_checkable
+class CitesTokens(Protocol):
+    """A copy drafter that cites the tokens plain steps commit (``Drafter``'s docstring)."""
+
+    def cite(self, state: DecodeState, token: int) -> Source: ...
+
+
+@runtime_checkable
+class WantsPromptVector(Protocol):
+    """A drafter that may read ``DecodeState.prompt_vector`` (default: it does not)."""
+
+    wants_prompt_vector: bool
+
+
+@runtime_checkable
+class WantsHidden(Protocol):
+    """A drafter that says whether it reads ``DecodeState.hidden`` (default: it does)."""
+
+    wants_hidden: bool
 
 
 @dataclass

@@ -191,8 +191,8 @@ def evaluate(
     finally:
         store.close()
     run.provenance = {
-        "model": getattr(lm, "name", "?"),
-        "model_fingerprint": getattr(lm, "fingerprint", "?"),
+        "model": lm.name,
+        "model_fingerprint": lm.fingerprint,
         "corpus": corpus_prov,
         "machine_start": machine_start,
         "machine_end": machine_info(),

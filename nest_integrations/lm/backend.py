@@ -115,11 +115,6 @@ def set_default_backend(backend: str | None) -> None:
     _default_backend = parse_backend(backend)
 
 
-def default_backend() -> str | None:
-    """The process default set by ``set_default_backend`` (None when unset)."""
-    return _default_backend
-
-
 def parse_dtype(dtype: "str | torch.dtype | None") -> "str | torch.dtype | None":
     """Validate ``dtype``: None, ``"auto"``, ``"checkpoint"`` or a torch dtype (a name becomes
     its ``torch.dtype``). Raises ``ValueError`` naming the accepted values."""
@@ -436,7 +431,6 @@ __all__ = [
     "apply_backend_args",
     "configure_threads",
     "cpu_has_native_bf16",
-    "default_backend",
     "default_dtype",
     "dtype_label",
     "machine_name",

@@ -43,6 +43,7 @@ import torch
 from nest_integrations.lm import backend, exactness, hf_text, rowwise_attention
 from nest_integrations.lm.backend import resolve_dtype
 from nest_integrations.lm.base import Capabilities
+from nest_integrations.lm.port import Build
 from nest_integrations.lm.hf_keys import KeyHook, check_key_source, encode_passages
 
 LOG = logging.getLogger(__name__)
@@ -138,8 +139,17 @@ class HFLanguageModel:
         return Capabilities(
             prompt_vector=True, inexact_rows=True, exact_rows_checked=True,
             chat_template=bool(getattr(self.tokenizer, "chat_template", None)),
-            string_prefix=self._string_prefix,
+            string_prefix=self._string_prefix, trees=True, layer_skip=True,
         )
+
+    def build(self) -> Build:
+        """What this model's cost curves and exactness verdicts depend on beyond its
+        fingerprint (``lm.port.Build``): its dtype, prepacked linears, row-wise attention."""
+        kernels = (("packed",) if self.packed_linears else ()) + (
+            ("rowwise",) if self.rowwise_attention else ())
+        return Build("torch", str(self.dtype).removeprefix("torch."), kernels,
+                     row_exact_linears=self.row_exact_linears,
+                     dtype_choice=self.dtype_choice)
 
     @property
     def rowwise_attention(self) -> bool:

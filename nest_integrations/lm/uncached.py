@@ -9,11 +9,14 @@ no layer skipping.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from nest_integrations.lm.base import Capabilities, capabilities_of
+
+if TYPE_CHECKING:
+    from nest_integrations.lm.port import LMPort
 
 
 class UncachedLM:
@@ -28,7 +31,14 @@ class UncachedLM:
         """The wrapped LM's, less the passes and cache calls this wrapper does not run
         through its own ``forward`` and list cache."""
         return replace(capabilities_of(self._lm), logits_only=False, argmax_rows=False,
-                       release_cache=False, rows_split=False)
+                       release_cache=False, rows_split=False, trees=False, layer_skip=False)
+
+    @property
+    def port(self) -> "LMPort":
+        """This wrapper's own port (not the wrapped model's)."""
+        from nest_integrations.lm.port import resolve_port
+
+        return resolve_port(self)
 
     def new_cache(self) -> list[int]:
         return []
