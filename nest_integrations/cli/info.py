@@ -35,7 +35,7 @@ def backend_info(args: argparse.Namespace) -> dict[str, Any]:
     from nest_integrations.lm.exactness import describe
 
     apply_backend_args(args)
-    spec = assembly.EngineSpec(model=args.model, dtype=args.dtype)
+    spec = assembly.EngineSpec(model=args.model, dtype=args.dtype).resolved()
     lm = assembly.spec_model(spec)
     asked = requested_backend()
     if asked == "auto":

@@ -57,6 +57,9 @@ class Decision:
     reason: str
     #: the cached measurement when one decided it: ``{"seconds": {...}, "exact": {...}, ...}``
     record: dict[str, Any] = field(default_factory=dict)
+    #: only a measurement can decide (``decide(measure=False)`` before one is cached):
+    #: ``backend`` is then torch, the answer until it is measured
+    pending: bool = False
 
 
 def resolve_backend(backend: str | None = None, *, model: Any = None, device: Any = None,
@@ -143,7 +146,7 @@ def decide(model: Any = None, device: Any = None, dtype: Any = None, decoding: s
     key = _cache_key()
     if not measure and cached(key) is None:
         return Decision("torch", "not measured on this machine yet (the first model load "
-                                 "measures it)")
+                                 "measures it)", pending=True)
     try:
         record = _choices().get(key, measure_step_costs)
     except Exception as exc:  # noqa: BLE001 - a failed measurement must not stop the request

@@ -51,7 +51,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
 
 from nest_integrations.lm.cache_key import key_of
 from nest_integrations.lm.port import port_of
