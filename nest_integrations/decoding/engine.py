@@ -265,7 +265,7 @@ class NestEngine:
         if not question.strip():
             raise ValueError("the prompt is empty: pass a non-empty string or user message")
         # an LM with its own thread pool (llama.cpp) keeps torch's few ops per step on one
-        # thread while it decodes (``lm.backend.torch_on_one_thread``)
+        # thread while it decodes (``lm.threads.TorchThreads.on_one_thread``)
         with session(self.lm):
             t_start, stats = time.perf_counter(), NestStats()
             if passages is None:

@@ -44,6 +44,7 @@ from nest_integrations.lm import backend, exactness, hf_text, rowwise_attention
 from nest_integrations.lm.backend import resolve_dtype
 from nest_integrations.lm.base import Capabilities
 from nest_integrations.lm.port import Build
+from nest_integrations.lm.threads import TORCH_THREADS
 from nest_integrations.lm.hf_keys import KeyHook, check_key_source, encode_passages
 
 LOG = logging.getLogger(__name__)
@@ -90,6 +91,8 @@ class HFLanguageModel:
 
     #: the runtime (``lm.backend.BACKENDS``); ``lm.llama_cpp`` is the other one
     backend = "torch"
+    #: the thread regime its passes run in: torch's pool (``lm.threads``)
+    regime = TORCH_THREADS
 
     def __init__(
         self,

@@ -21,6 +21,7 @@ from typing import Any, ContextManager, Protocol, Sequence, cast, runtime_checka
 import torch
 
 from nest_integrations.lm.base import Capabilities, LanguageModel, capabilities_of
+from nest_integrations.lm.threads import TORCH_THREADS
 
 Rows = tuple[Any, torch.Tensor]
 
@@ -114,7 +115,8 @@ class Build:
 
 class Regime(Protocol):
     """Which threads an LM's passes run on: ``lm.llama_cpp.regime.ThreadRegime`` (its own
-    pool, whose exact steps may change threads with the cache's length) or ``TorchThreads``."""
+    pool, whose exact steps may change threads with the cache's length) or ``lm.threads``'s
+    ``TorchThreads``."""
 
     @property
     def threads(self) -> int: ...
@@ -133,24 +135,6 @@ class Regime(Protocol):
 
     def steps_on_every_thread(self) -> bool:
         """Whether the next exact step runs on every thread."""
-
-
-class TorchThreads:
-    """The regime of an LM on torch's pool: torch's thread count, one regime for every step."""
-
-    @property
-    def threads(self) -> int:
-        return torch.get_num_threads()
-
-    split_steps = False
-    step_regimes = False
-    exact_curve_context = 0
-
-    def steps_on_every_thread(self) -> bool:
-        return True
-
-
-TORCH_THREADS = TorchThreads()
 
 
 @runtime_checkable
@@ -236,5 +220,5 @@ def port_of(lm: Any) -> LMPort:
 __all__ = [
     "ArgmaxRows", "Build", "DecodingSession", "ExactRows", "InexactRows", "LMPort", "LayerSkip",
     "LogitsOnly", "PromptVector", "Regime", "ReleasesCache", "RowsSplit", "StepsOnly",
-    "TORCH_THREADS", "TorchThreads", "TreePasses", "capabilities_of", "port_of", "resolve_port",
+    "TORCH_THREADS", "TreePasses", "capabilities_of", "port_of", "resolve_port",
 ]

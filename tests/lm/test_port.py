@@ -103,3 +103,19 @@ def test_a_build_label_names_the_weights_and_kernels(kernels, want) -> None:
     assert Build("llama.cpp", "gguf-Q8_0", kernels).label == want
     assert not Build("torch", "float32", ("packed",), row_exact_linears=3).row_exact
     assert Build("torch", "float32", ("rowwise",), row_exact_linears=3).row_exact
+
+
+def test_torch_threads_go_to_one_within_nested_blocks_and_back() -> None:
+    """The torch regime's ``on_one_thread`` (the llama.cpp backend's decoding session): nested
+    blocks share it and the last one out restores the count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with TORCH_THREADS.on_one_thread():
+            assert TORCH_THREADS.threads == 1
+            with TORCH_THREADS.on_one_thread():
+                assert torch.get_num_threads() == 1
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2 == TORCH_THREADS.threads
+    finally:
+        torch.set_num_threads(before)

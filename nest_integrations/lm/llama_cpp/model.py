@@ -244,10 +244,10 @@ class LlamaCppLanguageModel:
     def decoding_session(self) -> Any:
         """The context of one generation: torch's ops between llama.cpp's decodes run on one
         thread, so its idle workers do not spin on llama.cpp's cores
-        (``lm.backend.torch_on_one_thread``)."""
-        from nest_integrations.lm.backend import torch_on_one_thread
+        (``lm.threads.TorchThreads.on_one_thread``)."""
+        from nest_integrations.lm.threads import TORCH_THREADS
 
-        return torch_on_one_thread()
+        return TORCH_THREADS.on_one_thread()
 
     @property
     def kv_type(self) -> str:

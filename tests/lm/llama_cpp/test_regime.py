@@ -255,7 +255,7 @@ def test_torch_runs_on_one_thread_while_llama_cpp_decodes(lm, monkeypatch):
     on 2 threads, 51-57 on one), and gives torch its thread count back after, also when a
     stream is closed early; nested sessions share it."""
     from nest_integrations.decoding.loop import DecodeLoop
-    from nest_integrations.lm.backend import torch_on_one_thread
+    from nest_integrations.lm.threads import TORCH_THREADS
     from nest_integrations.retrieval.in_memory import InMemoryRetriever
 
     seen: list[int] = []
@@ -276,7 +276,7 @@ def test_torch_runs_on_one_thread_while_llama_cpp_decodes(lm, monkeypatch):
         assert torch.get_num_threads() == 2
         stream = engine.stream(PASSAGES[1].text[:40], max_new_tokens=6, passages=PASSAGES[:2])
         next(stream)
-        with torch_on_one_thread():  # a second session inside the first
+        with TORCH_THREADS.on_one_thread():  # a second session inside the first
             assert torch.get_num_threads() == 1
         assert torch.get_num_threads() == 1  # the stream's session is still open
         stream.close()
