@@ -34,12 +34,9 @@ from nest_integrations.core.mixture import Distribution, LMDistribution, nest_di
 from nest_integrations.core.sampling import host_row
 from nest_integrations.core.token_memory import TokenMemory
 from nest_integrations.lm.base import LanguageModel
-from nest_integrations.lm.port import TreePasses, port_of
+from nest_integrations.lm.port import Rows, TreePasses, port_of
 from nest_integrations.types import NestStats
 
-#: ``(logits, keys)`` rows of a target pass: ``(T, V)`` and ``(T, d)``; with argmax rows the
-#: first is a list of T ints.
-Rows = tuple[Any, torch.Tensor]
 
 
 class Target:

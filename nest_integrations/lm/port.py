@@ -23,6 +23,8 @@ import torch
 from nest_integrations.lm.base import Capabilities, LanguageModel, capabilities_of
 from nest_integrations.lm.threads import TORCH_THREADS
 
+#: ``(logits, keys)`` rows of a pass: ``(T, V)`` and ``(T, d)``; with argmax rows the first is
+#: a list of T ints.
 Rows = tuple[Any, torch.Tensor]
 
 
@@ -74,7 +76,7 @@ class LayerSkip(Protocol):
     #: the torch module whose decoder layers a draft skips
     model: Any
 
-    def forward_skip(self, ids: Sequence[int], cache: Any, skip: Any) -> Rows: ...
+    def forward_skip(self, ids: Sequence[int], cache: Any, skip: Any) -> torch.Tensor: ...
 
 
 class ExactRows(Protocol):
@@ -218,7 +220,7 @@ def port_of(lm: Any) -> LMPort:
 
 
 __all__ = [
-    "ArgmaxRows", "Build", "DecodingSession", "ExactRows", "InexactRows", "LMPort", "LayerSkip",
+    "ArgmaxRows", "Build", "Rows", "DecodingSession", "ExactRows", "InexactRows", "LMPort", "LayerSkip",
     "LogitsOnly", "PromptVector", "Regime", "ReleasesCache", "RowsSplit", "StepsOnly",
     "TORCH_THREADS", "TreePasses", "capabilities_of", "port_of", "resolve_port",
 ]
