@@ -155,7 +155,10 @@ class Drafter(Protocol):
     costs a pass of its own (llama.cpp, ``forward_logits``), and ``hidden`` is None until the
     first step. A copy drafter may define ``cite(state, token) -> Source``: the loop asks it
     for the source of each token a plain step commits (the lossless schedule), so a copy the
-    drafter did not draft (its cost model skipped the verify pass) is still cited.
+    drafter did not draft (its cost model skipped the verify pass) is still cited. Each of the
+    three is a protocol below (``WantsPromptVector``, ``WantsHidden``, ``CitesTokens``), checked
+    once per generation by ``decoding.drafts.Drafts``; a drafter that has none gets the defaults
+    (no prompt vector, key rows read, no citation of plain steps).
     """
 
     def propose(self, state: DecodeState) -> Draft | None:

@@ -146,13 +146,10 @@ class HFLanguageModel:
         )
 
     def build(self) -> Build:
-        """What this model's cost curves and exactness verdicts depend on beyond its
-        fingerprint (``lm.port.Build``): its dtype, prepacked linears, row-wise attention."""
-        kernels = (("packed",) if self.packed_linears else ()) + (
-            ("rowwise",) if self.rowwise_attention else ())
+        """What its measurements depend on beyond the fingerprint (``lm.port.Build``)."""
+        kernels = ("packed",) * bool(self.packed_linears) + ("rowwise",) * self.rowwise_attention
         return Build("torch", str(self.dtype).removeprefix("torch."), kernels,
-                     row_exact_linears=self.row_exact_linears,
-                     dtype_choice=self.dtype_choice)
+                     row_exact_linears=self.row_exact_linears, dtype_choice=self.dtype_choice)
 
     @property
     def rowwise_attention(self) -> bool:
