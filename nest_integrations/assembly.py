@@ -17,7 +17,8 @@ and the evaluation), so each default is decided once:
   (``shared_model``), and every engine's model calls are serialised (``lm.serialized``). On
   llama.cpp the default key source becomes ``"final_norm"`` (``lm.backend.backend_config``).
 
-Resolving the settings and opening the stores live in ``assembly_parts`` (re-exported here).
+The settings (``EngineSpec`` and what it resolves) live in ``assembly_settings``, opening the
+stores in ``assembly_stores`` (both re-exported here).
 
 Usage::
 
@@ -30,12 +31,9 @@ Usage::
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import logging
 import os
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from nest_integrations.config import NestConfig
@@ -45,19 +43,22 @@ from nest_integrations.defaults import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_PRESET,
 )
-from nest_integrations.assembly_parts import (
+from nest_integrations.assembly_settings import (
+    EngineSpec,
     backend_name,
     check_dtype,
     engine_config,
-    hybrid_retriever,
     lm_backend,
+    resolve_config,
+    resolve_max_new_tokens,
+    resolve_policy,
+)
+from nest_integrations.assembly_stores import (
+    hybrid_retriever,
     load_embedders,
     memory_key_store,
     open_key_store,
     open_store,
-    resolve_config,
-    resolve_max_new_tokens,
-    resolve_policy,
 )
 from nest_integrations.decoding import engine as decoding_engine
 from nest_integrations.lm.backend import backend_config, check_backend
@@ -84,102 +85,6 @@ class NestEngine(decoding_engine.NestEngine):
         """The preset's config adapted to this engine's backend (``engine_config``): a
         per-call ``config="paper"`` works on llama.cpp too."""
         return engine_config(self, name)
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """Everything that decides an engine, as plain data (equal specs build equal engines).
-
-    Args:
-        collection, persist_dir, chroma_url: the Chroma store; any of them opens it (see
-            ``opens_store``), the collection defaulting to ``DEFAULT_COLLECTION``.
-        model: a Hugging Face id or folder; None = the embedded SmolLM2-135M-Instruct.
-        device: torch device (None = CPU).
-        dtype: model weights (``lm.backend.DTYPE_CHOICES``: ``"auto"``, ``"fp32"``, ``"bf16"``,
-            ...); None = the process default (``"auto"`` unless
-            ``backend.set_default_dtype`` or ``--dtype`` set it). Validated here.
-        config: a ``NestConfig``, preset name or None (``DEFAULT_PRESET``); resolved here.
-        policy: an ``AnswerPolicy``, preset name or None: the policy of the preset ``config``
-            names, else of ``DEFAULT_PRESET``; resolved here.
-        decoding: a ``drafters.METHODS`` name (None = the policy's); the engine validates it.
-        drafter_options: options for the method's drafter (e.g. a datastore path).
-        hybrid: fuse BM25 with the store's dense scores; None = ``config.hybrid_retrieval``.
-        backend: what runs the model (``lm.backend.BACKEND_CHOICES``): ``"torch"``,
-            ``"llama.cpp"`` or ``"auto"`` (the faster exact engine here, ``lm.auto_backend``);
-            None = the process default (``--backend``), else ``$NEST_BACKEND``, else auto.
-            Resolved here, and the config adapted to it (``backend_config``).
-        calibrated: use the kNN temperature and RRC offset/scale that ``nest calibrate`` stored
-            for this model and collection. None (default) = when one is stored and the config
-            leaves those three at their defaults and puts no passages in the prompt (the
-            completion use that calibration fits: p_M perplexity); True = whenever one is
-            stored; False = never (not for RA configs by default: ``docs/decisions.md``).
-    """
-
-    collection: str | None = None
-    persist_dir: str | None = None
-    chroma_url: str | None = None
-    model: str | None = None
-    device: str | None = None
-    config: Any = None
-    decoding: str | None = None
-    drafter_options: Any = None
-    hybrid: bool | None = None
-    calibrated: bool | None = None
-    dtype: str | None = None
-    backend: str | None = None
-    policy: Any = None
-
-    def __post_init__(self) -> None:
-        from nest_integrations.lm.auto_backend import resolve_backend
-        from nest_integrations.lm.backend import parse_dtype
-
-        object.__setattr__(self, "policy", resolve_policy(self.policy, self.config))
-        cfg = resolve_config(self.config)
-        if self.hybrid is not None and self.hybrid != cfg.hybrid_retrieval:
-            cfg = cfg.replace(hybrid_retrieval=bool(self.hybrid))
-        set_ = functools.partial(object.__setattr__, self)
-        backend = resolve_backend(self.backend, model=self.model, device=self.device,
-                                  dtype=self.dtype, decoding=self.decoding,
-                                  key_source=cfg.key_source)
-        set_("backend", backend)
-        check_backend(backend, self.dtype, self.device, self.decoding)
-        set_("config", backend_config(cfg, backend))
-        set_("hybrid", cfg.hybrid_retrieval)
-        set_("decoding", self.decoding or DEFAULT_DECODING)
-        if self.persist_dir is not None:
-            set_("persist_dir", os.fspath(self.persist_dir))
-        if self.dtype is not None:  # a torch dtype or any spelling -> its canonical name
-            value = parse_dtype(self.dtype)
-            set_("dtype", value if isinstance(value, str) else str(value).removeprefix("torch."))
-        if self.drafter_options is not None:
-            set_("drafter_options", tuple(sorted(dict(self.drafter_options).items())))
-
-    @classmethod
-    def from_fields(cls, source: Any, **overrides: Any) -> "EngineSpec":
-        """A spec from ``source``'s attributes of the same names (an adapter's fields), with
-        ``overrides``; missing attributes are None."""
-        values = {f.name: getattr(source, f.name, None) for f in dataclasses.fields(cls)}
-        return cls(**{**values, **overrides})
-
-    @classmethod
-    def for_store(cls, collection: str | None = None, **kwargs: Any) -> "EngineSpec":
-        """A spec that always opens the Chroma store (``DEFAULT_COLLECTION`` unless named):
-        what ``nest ask`` and ``NestEngine.from_defaults`` build."""
-        return cls(collection=collection or DEFAULT_COLLECTION, **kwargs)
-
-    @property
-    def opens_store(self) -> bool:
-        """Whether the engine reads passages from the Chroma store."""
-        return any(v is not None for v in (self.collection, self.persist_dir, self.chroma_url))
-
-    @property
-    def store_collection(self) -> str:
-        return self.collection or DEFAULT_COLLECTION
-
-    @property
-    def options(self) -> dict[str, Any] | None:
-        """``drafter_options`` as a dict (None when not given)."""
-        return dict(self.drafter_options) if self.drafter_options is not None else None
 
 
 # --------------------------------------------------------------------------------- models
@@ -264,7 +169,8 @@ def shared_model(
 def spec_model(spec: EngineSpec) -> Any:
     """The shared model of ``spec`` (its backend, model, device, dtype and config's key
     source): what ``build_engine`` decodes with and what the DReSD and KNN-SSD CLIs build their
-    datastores and profiles with."""
+    datastores and profiles with (``backend="auto"`` decided here: ``EngineSpec.resolved``)."""
+    spec = spec.resolved()
     return shared_model(spec.model, spec.device, spec.config.key_source, spec.dtype,
                         backend=spec.backend)
 
@@ -310,7 +216,7 @@ def build_engine(
         key_store: a ready ``KeyStore`` (e.g. the evaluation's cache) instead of the persist
             dir's.
     """
-    spec = spec or EngineSpec()
+    spec = (spec or EngineSpec()).resolved()  # auto is measured here, not in the spec
     cfg = spec.config
     check_sources(retriever, spec.collection, spec.chroma_url)
     if retriever is None and spec.opens_store:
@@ -320,7 +226,7 @@ def build_engine(
         if retriever is None:
             raise ValueError("hybrid retrieval needs a corpus: give a collection or retriever")
         retriever = hybrid_retriever(retriever)
-    model = serialized(lm if lm is not None else spec_model(spec))
+    model = serialized(lm if lm is not None else spec_model(spec))  # its port resolved once
     if spec.opens_store and spec.calibrated is not False:
         cfg = calibrated_config(cfg, spec, model)
     if key_store is None:

@@ -39,7 +39,7 @@ def save_calibration(
     data = _read(f) or {"version": CALIBRATION_VERSION, "collection": collection, "models": {}}
     data["models"][model_key(lm)] = {
         **result,
-        "model": getattr(lm, "name", "?"),
+        "model": lm.name,
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     f.parent.mkdir(parents=True, exist_ok=True)

@@ -151,7 +151,7 @@ class SkipPolicy:
 #: sample store, about 3 min, then runs every README block), the real-model oracles. The other
 #: users of the sample store go last, when it is there (tests/conftest.py ``sample_store``).
 FIRST_FILES = ("test_readme.py", "test_lossless_oracles.py", "test_knn_ssd_real.py",
-               "test_llama_cpp.py", "test_ray_ingest.py", "test_key_codecs.py")
+               "test_model.py", "test_ray_ingest.py", "test_key_codecs.py")
 LAST_FILES = ("test_outputs_baseline.py", "test_sample_questions.py", "test_edges_cited.py")
 
 

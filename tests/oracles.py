@@ -2,7 +2,7 @@
 cases (prompt ids, passages, datastores, reference answers), ``run_oracle``, and the
 mutations that prove an oracle can fail (``break_verification``, ``break_residual``).
 
-Used by ``tests/decoding/test_lossless_oracles.py``, ``tests/lm/test_llama_cpp.py`` and
+Used by ``tests/decoding/test_lossless_oracles.py``, ``tests/lm/llama_cpp/`` and
 ``tests/lm/test_backend.py``."""
 
 from __future__ import annotations

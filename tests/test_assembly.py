@@ -415,7 +415,7 @@ def test_the_first_answers_embedders_load_with_the_engine(monkeypatch: pytest.Mo
     retriever."""
     from types import SimpleNamespace
 
-    from nest_integrations import assembly_parts
+    from nest_integrations import assembly_stores
     from nest_integrations.embedders import minilm as embeddings
     from nest_integrations.config import NestConfig
     from nest_integrations.policy import AnswerPolicy
@@ -426,15 +426,15 @@ def test_the_first_answers_embedders_load_with_the_engine(monkeypatch: pytest.Mo
     with_own = SimpleNamespace(embedder=own, retrieve=lambda q, k: [])
     bare = SimpleNamespace(retrieve=lambda q, k: [])
     grounded = AnswerPolicy.from_preset("grounded")
-    assembly_parts.load_embedders(with_own, grounded, NestConfig(attribute=False))
+    assembly_stores.load_embedders(with_own, grounded, NestConfig(attribute=False))
     assert (own.loaded, packaged.loaded) == (1, 0)
-    assembly_parts.load_embedders(bare, grounded, NestConfig(attribute=False))
+    assembly_stores.load_embedders(bare, grounded, NestConfig(attribute=False))
     assert packaged.loaded == (1 if grounded.evidence in ("embedding", "combined") else 0)
     before = packaged.loaded
-    assembly_parts.load_embedders(bare, AnswerPolicy(), NestConfig(attribute=True))
+    assembly_stores.load_embedders(bare, AnswerPolicy(), NestConfig(attribute=True))
     assert packaged.loaded == before + 1
-    assembly_parts.load_embedders(bare, AnswerPolicy(), NestConfig(attribute=False))
-    assembly_parts.load_embedders(None, grounded, NestConfig(attribute=True))
+    assembly_stores.load_embedders(bare, AnswerPolicy(), NestConfig(attribute=False))
+    assembly_stores.load_embedders(None, grounded, NestConfig(attribute=True))
     assert packaged.loaded == before + 1
     # through build_engine, over a retriever that has its own embedder
     own2 = _Loads()

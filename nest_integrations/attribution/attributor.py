@@ -80,7 +80,7 @@ class Attributor:
         use_lm = self.lm is not None and cfg.tokenizer != "words"
         result = Attribution(
             text=text, passages=plist, scorer=cfg.scorer, threshold=cfg.threshold,
-            tokenizer=str(getattr(self.lm, "name", "lm")) if use_lm else "words",
+            tokenizer=str(self.lm.name) if use_lm and self.lm is not None else "words",
         )
         units = split_units(text, cfg.max_clause_chars, cfg.min_clause_chars)
         if span is not None:

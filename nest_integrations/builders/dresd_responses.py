@@ -84,6 +84,14 @@ def greedy_with_keys(
     return out, keys_in_context(lm, list(ids), out)
 
 
+def _is_hf(lm: Any) -> bool:
+    """Whether ``lm`` (or the model a ``SerializedLM`` holds) is an ``HFLanguageModel``."""
+    from nest_integrations.lm.hf import HFLanguageModel
+    from nest_integrations.lm.serialized import unwrap
+
+    return isinstance(unwrap(lm), HFLanguageModel)
+
+
 def batched_greedy(lm: Any, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """Greedy responses of a Hugging Face model to several prompts in one left-padded
     ``generate`` call (EOS excluded). Padding may flip a near-tie argmax now and then; the
@@ -158,7 +166,7 @@ class PromptSource:
         start = i * self.batch_size
         items = self.prompts[start : start + self.batch_size]
         pids = [prompt_ids(self.lm, item) for item in items]
-        if hasattr(getattr(self.lm, "model", None), "generate"):  # HF: one batched generate
+        if _is_hf(self.lm):  # HF: one batched generate
             resp = batched_greedy(self.lm, pids, self.max_new_tokens)
             pairs = [(r, keys_in_context(self.lm, p, r)) for p, r in zip(pids, resp)]
         else:

@@ -65,7 +65,7 @@ def fit_calibration(
     pout = ScorePool([s for s in scored if not s.in_corpus])
     if pin.n == 0 or pout.n == 0:
         raise ValueError("calibration needs scored tokens both in and out of the corpus")
-    key_dim = int(getattr(lm, "key_dim", 0) or 0) or _key_dim(key_store)
+    key_dim = int(lm.key_dim or 0) or _key_dim(key_store)
     base_mu = 1.0 / math.sqrt(key_dim) if key_dim else 1.0 / math.sqrt(576)
     mus = sorted({base_mu * m for m in MU_MULTIPLES})
     base_in, base_out = pin.base_nll(), pout.base_nll()

@@ -32,7 +32,7 @@ def backend_info(args: argparse.Namespace) -> dict[str, Any]:
     from nest_integrations.lm.exactness import describe
 
     apply_backend_args(args)
-    spec = assembly.EngineSpec(model=args.model, dtype=args.dtype)
+    spec = assembly.EngineSpec(model=args.model, dtype=args.dtype).resolved()
     lm = assembly.spec_model(spec)
     asked = requested_backend()
     if asked == "auto":
@@ -42,7 +42,7 @@ def backend_info(args: argparse.Namespace) -> dict[str, Any]:
         why = f"auto: {decision.reason}; --backend torch|llama.cpp overrides"
     else:
         why = f"asked for (--backend {asked}, or $NEST_BACKEND)"
-    return {"model": getattr(lm, "name", None), "backend": spec.backend, "backend_choice": why,
+    return {"model": lm.name, "backend": spec.backend, "backend_choice": why,
             **describe(assembly.unwrap(lm))}
 
 

@@ -31,7 +31,7 @@ def _load_lm(model: str | None) -> Any:
     cache (``assembly.spec_model``; tests replace this)."""
     from nest_integrations import assembly
 
-    spec = assembly.EngineSpec(model=model, device="auto" if model else None)
+    spec = assembly.EngineSpec(model=model, device="auto" if model else None).resolved()
     assembly.check_backend(spec.backend, decoding="knn-ssd")  # llama.cpp cannot skip layers
     return assembly.spec_model(spec)
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import time
 
 from nest_integrations.drafters.base import (
-    DecodeState, Draft, Drafter, Source, as_sources, validate_draft,
+    CitesTokens, DecodeState, Draft, Drafter, Source, WantsHidden, WantsPromptVector, as_sources,
+    validate_draft,
 )  # fmt: skip
 from nest_integrations.types import NestStats
 
@@ -25,16 +26,21 @@ class Drafts:
     def __init__(self, drafter: Drafter | None, state: DecodeState, vocab_size: int) -> None:
         self.drafter, self.state, self.vocab_size = drafter, state, vocab_size
         self.stats: NestStats = state.stats
-        self._cite = getattr(drafter, "cite", None)
+        # what it says beyond the two methods, found once (``drafters.base``'s protocols)
+        self._cites = drafter if isinstance(drafter, CitesTokens) else None
+        self._vector = drafter if isinstance(drafter, WantsPromptVector) else None
+        self._hidden = drafter if isinstance(drafter, WantsHidden) else None
 
     @property
     def wants_prompt_vector(self) -> bool:
-        """Whether the drafter reads ``DecodeState.prompt_vector``."""
-        return bool(getattr(self.drafter, "wants_prompt_vector", False))
+        """Whether the drafter reads ``DecodeState.prompt_vector`` (default: no)."""
+        return self._vector is not None and bool(self._vector.wants_prompt_vector)
 
     def wants_hidden(self) -> bool:
-        """Whether the drafter reads ``DecodeState.hidden`` now (unless it says otherwise)."""
-        return self.drafter is not None and getattr(self.drafter, "wants_hidden", True)
+        """Whether the drafter reads ``DecodeState.hidden`` now (default: yes)."""
+        if self.drafter is None:
+            return False
+        return self._hidden is None or bool(self._hidden.wants_hidden)
 
     def propose(self, budget: int) -> Draft | None:
         """The drafter's draft, validated and cut to ``budget`` (None: an ordinary step)."""
@@ -61,7 +67,7 @@ class Drafts:
     def cite(self, token: int) -> Source:
         """The source of a token a plain step commits: the drafter's ``cite`` when it has one,
         else None."""
-        return None if self._cite is None else self._cite(self.state, token)
+        return None if self._cites is None else self._cites.cite(self.state, token)
 
     def count(self, draft: Draft) -> None:
         """Count a draft the target is about to verify."""

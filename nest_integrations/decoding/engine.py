@@ -270,7 +270,7 @@ class NestEngine:
             prompt, pol.conversation, retriever=self.retriever,
             complete=lambda m: self.generate(m, **REWRITE_CALL).text)
         # an LM with its own thread pool (llama.cpp) keeps torch's few ops per step on one
-        # thread while it decodes (``lm.backend.torch_on_one_thread``)
+        # thread while it decodes (``lm.threads.TorchThreads.on_one_thread``)
         with session(self.lm):
             t_start, stats = time.perf_counter(), NestStats()
             if passages is None:

@@ -1,8 +1,8 @@
 """The target model's passes for one generation: the prompt's prefill, a fed token, a verify
 chain or tree, with or without key rows, as logits or as each row's argmax.
 
-What the LM can do beyond ``forward`` is read once from its ``lm.base.Capabilities``; the
-decode loop asks ``Target`` for a pass and never probes the LM:
+What the LM can do beyond ``forward`` is read from its typed port (``lm.port.LMPort``, resolved
+once by the assembly); the decode loop asks ``Target`` for a pass and never probes the LM:
 
 - **regime**: relaxed decoding (NEST) runs every pass inside the LM's ``inexact_rows`` (faster,
   not bit-exact rows), and a decoding with no drafter inside its ``steps_only``;
@@ -33,19 +33,18 @@ from nest_integrations.config import NestConfig
 from nest_integrations.core.mixture import Distribution, LMDistribution, nest_distribution
 from nest_integrations.core.sampling import host_row
 from nest_integrations.core.token_memory import TokenMemory
-from nest_integrations.lm.base import LanguageModel, capabilities_of
+from nest_integrations.lm.base import LanguageModel
+from nest_integrations.lm.port import Rows, TreePasses, port_of
 from nest_integrations.types import NestStats
 
-#: ``(logits, keys)`` rows of a target pass: ``(T, V)`` and ``(T, d)``; with argmax rows the
-#: first is a list of T ints.
-Rows = tuple[Any, torch.Tensor]
 
 
 class Target:
     """One generation's target LM and KV cache.
 
     Args:
-        lm: the target ``LanguageModel``.
+        lm: the target ``LanguageModel``; its typed port (``lm.port.LMPort``) is the one the
+            assembly resolved (``port_of``).
         stats: the generation's ``NestStats`` (pass time and count).
         relaxed: relaxed decoding: passes run inside the LM's ``inexact_rows``.
         drafts: whether anything is drafted; a decoding with no drafter runs inside the LM's
@@ -55,19 +54,21 @@ class Target:
 
     def __init__(self, lm: LanguageModel, stats: NestStats, *, relaxed: bool, drafts: bool,
                  argmax: bool) -> None:  # fmt: skip
-        caps = capabilities_of(lm)
-        self.lm, self.stats, self.caps = lm, stats, caps
+        port = port_of(lm)
+        self.lm, self.stats, self.port = lm, stats, port
         self.cache = lm.new_cache()
+        self._regime: Callable[[], ContextManager[Any]] | None = None
         if relaxed:
-            self._regime: Callable[[], ContextManager[Any]] | None = (
-                lm.inexact_rows if caps.inexact_rows else None)  # type: ignore[attr-defined]
-        else:
-            self._regime = (lm.steps_only if caps.steps_only and not drafts  # type: ignore
-                            else None)
-        #: whether passes asked for ``argmax`` rows return argmaxes (a list) in place of logits
-        self.argmax = argmax and caps.argmax_rows
+            if port.inexact is not None:
+                self._regime = port.inexact.inexact_rows
+        elif port.steps_only is not None and not drafts:
+            self._regime = port.steps_only.steps_only
+        #: the LM's argmax rows, when passes asked for ``argmax`` return argmaxes (a list) in
+        #: place of logits
+        self._argmax = port.argmax if argmax else None
+        self.argmax = self._argmax is not None
         #: whether the prefill can capture the prompt's vector (``prefill_with_vector``)
-        self.captures_prompt_vector = caps.prompt_vector
+        self.captures_prompt_vector = port.prompt_vector is not None
 
     def run(
         self, ids: list[int], last: int | None = None, parents: list[int] | None = None,
@@ -78,34 +79,42 @@ class Target:
         rows where the LM can skip them. ``argmax`` (a chain, where ``self.argmax``): each
         row's argmax in place of its logits; ``until_rejected``: a verify chain the LM may stop
         at its first rejected row."""
-        lm, cache = self.lm, self.cache
+        lm, cache, port = self.lm, self.cache, self.port
         t0 = time.perf_counter()
         with self._regime() if self._regime is not None else nullcontext():
             if parents is not None:
-                out = lm.forward_tree(ids, parents, cache)  # type: ignore[attr-defined]
-            elif argmax and self.argmax:
-                out = (lm.forward_argmax(ids, cache, last=last, keys=keys,  # type: ignore
-                                         until_rejected=True) if until_rejected
-                       else lm.forward_argmax(ids, cache, last=last, keys=keys))  # type: ignore
-            elif not keys and self.caps.logits_only:
-                out = lm.forward_logits(ids, cache, last=last)  # type: ignore[attr-defined]
+                out = self._trees().forward_tree(ids, parents, cache)
+            elif argmax and self._argmax is not None:
+                out = (self._argmax.forward_argmax(ids, cache, last=last, keys=keys,
+                                                   until_rejected=True) if until_rejected
+                       else self._argmax.forward_argmax(ids, cache, last=last, keys=keys))
+            elif not keys and port.logits_only is not None:
+                out = port.logits_only.forward_logits(ids, cache, last=last)
             else:
                 out = lm.forward(ids, cache, last=last)
         self.stats.timing.lm += time.perf_counter() - t0
         self.stats.forward_passes += 1
         return out
 
+    def _trees(self) -> TreePasses:
+        if self.port.trees is None:
+            raise ValueError(f"a token tree needs a language model with forward_tree() "
+                             f"(Capabilities.trees); {self.lm.name!r} has none: draft chains")
+        return self.port.trees
+
     def prefill_with_vector(self, run: Callable[[], Rows]) -> tuple[Rows, torch.Tensor | None]:
         """``run()`` (the prefill) inside the LM's ``capture_prompt_vector``: its rows and the
         prompt's vector from the same pass (None when it captured nothing)."""
-        with self.lm.capture_prompt_vector() as slot:  # type: ignore[attr-defined]
+        if self.port.prompt_vector is None:
+            return run(), None
+        with self.port.prompt_vector.capture_prompt_vector() as slot:
             out = run()
         return out, (slot[-1] if slot else None)
 
     def rows_split_now(self) -> bool:
         """Whether an exact verify pass now decodes its rows one at a time (each row costs a
         step: a token tree is better verified as its first branch)."""
-        return self.caps.rows_split and bool(self.lm.rows_split_now)  # type: ignore[attr-defined]
+        return self.port.rows_split is not None and bool(self.port.rows_split.rows_split_now)
 
     def length(self) -> int:
         """Positions the cache holds."""
@@ -117,12 +126,12 @@ class Target:
 
     def keep_path(self, start: int, keep: list[int]) -> None:
         """After a tree pass from ``start``: keep only the tree positions ``keep``."""
-        self.lm.select_cache(self.cache, start, keep)  # type: ignore[attr-defined]
+        self._trees().select_cache(self.cache, start, keep)
 
     def release(self) -> None:
         """The generation has ended: give the cache back where the LM can."""
-        if self.caps.release_cache:
-            self.lm.release_cache(self.cache)  # type: ignore[attr-defined]
+        if self.port.release is not None:
+            self.port.release.release_cache(self.cache)
 
 
 class TargetDistribution:
@@ -161,6 +170,5 @@ class TargetDistribution:
 def session(lm: LanguageModel) -> ContextManager[Any]:
     """The context of one generation: the LM's ``decoding_session`` where it has one (an LM
     with its own thread pool keeps torch's few ops per step on one thread), else nothing."""
-    if capabilities_of(lm).decoding_session:
-        return lm.decoding_session()  # type: ignore[attr-defined]
-    return nullcontext()
+    port = port_of(lm)
+    return port.session.decoding_session() if port.session is not None else nullcontext()

@@ -11,7 +11,7 @@ otherwise), the draft's ``q``, as in the speculative-decoding papers and HF.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -155,7 +155,10 @@ class Drafter(Protocol):
     costs a pass of its own (llama.cpp, ``forward_logits``), and ``hidden`` is None until the
     first step. A copy drafter may define ``cite(state, token) -> Source``: the loop asks it
     for the source of each token a plain step commits (the lossless schedule), so a copy the
-    drafter did not draft (its cost model skipped the verify pass) is still cited.
+    drafter did not draft (its cost model skipped the verify pass) is still cited. Each of the
+    three is a protocol below (``WantsPromptVector``, ``WantsHidden``, ``CitesTokens``), checked
+    once per generation by ``decoding.drafts.Drafts``; a drafter that has none gets the defaults
+    (no prompt vector, key rows read, no citation of plain steps).
     """
 
     def propose(self, state: DecodeState) -> Draft | None:
@@ -164,6 +167,27 @@ class Drafter(Protocol):
     def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:
         """Called after ``draft`` was verified: ``n_accepted`` of its tokens were committed
         (for a tree: the length of the accepted path)."""
+
+
+@runtime_checkable
+class CitesTokens(Protocol):
+    """A copy drafter that cites the tokens plain steps commit (``Drafter``'s docstring)."""
+
+    def cite(self, state: DecodeState, token: int) -> Source: ...
+
+
+@runtime_checkable
+class WantsPromptVector(Protocol):
+    """A drafter that may read ``DecodeState.prompt_vector`` (default: it does not)."""
+
+    wants_prompt_vector: bool
+
+
+@runtime_checkable
+class WantsHidden(Protocol):
+    """A drafter that says whether it reads ``DecodeState.hidden`` (default: it does)."""
+
+    wants_hidden: bool
 
 
 @dataclass

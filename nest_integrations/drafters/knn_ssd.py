@@ -36,6 +36,8 @@ from nest_integrations.core.sampling import sample, warp
 from nest_integrations.drafters.base import LOSSLESS, DecodeState, Draft, DrafterContext, Method
 from nest_integrations.drafters.corpus import parse_options
 from nest_integrations.types import NestStats, RouteStats
+from nest_integrations.lm.port import LayerSkip, port_of
+from nest_integrations.lm.serialized import unwrap
 
 if TYPE_CHECKING:
     from nest_integrations.lm.layer_skip import SkipSet
@@ -142,15 +144,17 @@ def draft_chain(
     return ChainDraft(tokens, q_all, forwards, time.perf_counter() - start)
 
 
-def check_layer_skip(lm: Any) -> None:
-    """A ``ValueError`` when ``lm`` cannot run a layer-skipping draft forward (no
-    ``forward_skip``), with the model's own reason when it gives one
-    (``layer_skip_unsupported``: the llama.cpp backend's)."""
-    if not hasattr(lm, "forward_skip"):
-        why = getattr(lm, "layer_skip_unsupported", None)
-        name = type(getattr(lm, "wrapped", lm)).__name__
-        raise ValueError(why or f"decoding='knn-ssd' needs a language model with forward_skip() "
-                         f"(HFLanguageModel); got {name}")
+def check_layer_skip(lm: Any) -> LayerSkip:
+    """``lm``'s layer skipping (``lm.port.LayerSkip``), else a ``ValueError`` (no
+    ``forward_skip``) with the model's own reason when it gives one
+    (``Capabilities.layer_skip_unsupported``: the llama.cpp backend's)."""
+    port = port_of(lm)
+    if port.layer_skip is None:
+        name = type(unwrap(lm)).__name__
+        raise ValueError(port.caps.layer_skip_unsupported
+                         or f"decoding='knn-ssd' needs a language model with forward_skip() "
+                            f"(HFLanguageModel); got {name}")
+    return port.layer_skip
 
 
 class KnnSsdDrafter:
@@ -205,8 +209,7 @@ class KnnSsdDrafter:
 
         opts = parse_options(KnnSsdOptions, ctx.options, "knn-ssd")
         lm = ctx.lm
-        check_layer_skip(lm)
-        decoder_layers(getattr(lm, "model", None))  # a clear error for unskippable models
+        decoder_layers(check_layer_skip(lm).model)  # a clear error for unskippable models
         kw = {"threshold": opts.threshold, "max_draft": opts.max_draft,
               "cost_model": opts.cost_model}
         if opts.skip is not None:  # an explicit set: Self-SD with a fixed skip set, no profile

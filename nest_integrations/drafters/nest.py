@@ -57,13 +57,13 @@ class NestDrafter:
         self.document: str | None = None  # the answer's document, once a copy fixes it
         self._allowed: torch.Tensor | None = None  # (passages,) bool: that document's passages
         from nest_integrations.lm import cost
+        from nest_integrations.lm.port import port_of
 
         option = cost.backend_default(ctx.options.get("cost_model"), ctx.lm)
         # relaxed decoding runs its passes inside the LM's inexact_rows (the loop's), so its
         # curve is the one measured there (llama.cpp at 2+ threads: steps on every thread)
-        inexact = getattr(ctx.lm, "inexact_rows", None)
-        with (inexact() if inexact is not None and not self.config.strict_acceptance
-              else nullcontext()):
+        port = port_of(ctx.lm)
+        with port.inexact_context() if not self.config.strict_acceptance else nullcontext():
             self.planner = cost.planner_for(option, ctx.lm, max(1, self.config.max_span - 1))
         doc_of = {p.id: p.doc_id for p in ctx.passages}
         ids = self.memory.passage_ids if self.memory is not None else []

@@ -154,7 +154,8 @@ def evaluate(
     machine_start = machine_info()
     # The paper-style harness reproduces the paper: its policy has no title match and no
     # guards, and every span of ``min_citation_tokens`` tokens counts as a citation.
-    spec = assembly.EngineSpec(config=settings.nest_config(), policy="paper", device=device)
+    spec = assembly.EngineSpec(config=settings.nest_config(), policy="paper",
+                               device=device).resolved()
     if lm is None:
         lm = assembly.shared_model(None, device, spec.config.key_source)
     if tasks_file is not None:
@@ -191,8 +192,8 @@ def evaluate(
     finally:
         store.close()
     run.provenance = {
-        "model": getattr(lm, "name", "?"),
-        "model_fingerprint": getattr(lm, "fingerprint", "?"),
+        "model": lm.name,
+        "model_fingerprint": lm.fingerprint,
         "corpus": corpus_prov,
         "machine_start": machine_start,
         "machine_end": machine_info(),

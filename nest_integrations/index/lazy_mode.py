@@ -33,7 +33,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -156,6 +156,15 @@ def set_eager_mode(keys_dir: str | os.PathLike[str]) -> bool:
 # --------------------------------------------------------------------------------- codec wiring
 
 
+@runtime_checkable
+class _Keyed(Protocol):
+    """A loaded model (``train_lazy_codec`` may get a function that loads one instead)."""
+
+    fingerprint: str
+    key_source: str | int
+    key_dim: int
+
+
 def train_lazy_codec(
     keys_dir: str | os.PathLike[str],
     lm: Any,
@@ -170,8 +179,8 @@ def train_lazy_codec(
     cache namespace. Tables already saved there are kept (codes in the cache depend on them).
     Raw codecs (fp16, fp32) need nothing and are returned as they are."""
     if make_codec(codec, 1).needs_training is False:
-        return make_codec(codec, getattr(lm, "key_dim", 1) or 1)
-    if callable(lm) and not hasattr(lm, "fingerprint"):
+        return make_codec(codec, lm.key_dim if isinstance(lm, _Keyed) else 1)
+    if callable(lm) and not isinstance(lm, _Keyed):
         lm = lm()  # a loader: the model is loaded only for a trained codec
     ns = Path(keys_dir) / LAZY_DIR / lazy_namespace_name(lm.fingerprint, lm.key_source, codec)
     made = make_codec(codec, lm.key_dim)

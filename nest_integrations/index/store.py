@@ -495,4 +495,6 @@ def model_dtype_name(lm: Any) -> str | None:
     """``"fp32"``, ``"bf16"`` or ``"fp16"`` for a model with a torch ``dtype`` (else None)."""
     from nest_integrations.lm.backend import SHORT_NAMES
 
-    return SHORT_NAMES.get(str(getattr(lm, "dtype", "")).removeprefix("torch."))
+    from nest_integrations.lm.port import port_of
+
+    return SHORT_NAMES.get(port_of(lm).build().weights)

@@ -114,9 +114,11 @@ class ModelSpec:
     def of(cls, lm: Any, **overrides: Any) -> "ModelSpec":
         """The spec of an ``HFLanguageModel`` (the embedded default, or one loaded with
         ``from_pretrained`` from a folder or Hub id)."""
-        lm = getattr(lm, "wrapped", lm)  # assembly.SerializedLM
-        model = getattr(lm, "model", None)
-        if model is None or not hasattr(lm, "tokenizer") or not hasattr(lm, "name"):
+        from nest_integrations.lm.hf import HFLanguageModel
+        from nest_integrations.lm.serialized import unwrap
+
+        lm = unwrap(lm)  # assembly.SerializedLM
+        if not isinstance(lm, HFLanguageModel):
             raise RayKeysError(
                 f"encoding keys on Ray needs an HFLanguageModel (loaded with from_default or "
                 f"from_pretrained) that actors can reload by name; got {type(lm).__name__}"
@@ -129,7 +131,7 @@ class ModelSpec:
             path = str(default_model_path())
         else:
             path = str(lm.name)
-        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        dtype = str(next(lm.model.parameters()).dtype).removeprefix("torch.")
         spec = cls(
             path=path,
             name=str(lm.name),

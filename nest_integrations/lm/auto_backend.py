@@ -57,6 +57,9 @@ class Decision:
     reason: str
     #: the cached measurement when one decided it: ``{"seconds": {...}, "exact": {...}, ...}``
     record: dict[str, Any] = field(default_factory=dict)
+    #: only a measurement can decide (``decide(measure=False)`` before one is cached):
+    #: ``backend`` is then torch, the answer until it is measured
+    pending: bool = False
 
 
 def resolve_backend(backend: str | None = None, *, model: Any = None, device: Any = None,
@@ -143,7 +146,7 @@ def decide(model: Any = None, device: Any = None, dtype: Any = None, decoding: s
     key = _cache_key()
     if not measure and cached(key) is None:
         return Decision("torch", "not measured on this machine yet (the first model load "
-                                 "measures it)")
+                                 "measures it)", pending=True)
     try:
         record = _choices().get(key, measure_step_costs)
     except Exception as exc:  # noqa: BLE001 - a failed measurement must not stop the request
@@ -180,19 +183,18 @@ def cached(key: str | None = None) -> dict[str, Any] | None:
 
 
 def _cache_key() -> str:
+    """``lm.cache_key`` of both engines of the default model, before either is loaded."""
     from importlib.metadata import PackageNotFoundError, version
 
-    import torch
-
-    from nest_integrations.lm.backend import configured_threads, dtype_label
+    from nest_integrations.lm.backend import dtype_label
+    from nest_integrations.lm.cache_key import engines_key
     from nest_integrations.lm.default import DEFAULT_MODEL_NAME
 
     try:
         llama = version("llama_cpp_python")
     except PackageNotFoundError:
         llama = "?"
-    return (f"{DEFAULT_MODEL_NAME}|t{configured_threads()}|torch{torch.__version__}"
-            f"-{dtype_label(None, 'cpu')}|llama_cpp{llama}")
+    return engines_key(DEFAULT_MODEL_NAME, f"{dtype_label(None, 'cpu')}+llama_cpp{llama}").text()
 
 
 def _explain(record: Mapping[str, Any]) -> str:
@@ -214,7 +216,8 @@ def measure_step_costs(steps: int = STEPS) -> dict[str, Any]:
 
     start = time.perf_counter()
     threads = configured_threads()
-    lms = {"torch": HFLanguageModel.from_default(),
+    torch_lm = HFLanguageModel.from_default()
+    lms = {"torch": torch_lm,
            "llama.cpp": LlamaCppLanguageModel.from_default(threads=threads)}
     try:
         runs = {b: _Stepper(lm) for b, lm in lms.items()}
@@ -226,7 +229,7 @@ def measure_step_costs(steps: int = STEPS) -> dict[str, Any]:
         seconds = {b: min(t[1:]) for b, t in times.items()}
         medians = {b: statistics.median(t[1:]) for b, t in times.items()}
         exact = {b: bool(lm.exact_rows) for b, lm in lms.items()}
-        dtype = str(getattr(lms["torch"], "dtype", "")).removeprefix("torch.")
+        dtype = str(torch_lm.dtype).removeprefix("torch.")
     finally:
         lms["llama.cpp"].close()
     record = {"seconds": seconds, "median_seconds": medians, "exact": exact,

@@ -39,9 +39,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import threading
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from nest_integrations.config import NestConfig
 
@@ -113,11 +111,6 @@ def set_default_backend(backend: str | None) -> None:
     ``$NEST_BACKEND``, else ``"auto"``)."""
     global _default_backend
     _default_backend = parse_backend(backend)
-
-
-def default_backend() -> str | None:
-    """The process default set by ``set_default_backend`` (None when unset)."""
-    return _default_backend
 
 
 def parse_dtype(dtype: "str | torch.dtype | None") -> "str | torch.dtype | None":
@@ -273,39 +266,6 @@ def backend_config(cfg: NestConfig, backend: str) -> NestConfig:
     return cfg.replace(**changes)
 
 
-_one_thread_lock = threading.Lock()
-_one_thread_users = 0
-_threads_before = 0
-
-
-@contextmanager
-def torch_on_one_thread() -> Iterator[None]:
-    """torch's intra-op threads set to one within the block; nested and concurrent blocks
-    share it, and the last one out restores the count.
-
-    For the llama.cpp backend's decoding (``LlamaCppLanguageModel.decoding_session``): between
-    its decodes the engine runs a few small torch ops a step (kNN, the mixture, verification),
-    and torch's idle workers then spin on the cores llama.cpp's threads need. Measured on the
-    AMD EPYC, llama.cpp at 2 threads, the default engine on 12 grounded and QA prompts: 42-45
-    tok/s with torch on 2 threads, 51-57 with torch on one."""
-    global _one_thread_users, _threads_before
-    import torch
-
-    with _one_thread_lock:
-        if _one_thread_users == 0:
-            _threads_before = torch.get_num_threads()
-            if _threads_before != 1:
-                torch.set_num_threads(1)
-        _one_thread_users += 1
-    try:
-        yield
-    finally:
-        with _one_thread_lock:
-            _one_thread_users -= 1
-            if _one_thread_users == 0 and _threads_before != 1:
-                torch.set_num_threads(_threads_before)
-
-
 def machine_name() -> str:
     """The accelerator or CPU model ("Intel(R) Xeon(R) ..."), for cache keys and reports."""
     import platform
@@ -436,7 +396,6 @@ __all__ = [
     "apply_backend_args",
     "configure_threads",
     "cpu_has_native_bf16",
-    "default_backend",
     "default_dtype",
     "dtype_label",
     "machine_name",
@@ -449,5 +408,4 @@ __all__ = [
     "set_default_backend",
     "set_default_dtype",
     "thread_count",
-    "torch_on_one_thread",
 ]

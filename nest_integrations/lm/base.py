@@ -5,12 +5,12 @@ Conventions:
   model's device, and returns fp32 logits and fp32 key vectors.
 - The KV cache is an opaque object owned by the adapter; the engine only asks for its length
   and crops it.
-- Methods that draft token trees (DReSD, REST with ``shape="tree"``) also need
-  ``forward_tree(ids, parents, cache)`` and ``select_cache(cache, start, keep)``; KNN-SSD needs
-  ``forward_skip(ids, cache, skip)`` (``HFLanguageModel`` has all three).
 - Everything else an LM can do beyond these members it declares once, in ``capabilities``
   (a ``Capabilities`` record; ``capabilities_of(lm)`` gives an LM that declares nothing the
-  defaults: plain ``forward`` for every pass). The decode loop reads the record, never probes.
+  defaults: plain ``forward`` for every pass), among them token trees (DReSD, REST with
+  ``shape="tree"``: ``forward_tree``, ``select_cache``) and layer skipping (KNN-SSD:
+  ``forward_skip``). ``lm.port`` turns the record into typed interfaces (``LMPort``); nothing
+  probes an LM.
 - Passages are encoded on their own, after ``passage_prefix`` (``[BOS, "\n"]`` for the HF
   adapter: the attention-sink position is not a key), never with the chat template (NEST
   spec §5, C12).
@@ -134,14 +134,29 @@ class Capabilities:
     #: ids put before a string prompt's tokens (``[BOS]`` when the tokenizer adds one by
     #: default, as ``tokenizer(text)`` would)
     string_prefix: tuple[int, ...] = ()
+    #: ``forward_tree(ids, parents, cache)`` and ``select_cache(cache, start, keep)``: token
+    #: trees in one pass (DReSD-tree, REST)
+    trees: bool = False
+    #: ``forward_skip(ids, cache, skip)`` over ``model``'s decoder layers (KNN-SSD)
+    layer_skip: bool = False
+    #: why the LM cannot skip layers, where it says (the llama.cpp backend's)
+    layer_skip_unsupported: str | None = None
 
 
 #: The record of an LM that declares nothing.
 NO_CAPABILITIES = Capabilities()
 
 
+@runtime_checkable
+class Declares(Protocol):
+    """An LM that declares its ``Capabilities``."""
+
+    capabilities: Capabilities
+
+
 def capabilities_of(lm: Any) -> Capabilities:
     """``lm.capabilities``, or ``NO_CAPABILITIES`` for an LM that declares none: the one place
     an LM's optional members are looked up."""
-    caps = getattr(lm, "capabilities", None)
-    return caps if isinstance(caps, Capabilities) else NO_CAPABILITIES
+    if isinstance(lm, Declares) and isinstance(lm.capabilities, Capabilities):
+        return lm.capabilities
+    return NO_CAPABILITIES

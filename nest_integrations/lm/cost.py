@@ -51,10 +51,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
 
-from nest_integrations.lm.backend import machine_name
-from nest_integrations.lm.base import capabilities_of
+from nest_integrations.lm.cache_key import key_of
+from nest_integrations.lm.port import port_of
 
 LOG = logging.getLogger(__name__)
 
@@ -133,41 +132,14 @@ class CostCurve:
 # ----------------------------------------------------------------------------- measuring
 
 
-def _lm_dtype(lm: Any) -> str:
-    """The weights' dtype, ``+packed`` when ``lm.packing`` prepacked them and ``+rowwise`` with
-    ``lm.rowwise_attention`` (other kernels, another curve); ``gguf-<quantisation>`` on the
-    llama.cpp backend (``+kvBF16`` with a BF16 KV cache, whose exact steps run on every thread;
-    ``+inexact`` inside ``inexact_rows`` where that moves one-token steps from one thread to all:
-    ``split_steps``; ``+repack`` with repacked weights; ``+rows1`` where exact verify rows are
-    decoded one at a time: ``rows_split_now``)."""
-    caps = capabilities_of(lm)
-    quantization = getattr(lm, "quantization", None)
-    if quantization:
-        kv = getattr(lm, "kv_type", "F16")
-        return (f"gguf-{quantization}" + ("" if kv == "F16" else f"+kv{kv}")
-                + ("+inexact" if getattr(lm, "split_steps", False) else "")
-                + ("+repack" if getattr(lm, "repack", False) else "")
-                + ("+rows1" if caps.rows_split and lm.rows_split_now else ""))
-    model = getattr(lm, "model", None)
-    dtype = getattr(model, "dtype", None)
-    name = str(dtype).replace("torch.", "") if dtype is not None else "unknown"
-    return (name + ("+packed" if getattr(lm, "packed_linears", 0) else "")
-            + ("+rowwise" if getattr(lm, "rowwise_attention", False) else ""))
-
-
-def _device(lm: Any) -> str:
-    return str(lm.device)
-
-
-def _threads(lm: Any) -> int:
-    """The LM's own thread count (llama.cpp's context), else torch's."""
-    return int(getattr(lm, "threads", None) or torch.get_num_threads())
-
-
 def curve_key(lm: Any) -> dict[str, Any]:
-    """What a cached curve is valid for: model fingerprint, dtype, device, threads, machine."""
-    return {"model": str(lm.fingerprint), "dtype": _lm_dtype(lm), "device": _device(lm),
-            "threads": _threads(lm), "machine": machine_name()}
+    """What a cached curve is valid for (``lm.cache_key``, with how rows run now): model
+    fingerprint, dtype (the build's label: ``float32+packed+rowwise``, ``gguf-Q8_0+kvBF16``,
+    ``+inexact`` inside ``inexact_rows`` where that moves one-token steps to every thread,
+    ``+rows1`` where exact verify rows are decoded one at a time), device, threads, machine."""
+    key = key_of(lm, now=True)
+    return {"model": key.model, "dtype": key.build, "device": key.device,
+            "threads": key.threads, "machine": key.machine}
 
 
 def curve_path(lm: Any) -> Path:
@@ -190,7 +162,7 @@ def measure_curve(lm: Any, tokens: Sequence[int] = DEFAULT_TOKENS, repeats: int 
         raise ValueError("token counts and repeats must be >= 1")
     # an LM whose exact steps change with the cache's length (llama.cpp, F16, 2+ threads) says
     # where the curve of its exact steps is measured: past the cells where they go on one thread
-    context = max(int(context), int(getattr(lm, "exact_curve_context", 0) or 0))
+    context = max(int(context), int(port_of(lm).regime.exact_curve_context))
     vocab = int(lm.vocab_size)
     prompt = [(1000 + i) % vocab for i in range(context)]
     cache = lm.new_cache()
@@ -352,7 +324,7 @@ def backend_default(option: Any, lm: Any) -> Any:
     backend's default (``BACKEND_COST_MODEL``; None = off); ``"off"`` stays off."""
     if option is not None:
         return option
-    return BACKEND_COST_MODEL.get(getattr(lm, "backend", ""))
+    return BACKEND_COST_MODEL.get(port_of(lm).build().backend)
 
 
 def planner_for(option: Any, lm: Any, max_len: int, draft_cost: float = 0.0
@@ -363,11 +335,13 @@ def planner_for(option: Any, lm: Any, max_len: int, draft_cost: float = 0.0
     if curve is None:
         return None
     fast = None
-    if (option is True or option == "auto") and getattr(lm, "step_regimes", False):
-        with lm.inexact_rows():  # steps on every thread: what short caches' exact steps run as
-            fast = load_or_measure(lm)
+    port = port_of(lm)
+    regime = port.regime
+    if (option is True or option == "auto") and regime.step_regimes:
+        with port.inexact_context():  # steps on every thread: what short caches' exact steps
+            fast = load_or_measure(lm)  # run as
     return DraftPlanner(curve, max_len=max_len, draft_cost=draft_cost * curve.cost(1),
-                        fast=fast, fast_now=getattr(lm, "steps_on_every_thread", None))
+                        fast=fast, fast_now=None if fast is None else regime.steps_on_every_thread)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

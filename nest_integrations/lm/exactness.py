@@ -15,12 +15,13 @@ and the verdict that ``dtype="auto"``, ``nest info`` and ``NestStats.exact_rows`
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from nest_integrations.lm import rowwise_attention
-from nest_integrations.lm.base import capabilities_of
+from nest_integrations.lm.cache_key import key_of
+from nest_integrations.lm.port import port_of
 from nest_integrations.lm.packing import pack_linear_weights, packing_wanted
 from nest_integrations.lm.row_exact import (
     MachineCache,
@@ -34,6 +35,21 @@ from nest_integrations.lm.row_exact import (
 LOG = logging.getLogger(__name__)
 
 VERDICTS = MachineCache("verdicts")
+
+
+@runtime_checkable
+class RowsOneAtATime(Protocol):
+    """An LM that says whether its exact verify rows are decoded one at a time (llama.cpp)."""
+
+    @property
+    def rows_one_at_a_time(self) -> bool: ...
+
+
+@runtime_checkable
+class HasTorchModel(Protocol):
+    """An LM over a torch module (``HFLanguageModel``)."""
+
+    model: torch.nn.Module
 
 #: Keys are reproducible across batchings (batch sizes, Ray actors, the lazy cache, thread
 #: counts) to this relative error per key vector, ``||a - b|| / ||b||``, by the dtype that
@@ -72,42 +88,35 @@ def prepare(model: Any, *, pack_weights: bool | None, exact_rows: bool | None,
 
 def verdict(lm: Any) -> bool:
     """Whether ``lm``'s verify passes equal one-token steps bit for bit at the current thread
-    count (cached; module docstring)."""
-    if not (getattr(lm, "row_exact_linears", 0) and getattr(lm, "rowwise_attention", False)):
+    count (cached per ``lm.cache_key`` and row plans; module docstring)."""
+    if not port_of(lm).build().row_exact:
         return False
-    threads = torch.get_num_threads()
-    dtype = str(lm.dtype).removeprefix("torch.")
     plans = ",".join(f"{k}:{p[0]}/{p[1]}" for k, p in sorted(row_plans(lm.model).items()))
-    key = f"{lm.fingerprint}|{dtype}|t{threads}|torch{torch.__version__}|{plans}"
-    return bool(VERDICTS.get(key, lambda: check_rows(lm)))
+    return bool(VERDICTS.get(f"{key_of(lm).text()}|{plans}", lambda: check_rows(lm)))
 
 
 def checked(lm: Any) -> bool:
     """``row_exact.check_rows`` on any LM port implementation (the llama.cpp backend's rows
-    come from its own kernels), cached per fingerprint, LM class, thread count (the LM's own
-    where it has one, as llama.cpp's), KV cache type where it is not F16 and repacked weights
-    where they are on (llama.cpp's ``repack``: other kernels)."""
-    threads = getattr(lm, "threads", None) or torch.get_num_threads()
-    kv = getattr(lm, "kv_type", "F16")
-    key = (f"{lm.fingerprint}|{type(lm).__name__}|t{threads}" + ("" if kv == "F16" else f"|kv{kv}")
-           + ("|repack" if getattr(lm, "repack", False) else ""))
-    return bool(VERDICTS.get(key, lambda: check_rows(lm)))
+    come from its own kernels), cached per ``lm.cache_key`` (its build names the KV cache type
+    and repacked weights: other kernels; its threads are the LM's own)."""
+    return bool(VERDICTS.get(key_of(lm).text(), lambda: check_rows(lm)))
 
 
 def describe(lm: Any) -> dict[str, Any]:
     """What ``nest info`` and benchmark reports print: device, dtype (and how ``auto`` chose
     it), threads, whether lossless methods are exact here, and the row plans."""
+    port = port_of(lm)
+    build = port.build()
     info: dict[str, Any] = {
         "device": str(lm.device),
-        "dtype": (str(lm.dtype).removeprefix("torch.") if hasattr(lm, "dtype")
-                  else str(getattr(lm, "quantization", "unknown"))),
+        "dtype": build.weights.removeprefix("gguf-"),
         "threads": torch.get_num_threads(),
-        "exact_rows": capabilities_of(lm).exact_rows_checked and bool(lm.exact_rows),
-        "dtype_choice": getattr(lm, "dtype_choice", None),
+        "exact_rows": port.exact_rows(),
+        "dtype_choice": build.dtype_choice,
     }
-    if getattr(lm, "rows_one_at_a_time", False):  # llama.cpp, a type whose rows are not steps
-        info["rows_one_at_a_time"] = True
-    if getattr(lm, "row_exact_linears", 0) and hasattr(lm, "model"):
+    if port.rows_split is not None and isinstance(lm, RowsOneAtATime) and lm.rows_one_at_a_time:
+        info["rows_one_at_a_time"] = True  # llama.cpp, a type whose rows are not steps
+    if build.row_exact_linears and isinstance(lm, HasTorchModel):
         info["row_plans"] = {k: {"pad_to": p[0], "block": p[1]}
                              for k, p in row_plans(lm.model).items()}
     return info

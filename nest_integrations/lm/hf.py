@@ -43,6 +43,8 @@ import torch
 from nest_integrations.lm import auto_dtype, backend, exactness, hf_text, rowwise_attention
 from nest_integrations.lm.backend import resolve_dtype
 from nest_integrations.lm.base import Capabilities
+from nest_integrations.lm.port import Build
+from nest_integrations.lm.threads import TORCH_THREADS
 from nest_integrations.lm.hf_keys import KeyHook, check_key_source, encode_passages
 
 LOG = logging.getLogger(__name__)
@@ -89,6 +91,8 @@ class HFLanguageModel:
 
     #: the runtime (``lm.backend.BACKENDS``); ``lm.llama_cpp`` is the other one
     backend = "torch"
+    #: the thread regime its passes run in: torch's pool (``lm.threads``)
+    regime = TORCH_THREADS
 
     def __init__(
         self,
@@ -138,8 +142,14 @@ class HFLanguageModel:
         return Capabilities(
             prompt_vector=True, inexact_rows=True, exact_rows_checked=True,
             chat_template=bool(getattr(self.tokenizer, "chat_template", None)),
-            string_prefix=self._string_prefix,
+            string_prefix=self._string_prefix, trees=True, layer_skip=True,
         )
+
+    def build(self) -> Build:
+        """What its measurements depend on beyond the fingerprint (``lm.port.Build``)."""
+        kernels = ("packed",) * bool(self.packed_linears) + ("rowwise",) * self.rowwise_attention
+        return Build("torch", str(self.dtype).removeprefix("torch."), kernels,
+                     row_exact_linears=self.row_exact_linears, dtype_choice=self.dtype_choice)
 
     @property
     def rowwise_attention(self) -> bool:

@@ -43,6 +43,8 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+from nest_integrations.lm.port import port_of
+
 LOG = logging.getLogger(__name__)
 
 #: Passes of up to this many rows (steps, verify chains, token trees) run row-exact; larger
@@ -306,6 +308,7 @@ def check_rows(lm: Any, sizes: tuple[int, ...] = (2, 3, 5, 9, 17), tree: bool = 
     steps; with ``tree``, a 6-node token tree's rows against steps along each branch. One cache
     is alive at a time, as in a generation (a backend may lay a second one out differently)."""
     vocab = int(lm.vocab_size)
+    trees = port_of(lm).trees
     g = torch.Generator().manual_seed(7)
     ids = torch.randint(0, vocab, (40 + max(sizes),), generator=g).tolist()
     prompt = ids[:40]
@@ -314,8 +317,8 @@ def check_rows(lm: Any, sizes: tuple[int, ...] = (2, 3, 5, 9, 17), tree: bool = 
         cache = lm.new_cache()
         try:
             lm.forward(prompt, cache, last=1)
-            if parents is not None:
-                return lm.forward_tree(new, parents, cache)[0]
+            if parents is not None and trees is not None:
+                return trees.forward_tree(new, parents, cache)[0]
             return lm.forward(new, cache)[0]
         finally:
             del cache
@@ -335,7 +338,7 @@ def check_rows(lm: Any, sizes: tuple[int, ...] = (2, 3, 5, 9, 17), tree: bool = 
         if not torch.equal(run(ids[40 : 40 + size]), step_logits[:size]):
             LOG.info("rows of a %d-token pass differ from one-token steps", size)
             return False
-    if tree and hasattr(lm, "forward_tree"):
+    if tree and trees is not None:
         a, b = ids[40:43], ids[43:46]
         rows = run(a + b, [-1, 0, 1, -1, 3, 4])
         if not (torch.equal(rows[:3], step_logits[:3]) and torch.equal(rows[3:], steps(b))):

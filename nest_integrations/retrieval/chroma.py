@@ -402,7 +402,7 @@ class ChromaPassageStore:
             f"{theirs!r} (e.g. by plain chromadb), not NEST's {ours!r}; NEST left it as it is. "
             f"{fix} To make collections for NEST in your own code, pass NEST's embedding: "
             "chromadb `embedding_function=NestEmbeddingFunction()` (from "
-            "nest_integrations.embeddings), langchain-chroma `embedding_function="
+            "nest_integrations.embedders.minilm), langchain-chroma `embedding_function="
             "NestEmbeddings()`, LlamaIndex `embed_model=NestEmbedding()`."
         )
 

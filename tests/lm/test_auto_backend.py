@@ -163,3 +163,26 @@ def test_measuring_both_engines_is_short_and_cached(auto) -> None:
     assert auto_backend.cached() == rec
     auto.clear()  # forget the process's memo: the file answers
     assert decide().record == rec
+
+
+def test_auto_is_measured_where_the_engine_is_built_not_in_the_spec(auto, monkeypatch) -> None:
+    """``EngineSpec()`` under auto loads no model when only a measurement can decide: it keeps
+    ``"auto"`` (its config not yet adapted); ``resolved()`` (what ``build_engine`` and
+    ``spec_model`` call) measures once, and a spec made after that is decided by the cache."""
+    calls = []
+
+    def measure() -> dict:
+        calls.append(1)
+        return record("llama.cpp")
+
+    monkeypatch.setattr(auto_backend, "llama_cpp_available", lambda: True)
+    monkeypatch.setattr(auto_backend, "measure_step_costs", measure)
+    spec = assembly.EngineSpec()
+    assert spec.backend == "auto" and calls == []
+    assert decide(measure=False).pending and decide(measure=False).backend == "torch"
+    done = spec.resolved()
+    assert calls == [1] and done.backend == "llama.cpp"
+    assert done.config.key_source == "final_norm" and spec.config.key_source is None
+    assert done.resolved() is done and spec.resolved() == done and calls == [1]
+    assert assembly.EngineSpec().backend == "llama.cpp" and calls == [1]
+    assert not decide(measure=False).pending

@@ -124,7 +124,9 @@ def test_the_curve_is_cached_per_model_dtype_threads_and_machine(tiny_lm, tmp_pa
 
     import torch
 
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", cost.machine_name()).strip("-")[:60]
+    from nest_integrations.lm.backend import machine_name
+
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", machine_name()).strip("-")[:60]
     assert path.name == f"{kernels.replace('+', '-')}-cpu-t{torch.get_num_threads()}-{slug}.json"
     fresh = cost.load_or_measure(tiny_lm, refresh=True)
     assert calls == [1, 1] and fresh.ratio(2) == pytest.approx(1.4)

@@ -166,7 +166,7 @@ class NestModelParams(BaseModel):
         if self.model_name:
             return self.model_name
         if self.engine is not None:
-            return str(getattr(self.engine.lm, "name", "nest"))
+            return str(self.engine.lm.name)
         return assembly.model_name(None)
 
     @property

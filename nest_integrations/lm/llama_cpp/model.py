@@ -32,6 +32,7 @@ import torch
 
 from nest_integrations.lm.backend import KNN_SSD_UNSUPPORTED
 from nest_integrations.lm.base import Capabilities
+from nest_integrations.lm.port import Build
 from nest_integrations.lm.llama_cpp import passes, trees, vocab
 from nest_integrations.lm.llama_cpp.context import LlamaCppRuntime
 from nest_integrations.lm.llama_cpp.gguf import default_gguf, fingerprint
@@ -42,11 +43,6 @@ LOG = logging.getLogger(__name__)
 
 #: The backend's name in ``EngineSpec(backend=...)``, ``--backend`` and fingerprints.
 BACKEND = "llama.cpp"
-
-def _regime_property(name: str) -> Any:
-    """A read-only property of the LM that is its ``ThreadRegime``'s ``name``."""
-    return property(lambda lm: getattr(lm.regime, name),
-                    doc=f"``ThreadRegime.{name}`` of this model's context.")
 
 
 class LlamaCppLanguageModel:
@@ -77,7 +73,8 @@ class LlamaCppLanguageModel:
     #: what this LM does beyond the port (``lm.base.Capabilities``): the members below
     capabilities = Capabilities(logits_only=True, argmax_rows=True, release_cache=True,
                                 inexact_rows=True, steps_only=True, decoding_session=True,
-                                rows_split=True, exact_rows_checked=True)
+                                rows_split=True, exact_rows_checked=True, trees=True,
+                                layer_skip_unsupported=KNN_SSD_UNSUPPORTED)
 
     def __init__(self, runtime: LlamaCppRuntime, *, name: str) -> None:
         self.runtime = runtime
@@ -247,20 +244,36 @@ class LlamaCppLanguageModel:
     def decoding_session(self) -> Any:
         """The context of one generation: torch's ops between llama.cpp's decodes run on one
         thread, so its idle workers do not spin on llama.cpp's cores
-        (``lm.backend.torch_on_one_thread``)."""
-        from nest_integrations.lm.backend import torch_on_one_thread
+        (``lm.threads.TorchThreads.on_one_thread``)."""
+        from nest_integrations.lm.threads import TORCH_THREADS
 
-        return torch_on_one_thread()
+        return TORCH_THREADS.on_one_thread()
 
     @property
     def kv_type(self) -> str:
         """The KV cache type, ``"F16"`` or ``"BF16"`` (verdicts and cost curves kept apart)."""
         return self.runtime.kv_type
 
-    # what the cost planner reads of the regime (``lm.cost``; ``ThreadRegime`` says what each is)
-    split_steps = _regime_property("split_steps")
-    step_regimes = _regime_property("step_regimes")
-    exact_curve_context = _regime_property("exact_curve_context")
+    def build(self) -> Build:
+        """What this model's cost curves and exactness verdicts depend on beyond its
+        fingerprint (``lm.port.Build``): the quantisation, a KV cache type other than F16 and
+        repacked weights (other kernels)."""
+        kv = self.kv_type
+        kernels = (() if kv == "F16" else (f"kv{kv}",)) + (("repack",) if self.repack else ())
+        return Build(BACKEND, f"gguf-{self.quantization}", kernels)
+
+    # the regime's state (``ThreadRegime`` says what each is; ``lm.cost`` reads the regime)
+    @property
+    def split_steps(self) -> bool:
+        return self.regime.split_steps
+
+    @property
+    def step_regimes(self) -> bool:
+        return self.regime.step_regimes
+
+    @property
+    def exact_curve_context(self) -> int:
+        return self.regime.exact_curve_context
 
     def steps_on_every_thread(self) -> bool:
         return self.regime.steps_on_every_thread()
