@@ -13,15 +13,19 @@ chosen by ``Method.needs_target``:
   but its last token (``pending``); each step feeds ``[pending] + draft`` in one pass, and row i
   scores draft token i. A step with no draft is an ordinary decoding step.
 
-The target's passes are ``target.py``'s, the drafter's side ``drafts.py``'s. ``run()`` yields a
-``text_stream.Commit`` per commit (the text stream turns them into chunks; a consumer stops the
-loop by closing it) and returns the output. ``decode_ids`` runs the loop without an engine.
+The target's passes are ``target.py``'s, the drafter's side ``drafts.py``'s. ``run()`` yields an
+immutable ``Commit`` per commit, the only thing that leaves the loop while it runs (the text
+stream turns them into chunks; a consumer stops the loop by closing it), and returns the output
+as data (``Decoded``). Stop strings and output guards are a ``StoppingCriteria`` passed in (as
+HF's): the loop tells it each commit and keeps the tokens it keeps. The loop owns its committed
+ids and its copy of the passages; drafters read them (``DecodeState``) and register passages
+through their drafts. ``decode_ids`` runs the loop without an engine.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Generator, Iterator
+from typing import Any, Generator, Iterator, Protocol, Sequence, TypeVar
 
 import torch
 
@@ -31,23 +35,74 @@ from nest_integrations.core.token_memory import TokenMemory
 from nest_integrations.core.verification import greedy_accept, greedy_tree_path, quote_score
 from nest_integrations.decoding.lookahead import LookAhead
 from nest_integrations.decoding.target import Rows, Target, TargetDistribution
-from nest_integrations.decoding.text_stream import Commit, OutputText
 from nest_integrations.decoding.verifiers import make_verifier, rows_are_exact
 from nest_integrations.decoding.drafts import Drafts
 from nest_integrations.drafters.base import (
-    RELAXED, DecodeState, Draft, Drafter, Method, Source, as_sources, first_branch,
+    RELAXED, DecodeState, Draft, Drafter, Method, PassageUpdate, Source, as_sources,
+    first_branch,
 )  # fmt: skip
 from nest_integrations.lm.base import LanguageModel
 from nest_integrations.types import NestStats, Passage
 
 
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One commit of the decode loop: the only thing that leaves it while it runs.
+
+    Attributes:
+        ids: the committed token ids (cut at EOS and the budget; the stopping criterion may
+            then keep fewer of them, or of earlier ones: ``kept``).
+        sources: per id, ``(passage, position)`` or None for the LM's own.
+        copied: the ids were accepted from a draft (a plain step's are not).
+        kept: how many output tokens the loop holds after this commit.
+        done: the text has ended (no more ids come; what was held back may be shown).
+        final: the last commit of a run: the stopping criterion has finished the text.
+        new_passages: passages registered since the last commit, as
+            ``drafters.base.PassageUpdate``s (index, passage, token char offsets): an index
+            past the passages held so far adds one, a lower one gives that passage its offsets.
+    """
+
+    ids: tuple[int, ...]
+    sources: tuple[Source, ...]
+    copied: bool = False
+    kept: int = 0
+    done: bool = False
+    final: bool = False
+    new_passages: tuple[PassageUpdate, ...] = ()
+
+
+class StoppingCriteria(Protocol):
+    """What decides, after each commit, whether the output goes on (as HF's
+    ``StoppingCriteria``): stop strings and the output guards, on the text side
+    (``text_stream.TextStream``). The loop keeps the first ``kept`` tokens it reports."""
+
+    @property
+    def stopped(self) -> bool:
+        """The text has stopped (a stop string or an output guard cut it)."""
+
+    @property
+    def reason(self) -> str:
+        """Why it stopped: ``"repeat"`` (an output guard), ``"stop"``, or ``""``."""
+
+    def update(self, ids: Sequence[int], sources: Sequence[Source], copied: bool) -> int:
+        """Take one commit's tokens; returns how many output tokens are kept in all."""
+
+    def finish(self) -> int:
+        """The text has ended (a guard may still cut its end); returns the tokens kept."""
+
+
 @dataclass(frozen=True)
 class Decoded:
-    """What a finished loop returns: its output text (ids, sources, text) and NEST's mean
-    lambda over the rows it mixed (1.0 when it mixed none), and whether the model rejected the
-    evidence quote (then nothing was committed)."""
+    """What a finished loop returns: its output ids, their sources and copied flags, NEST's
+    mean lambda over the rows it mixed (1.0 when it mixed none), and whether the model
+    rejected the evidence quote (then nothing was committed)."""
 
-    out: OutputText
+    ids: tuple[int, ...]
+    sources: tuple[Source, ...]
+    copied: tuple[bool, ...]
     mean_lambda: float
     quote_rejected: bool = False
 
@@ -57,10 +112,10 @@ class DecodeLoop:
 
     def __init__(
         self, lm: LanguageModel, method: Method, drafter: Drafter | None, *, config: NestConfig,
-        prompt_ids: list[int], memory: TokenMemory | None, passages: list[Passage],
-        offsets: list[Any], max_new_tokens: int, stop: list[str], stats: NestStats,
+        prompt_ids: list[int], memory: TokenMemory | None, passages: Sequence[Passage],
+        offsets: Sequence[Any], max_new_tokens: int, stats: NestStats,
         generator: torch.Generator | None, eos: frozenset[int] | None = None,
-        guards: Guards | None = None,
+        guards: Guards | None = None, stopping: StoppingCriteria | None = None,
     ) -> None:  # fmt: skip
         self.lm, self.method, self.drafter, self.config = lm, method, drafter, config
         self.memory = memory if method.uses_memory else None
@@ -72,7 +127,14 @@ class DecodeLoop:
         if drafter is not None and not self.relaxed:  # lossless: greedy's output, bit for bit?
             stats.exact_rows = rows_are_exact(lm, method.name)
         self.guards = guards if guards is not None else Guards()
-        self.out = OutputText(lm.detokenize, stop, repeat_guard=self.guards.stop_on_repeat)
+        self.stopping = stopping
+        #: the committed output: ids, their sources, whether each was copied (the loop's own)
+        self.ids: list[int] = []
+        self.sources: list[Source] = []
+        self.copied: list[bool] = []
+        #: the generation's passages and offsets (copies: drafters' registrations extend them)
+        self.passages, self.offsets = list(passages), list(offsets)
+        self._new: list[PassageUpdate] = []  # registered since the last commit
         self.verifier = make_verifier(method, config, generator, self.eos, self.guards)
         #: lossless greedy on p_LM reads the logits' argmax (as greedy decoding picks a token:
         #: no softmax, which could also merge two nearly equal logits into one probability);
@@ -90,8 +152,9 @@ class DecodeLoop:
         #: the target at each row: p_M for NEST-family methods, else p_LM
         self.distribution = TargetDistribution(method.uses_memory, self.memory, config, stats)
         self.state = DecodeState(
-            prompt_ids=list(prompt_ids), out_ids=self.out.ids, budget=max_new_tokens,
-            config=config, eos=self.eos, passages=passages, offsets=offsets, lm=lm,
+            prompt_ids=list(prompt_ids), out_ids=self.ids, budget=max_new_tokens,
+            config=config, eos=self.eos, passages=tuple(self.passages),
+            offsets=tuple(self.offsets), lm=lm,
             cache=self.cache, choose_token=self.verifier.choose_token,
             next_token=self.verifier.next_token, memory=self.memory, generator=generator,
             stats=stats,
@@ -103,7 +166,7 @@ class DecodeLoop:
     # ----------------------------------------------------------------- shared steps
     @property
     def budget(self) -> int:
-        return self.max_new_tokens - len(self.out)
+        return self.max_new_tokens - len(self.ids)
 
     def forward(
         self, ids: list[int], last: int | None = None, parents: list[int] | None = None,
@@ -162,43 +225,88 @@ class DecodeLoop:
         d = torch.as_tensor(draft, dtype=torch.long, device=p.device)
         return self.verifier.verify_and_correct(p, d, q)
 
+    def propose(self, budget: int) -> Draft | None:
+        """The drafter's draft (``Drafts.propose``) after registering the passages it brings
+        (``Draft.new_passages``); None for an ordinary step."""
+        draft = self.drafts.propose(budget)
+        if draft is not None and draft.new_passages:
+            self._register(draft.new_passages)
+        return draft if draft is not None and draft.tokens else None
+
+    def _register(self, updates: Sequence[PassageUpdate]) -> None:
+        """Add a draft's passages to the loop's own lists (the next commit reports them)."""
+        for i, passage, offsets in updates:
+            n = len(self.passages)
+            if i == n:
+                self.passages.append(passage)
+                self.offsets.append(offsets)
+            elif i < n and self.passages[i].id == passage.id:
+                if self.offsets[i] is not None:
+                    continue
+                self.offsets[i] = offsets
+            else:
+                raise ValueError(f"a draft registers passage {passage.id!r} at index {i}, but the "
+                                 f"generation holds {n} passages: take the index from "
+                                 "DecodeState.passage_index")
+            self._new.append((i, passage, offsets))
+        self.state.passages, self.state.offsets = tuple(self.passages), tuple(self.offsets)
+
+    def _keep(self, n: int) -> None:
+        """Keep the first ``n`` output tokens (what the stopping criterion kept)."""
+        del self.ids[n:], self.sources[n:], self.copied[n:]
+
+    def _commit(self, done: bool, ids: Sequence[int] = (), sources: Sequence[Source] = (),
+                copied: bool = False, final: bool = False) -> Commit:
+        news, self._new = tuple(self._new), []
+        return Commit(tuple(ids), tuple(sources), copied, len(self.ids), done, final, news)
+
     def commit(self, ids: list[int], sources: list[Source], copied: bool = False) -> Commit:
-        """Append tokens, cut at EOS, the budget and stop strings: what was committed."""
+        """Append tokens, cut at EOS, the budget and the stopping criterion: what was
+        committed."""
         keep_ids, keep_src = [], []
         for tok, src in zip(ids, sources):
             if tok in self.eos:
                 self.done = True
                 self.stats.finish_reason = "stop"
                 break
-            if len(self.out) + len(keep_ids) >= self.max_new_tokens:
+            if len(self.ids) + len(keep_ids) >= self.max_new_tokens:
                 break
             keep_ids.append(tok)
             keep_src.append(src)
         if keep_ids:
-            self.out.append(keep_ids, keep_src, copied)
-        if self.out.stopped:
+            self.ids += keep_ids
+            self.sources += keep_src
+            self.copied += [copied and src is not None for src in keep_src]
+            if self.stopping is not None:
+                self._keep(self.stopping.update(keep_ids, keep_src, copied))
+        if self.stopping is not None and self.stopping.stopped:
             self.done = True
-            self.stats.finish_reason = "repeat" if self.out.repeated else "stop"
-        if len(self.out) >= self.max_new_tokens:
+            self.stats.finish_reason = self.stopping.reason
+        if len(self.ids) >= self.max_new_tokens:
             self.done = True
             self.stats.finish_reason = self.stats.finish_reason or "length"
         self.state.budget = self.budget
-        return Commit(tuple(keep_ids), tuple(keep_src), self.done)
+        return self._commit(self.done, keep_ids, keep_src, copied)
 
     # ----------------------------------------------------------------- schedules
     def run(self) -> Generator[Commit, None, Decoded]:
-        """Decode to the end, yielding each commit (the last one, empty, ends the text), and
-        return the output. The cache is given back when decoding ends or the consumer closes
-        the generator (``Target.release``)."""
+        """Decode to the end, yielding each commit (the last one, ``final`` and empty, ends
+        the text), and return the output. The cache is given back when decoding ends or the
+        consumer closes the generator (``Target.release``)."""
         try:
             yield from self._target_first() if self.method.needs_target else self._draft_first()
         finally:
             self.target.release()
-        if self.out.finish():  # the repeat guard cut the last sentence
-            self.done = True
-            self.stats.finish_reason = "repeat"
-        yield Commit((), (), True)  # the text has ended: what was held back may be shown
-        return Decoded(self.out, self.distribution.mean_lambda, self.quote_rejected)
+        stopping = self.stopping
+        if stopping is not None:
+            was_stopped = stopping.stopped
+            self._keep(stopping.finish())
+            if not was_stopped and stopping.reason == "repeat":  # it cut the last sentence
+                self.done = True
+                self.stats.finish_reason = "repeat"
+        yield self._commit(True, final=True)  # the text has ended: what was held may be shown
+        return Decoded(tuple(self.ids), tuple(self.sources), tuple(self.copied),
+                       self.distribution.mean_lambda, self.quote_rejected)
 
     def _ordinary_token(self, dist: Distribution, draft: Draft | None
                         ) -> tuple[int, Source, int] | None:  # fmt: skip
@@ -240,7 +348,7 @@ class DecodeLoop:
                 cur = self.feed(pending)  # type: ignore[arg-type]
             dist = self.distribution(*cur)
             self.state.dist, self.state.hidden, self.state.pending = dist, cur[1][-1], None
-            draft = self.drafts.propose(self.budget)
+            draft = self.propose(self.budget)
             step = self._ordinary_token(dist, draft)
             if step is not None:  # an ordinary step: one token, no verify pass
                 w, src, n = step
@@ -287,7 +395,7 @@ class DecodeLoop:
         pending = first
         while not self.done and self.budget > 0:
             self.state.pending, self.state.dist = pending, None
-            draft = self.drafts.propose(self.budget - 1)  # room for the token after the draft
+            draft = self.propose(self.budget - 1)  # room for the token after the draft
             before = self.target.length()
             if draft is None:
                 logits, keys = self.target.run([pending], keys=self._wants_keys(), argmax=argmax)
@@ -360,11 +468,19 @@ def decode_ids(
     loop = DecodeLoop(
         lm, method, drafter, config=config if config is not None else NestConfig(temperature=0.0),
         prompt_ids=list(prompt_ids), memory=None, passages=[], offsets=[],
-        max_new_tokens=max_new_tokens, stop=[], stats=stats, generator=generator, eos=eos,
+        max_new_tokens=max_new_tokens, stats=stats, generator=generator, eos=eos,
     )  # fmt: skip
-    for _ in loop.run():
-        pass
+    decoded = run_to_end(loop.run())
     stats.prompt_tokens = len(prompt_ids)
-    stats.new_tokens = len(loop.out.ids)
+    stats.new_tokens = len(decoded.ids)
     stats.finish_reason = stats.finish_reason or "length"
-    return list(loop.out.ids), stats
+    return list(decoded.ids), stats
+
+
+def run_to_end(commits: Generator[Any, None, R]) -> R:
+    """Exhaust a generator (a loop's commits, unread) and return what it returns."""
+    while True:
+        try:
+            next(commits)
+        except StopIteration as end:
+            return end.value

@@ -177,8 +177,10 @@ def test_propose_drafts_corpus_continuation_with_exact_sources(tiny_lm, built):
     assert draft is not None
     # the best neighbour is the key itself: its continuation is the first chain of the tree
     assert draft.tokens[:5] == toks[j + 1 : j + 6]
+    registered = {i: (passage, offs) for i, passage, offs in draft.new_passages}
+    assert sorted(registered) == list(range(len(registered)))  # the state held none
     for tok, (pi, pos) in zip(draft.tokens, draft.sources):
-        passage, offs = state.passages[pi], state.offsets[pi]
+        passage, offs = registered[pi]
         s, e = offs[pos]
         assert tiny_lm.tokenize(passage.text)[pos] == tok
         assert passage.text[s:e] == tiny_lm.detokenize([tok])
