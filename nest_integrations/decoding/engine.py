@@ -17,7 +17,8 @@ import torch
 
 from nest_integrations.config import PRESETS, NestConfig
 from nest_integrations.core.token_memory import TokenMemory
-from nest_integrations.decoding.loop import Decoded, DecodeLoop
+from nest_integrations.decoding.commits import Decoded
+from nest_integrations.decoding.loop import DecodeLoop
 from nest_integrations.decoding.target import session
 from nest_integrations.decoding.text_stream import TextStream
 from nest_integrations.decoding.prompts import (

@@ -14,18 +14,14 @@ chosen by ``Method.needs_target``:
   scores draft token i. A step with no draft is an ordinary decoding step.
 
 The target's passes are ``target.py``'s, the drafter's side ``drafts.py``'s. ``run()`` yields an
-immutable ``Commit`` per commit, the only thing that leaves the loop while it runs (the text
-stream turns them into chunks; a consumer stops the loop by closing it), and returns the output
-as data (``Decoded``). Stop strings and output guards are a ``StoppingCriteria`` passed in (as
-HF's): the loop tells it each commit and keeps the tokens it keeps. The loop owns its committed
-ids and its copy of the passages; drafters read them (``DecodeState``) and register passages
-through their drafts. ``decode_ids`` runs the loop without an engine.
+immutable ``Commit`` per commit, the only channel out (a consumer stops the loop by closing it),
+and returns its output as data; stop strings and output guards are a ``StoppingCriteria`` passed
+in (``commits.py``). ``decode_ids`` runs the loop without an engine.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Generator, Iterator, Protocol, Sequence, TypeVar
+from typing import Any, Generator, Iterator, Sequence
 
 import torch
 
@@ -33,78 +29,18 @@ from nest_integrations.config import Guards, NestConfig
 from nest_integrations.core.mixture import Distribution
 from nest_integrations.core.token_memory import TokenMemory
 from nest_integrations.core.verification import greedy_accept, greedy_tree_path, quote_score
+from nest_integrations.decoding.commits import (
+    Commit, Committed, Decoded, StoppingCriteria, run_to_end,
+)  # fmt: skip
 from nest_integrations.decoding.lookahead import LookAhead
 from nest_integrations.decoding.target import Rows, Target, TargetDistribution
 from nest_integrations.decoding.verifiers import make_verifier, rows_are_exact
 from nest_integrations.decoding.drafts import Drafts
 from nest_integrations.drafters.base import (
-    RELAXED, DecodeState, Draft, Drafter, Method, PassageUpdate, Source, as_sources,
-    first_branch,
+    RELAXED, DecodeState, Draft, Drafter, Method, Source, as_sources, first_branch,
 )  # fmt: skip
 from nest_integrations.lm.base import LanguageModel
 from nest_integrations.types import NestStats, Passage
-
-
-R = TypeVar("R")
-
-
-@dataclass(frozen=True)
-class Commit:
-    """One commit of the decode loop: the only thing that leaves it while it runs.
-
-    Attributes:
-        ids: the committed token ids (cut at EOS and the budget; the stopping criterion may
-            then keep fewer of them, or of earlier ones: ``kept``).
-        sources: per id, ``(passage, position)`` or None for the LM's own.
-        copied: the ids were accepted from a draft (a plain step's are not).
-        kept: how many output tokens the loop holds after this commit.
-        done: the text has ended (no more ids come; what was held back may be shown).
-        final: the last commit of a run: the stopping criterion has finished the text.
-        new_passages: passages registered since the last commit, as
-            ``drafters.base.PassageUpdate``s (index, passage, token char offsets): an index
-            past the passages held so far adds one, a lower one gives that passage its offsets.
-    """
-
-    ids: tuple[int, ...]
-    sources: tuple[Source, ...]
-    copied: bool = False
-    kept: int = 0
-    done: bool = False
-    final: bool = False
-    new_passages: tuple[PassageUpdate, ...] = ()
-
-
-class StoppingCriteria(Protocol):
-    """What decides, after each commit, whether the output goes on (as HF's
-    ``StoppingCriteria``): stop strings and the output guards, on the text side
-    (``text_stream.TextStream``). The loop keeps the first ``kept`` tokens it reports."""
-
-    @property
-    def stopped(self) -> bool:
-        """The text has stopped (a stop string or an output guard cut it)."""
-
-    @property
-    def reason(self) -> str:
-        """Why it stopped: ``"repeat"`` (an output guard), ``"stop"``, or ``""``."""
-
-    def update(self, ids: Sequence[int], sources: Sequence[Source], copied: bool) -> int:
-        """Take one commit's tokens; returns how many output tokens are kept in all."""
-
-    def finish(self) -> int:
-        """The text has ended (a guard may still cut its end); returns the tokens kept."""
-
-
-@dataclass(frozen=True)
-class Decoded:
-    """What a finished loop returns: its output ids, their sources and copied flags, NEST's
-    mean lambda over the rows it mixed (1.0 when it mixed none), and whether the model
-    rejected the evidence quote (then nothing was committed)."""
-
-    ids: tuple[int, ...]
-    sources: tuple[Source, ...]
-    copied: tuple[bool, ...]
-    mean_lambda: float
-    quote_rejected: bool = False
 
 
 class DecodeLoop:
@@ -128,13 +64,8 @@ class DecodeLoop:
             stats.exact_rows = rows_are_exact(lm, method.name)
         self.guards = guards if guards is not None else Guards()
         self.stopping = stopping
-        #: the committed output: ids, their sources, whether each was copied (the loop's own)
-        self.ids: list[int] = []
-        self.sources: list[Source] = []
-        self.copied: list[bool] = []
-        #: the generation's passages and offsets (copies: drafters' registrations extend them)
-        self.passages, self.offsets = list(passages), list(offsets)
-        self._new: list[PassageUpdate] = []  # registered since the last commit
+        #: the committed output and the loop's own copy of the passages (``commits.py``)
+        self.output = Committed(passages, offsets)
         self.verifier = make_verifier(method, config, generator, self.eos, self.guards)
         #: lossless greedy on p_LM reads the logits' argmax (as greedy decoding picks a token:
         #: no softmax, which could also merge two nearly equal logits into one probability);
@@ -152,9 +83,8 @@ class DecodeLoop:
         #: the target at each row: p_M for NEST-family methods, else p_LM
         self.distribution = TargetDistribution(method.uses_memory, self.memory, config, stats)
         self.state = DecodeState(
-            prompt_ids=list(prompt_ids), out_ids=self.ids, budget=max_new_tokens,
-            config=config, eos=self.eos, passages=tuple(self.passages),
-            offsets=tuple(self.offsets), lm=lm,
+            prompt_ids=list(prompt_ids), out_ids=self.output.ids, budget=max_new_tokens,
+            config=config, eos=self.eos, passages=tuple(passages), offsets=tuple(offsets), lm=lm,
             cache=self.cache, choose_token=self.verifier.choose_token,
             next_token=self.verifier.next_token, memory=self.memory, generator=generator,
             stats=stats,
@@ -166,7 +96,7 @@ class DecodeLoop:
     # ----------------------------------------------------------------- shared steps
     @property
     def budget(self) -> int:
-        return self.max_new_tokens - len(self.ids)
+        return self.max_new_tokens - len(self.output)
 
     def forward(
         self, ids: list[int], last: int | None = None, parents: list[int] | None = None,
@@ -229,64 +159,21 @@ class DecodeLoop:
         """The drafter's draft (``Drafts.propose``) after registering the passages it brings
         (``Draft.new_passages``); None for an ordinary step."""
         draft = self.drafts.propose(budget)
-        if draft is not None and draft.new_passages:
-            self._register(draft.new_passages)
+        if draft is not None and draft.new_passages:  # the state's view follows the loop's list
+            self.state.passages, self.state.offsets = self.output.register(draft.new_passages)
         return draft if draft is not None and draft.tokens else None
-
-    def _register(self, updates: Sequence[PassageUpdate]) -> None:
-        """Add a draft's passages to the loop's own lists (the next commit reports them)."""
-        for i, passage, offsets in updates:
-            n = len(self.passages)
-            if i == n:
-                self.passages.append(passage)
-                self.offsets.append(offsets)
-            elif i < n and self.passages[i].id == passage.id:
-                if self.offsets[i] is not None:
-                    continue
-                self.offsets[i] = offsets
-            else:
-                raise ValueError(f"a draft registers passage {passage.id!r} at index {i}, but the "
-                                 f"generation holds {n} passages: take the index from "
-                                 "DecodeState.passage_index")
-            self._new.append((i, passage, offsets))
-        self.state.passages, self.state.offsets = tuple(self.passages), tuple(self.offsets)
-
-    def _keep(self, n: int) -> None:
-        """Keep the first ``n`` output tokens (what the stopping criterion kept)."""
-        del self.ids[n:], self.sources[n:], self.copied[n:]
-
-    def _commit(self, done: bool, ids: Sequence[int] = (), sources: Sequence[Source] = (),
-                copied: bool = False, final: bool = False) -> Commit:
-        news, self._new = tuple(self._new), []
-        return Commit(tuple(ids), tuple(sources), copied, len(self.ids), done, final, news)
 
     def commit(self, ids: list[int], sources: list[Source], copied: bool = False) -> Commit:
         """Append tokens, cut at EOS, the budget and the stopping criterion: what was
         committed."""
-        keep_ids, keep_src = [], []
-        for tok, src in zip(ids, sources):
-            if tok in self.eos:
-                self.done = True
-                self.stats.finish_reason = "stop"
-                break
-            if len(self.ids) + len(keep_ids) >= self.max_new_tokens:
-                break
-            keep_ids.append(tok)
-            keep_src.append(src)
-        if keep_ids:
-            self.ids += keep_ids
-            self.sources += keep_src
-            self.copied += [copied and src is not None for src in keep_src]
-            if self.stopping is not None:
-                self._keep(self.stopping.update(keep_ids, keep_src, copied))
-        if self.stopping is not None and self.stopping.stopped:
+        commit, reason = self.output.add(ids, sources, copied, self.eos, self.max_new_tokens,
+                                         self.stopping)
+        if reason:  # the output has ended: "stop", "repeat" or "length"
             self.done = True
-            self.stats.finish_reason = self.stopping.reason
-        if len(self.ids) >= self.max_new_tokens:
-            self.done = True
-            self.stats.finish_reason = self.stats.finish_reason or "length"
+            if reason != "length" or not self.stats.finish_reason:
+                self.stats.finish_reason = reason
         self.state.budget = self.budget
-        return self._commit(self.done, keep_ids, keep_src, copied)
+        return commit
 
     # ----------------------------------------------------------------- schedules
     def run(self) -> Generator[Commit, None, Decoded]:
@@ -297,16 +184,11 @@ class DecodeLoop:
             yield from self._target_first() if self.method.needs_target else self._draft_first()
         finally:
             self.target.release()
-        stopping = self.stopping
-        if stopping is not None:
-            was_stopped = stopping.stopped
-            self._keep(stopping.finish())
-            if not was_stopped and stopping.reason == "repeat":  # it cut the last sentence
-                self.done = True
-                self.stats.finish_reason = "repeat"
-        yield self._commit(True, final=True)  # the text has ended: what was held may be shown
-        return Decoded(tuple(self.ids), tuple(self.sources), tuple(self.copied),
-                       self.distribution.mean_lambda, self.quote_rejected)
+        if self.stopping is not None and self.output.finish(self.stopping):
+            self.done = True  # the output guards cut its last sentence
+            self.stats.finish_reason = "repeat"
+        yield self.output.commit(True, final=True)  # the text has ended: show what was held
+        return self.output.decoded(self.distribution.mean_lambda, self.quote_rejected)
 
     def _ordinary_token(self, dist: Distribution, draft: Draft | None
                         ) -> tuple[int, Source, int] | None:  # fmt: skip
@@ -476,11 +358,3 @@ def decode_ids(
     stats.finish_reason = stats.finish_reason or "length"
     return list(decoded.ids), stats
 
-
-def run_to_end(commits: Generator[Any, None, R]) -> R:
-    """Exhaust a generator (a loop's commits, unread) and return what it returns."""
-    while True:
-        try:
-            next(commits)
-        except StopIteration as end:
-            return end.value

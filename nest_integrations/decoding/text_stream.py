@@ -19,9 +19,9 @@ BPE, SentencePiece): what still differs, once in 1,500 SentencePiece sequences, 
 whose byte tokens a special token splits.
 
 ``TextStream`` is the consumer side of the decode loop: it owns the generation's ``OutputText``
-(nothing else writes to it), is the loop's stopping criterion (``loop.StoppingCriteria``: the
+(nothing else writes to it), is the loop's stopping criterion (``commits.StoppingCriteria``: the
 loop tells it each commit's tokens and keeps what it keeps), and ``TextStream.follow`` turns each
-``loop.Commit`` into the ``StreamChunk``s of the text it made safe to show, with the citation of
+``commits.Commit`` into the ``StreamChunk``s of the text it made safe to show, with the citation of
 the copy that text belongs to. It learns new passages from the commits alone. Data flows one
 way: nothing calls back into the loop, and a consumer that stops iterating closes it.
 ``TextStream.replay`` rebuilds the same stream from recorded commits, with no loop at all.
@@ -57,7 +57,7 @@ from nest_integrations.types import Citation, Passage, StreamChunk
 if TYPE_CHECKING:
     from nest_integrations.attribution import SentenceStream
     from nest_integrations.core.evidence import EvidenceSpan
-    from nest_integrations.decoding.loop import Commit
+    from nest_integrations.decoding.commits import Commit
 
 R = TypeVar("R")
 
@@ -388,7 +388,7 @@ class TextStream:
                           token_ids=commit.ids, support=support, unsupported=unsupported)
 
     def _learn(self, updates: Sequence[tuple[int, Passage, Any]]) -> None:
-        """Take the passages a commit registers (``loop.Commit.new_passages``)."""
+        """Take the passages a commit registers (``commits.Commit.new_passages``)."""
         for i, passage, offsets in updates:
             if i == len(self.passages):
                 self.passages.append(passage)

@@ -35,7 +35,7 @@ Source = tuple[int, int] | None
 #: A passage a drafter registers with the generation: ``(index, passage, token char offsets)``.
 #: ``index`` is where sources point: the next free one for a new passage, or that of a passage
 #: the generation holds without offsets (it gets these). ``Draft.new_passages`` carries them to
-#: the loop, ``decoding.loop.Commit.new_passages`` on to the text stream.
+#: the loop, ``decoding.commits.Commit.new_passages`` on to the text stream.
 PassageUpdate = tuple[int, Passage, Any]
 
 

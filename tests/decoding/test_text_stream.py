@@ -15,7 +15,7 @@ import pytest
 
 from nest_integrations.core.citations import build_citations
 from nest_integrations.core.evidence import EvidenceSpan
-from nest_integrations.decoding.loop import Commit
+from nest_integrations.decoding.commits import Commit
 from nest_integrations.decoding.text_stream import OutputText, TextStream
 from nest_integrations.types import Passage
 from tests.core.toy_tokens import toy_tokens

@@ -520,7 +520,7 @@ def test_a_finished_generation_gives_its_cache_back_at_once(lm, monkeypatch):
     loop.itself = loop  # a reference cycle, as an engine's request can make
     assert lm.runtime.sequences.live() == 1
     list(loop.run())
-    assert lm.runtime.sequences.live() == 0 and len(loop.ids) == 4
+    assert lm.runtime.sequences.live() == 0 and len(loop.output.ids) == 4
     collected = []
     monkeypatch.setattr(gc, "collect", lambda *a: collected.append(1) or 0)
     lm.release_cache(lm.new_cache())
