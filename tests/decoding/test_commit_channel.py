@@ -196,6 +196,22 @@ def test_passages_a_drafter_registers_reach_the_result_through_commits(tiny_lm, 
     _check_replay(rec, chunks, res)
 
 
+def test_the_loops_passage_list_takes_registrations_by_index_and_refuses_a_wrong_one():
+    """``Committed.register``: a new passage at the next index, offsets for one held without
+    them (not over ones it has), each reported once in the next commit; a wrong index (a
+    drafter that did not ask ``DecodeState.passage_index``) is a ValueError naming it."""
+    from nest_integrations.decoding.commits import Committed
+
+    a, b = Passage("a", "alpha", "d"), Passage("b", "beta", "d")
+    out = Committed([a], [None])
+    assert out.register([(0, a, "offs-a"), (1, b, "offs-b")]) == ((a, b), ("offs-a", "offs-b"))
+    assert out.register([(0, a, "other")]) == ((a, b), ("offs-a", "offs-b"))
+    first, second = out.commit(False), out.commit(True)
+    assert first.new_passages == ((0, a, "offs-a"), (1, b, "offs-b")) and not second.new_passages
+    with pytest.raises(ValueError, match="registers passage 'c' at index 5.*holds 2"):
+        out.register([(5, Passage("c", "gamma", "d"), None)])
+
+
 # ----------------------------------------------------------------------------- architecture
 
 def loop_imports_text_stream(source: str) -> bool:
