@@ -11,6 +11,7 @@ drafting counters; and what a drafter may say beyond the two-method interface
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from nest_integrations.drafters.base import (
     CitesTokens, DecodeState, Draft, Drafter, Source, WantsHidden, WantsPromptVector, as_sources,
@@ -43,7 +44,8 @@ class Drafts:
         return self._hidden is None or bool(self._hidden.wants_hidden)
 
     def propose(self, budget: int) -> Draft | None:
-        """The drafter's draft, validated and cut to ``budget`` (None: an ordinary step)."""
+        """The drafter's draft, validated and cut to ``budget`` (None, or a draft with no
+        tokens that only carries ``new_passages``: an ordinary step)."""
         if self.drafter is None or budget < 1:
             return None
         state = self.state
@@ -51,13 +53,13 @@ class Drafts:
         t0 = time.perf_counter()
         draft = self.drafter.propose(state)
         self.stats.timing.draft += time.perf_counter() - t0
-        if draft is None or not draft.tokens:
-            return None
+        if draft is None or not draft.tokens:  # no draft (one with passages: the loop's to add)
+            return draft if draft is not None and draft.new_passages else None
         validate_draft(draft, self.vocab_size)
         if len(draft) > budget and draft.parents is None:  # the loop enforces the budget
-            draft = Draft(draft.tokens[:budget], as_sources(draft.sources, len(draft))[:budget],
-                          None if draft.q is None else draft.q[:budget], None, draft.chosen_first,
-                          draft.quoted)
+            draft = replace(draft, tokens=draft.tokens[:budget],
+                            sources=as_sources(draft.sources, len(draft))[:budget],
+                            q=None if draft.q is None else draft.q[:budget])
         return draft
 
     def update(self, draft: Draft, n_accepted: int) -> None:

@@ -17,9 +17,10 @@ import torch
 
 from nest_integrations.config import PRESETS, NestConfig
 from nest_integrations.core.token_memory import TokenMemory
+from nest_integrations.decoding.commits import Decoded
 from nest_integrations.decoding.loop import DecodeLoop
 from nest_integrations.decoding.target import session
-from nest_integrations.decoding.text_stream import OutputText, TextStream
+from nest_integrations.decoding.text_stream import TextStream
 from nest_integrations.decoding.prompts import (
     REWRITE_CALL,
     Prompt,
@@ -293,34 +294,36 @@ class NestEngine:
                 _first_token(stats, text, t_start)
             elif stats.quote_score is not None:  # the quote was committed (and checked)
                 stats.evidence = "quoted"
-            ended_at_once = (not decoded.out.ids and stats.finish_reason == "stop"
-                             and not decoded.out.stopped)
+            ended_at_once = (not decoded.ids and stats.finish_reason == "stop"
+                             and not text.stopped)
             if not as_chat and chat_retry(self.lm, prompt, self.string_prompts, ended_at_once):
                 stats.finish_reason = ""  # "auto": a completion that ended at once is a question
                 loop, text = request.loop(True, max_new_tokens)
                 decoded = yield from text.follow(loop.run())
                 _first_token(stats, text, t_start)
-            result = self._result(decoded.out, text, stats)
+            result = self._result(decoded, text, stats)
             stats.timing.total = time.perf_counter() - t_start
             stats.mean_lambda = decoded.mean_lambda
             yield StreamChunk(text="", result=result)
 
     # ----------------------------------------------------------------- results
-    def _result(self, out: OutputText, text: TextStream, stats: NestStats) -> NestResult:
-        stats.new_tokens = len(out.ids)
-        stats.copied_tokens = sum(out.copied)
-        stats.attributed_tokens = sum(s is not None for s in out.sources)
+    def _result(self, decoded: Decoded, text: TextStream, stats: NestStats) -> NestResult:
+        """The result of a loop's output (``decoded``) and the text its stream made of it (the
+        text, the citations, and the passages it learned from the commits)."""
+        stats.new_tokens = len(decoded.ids)
+        stats.copied_tokens = sum(decoded.copied)
+        stats.attributed_tokens = sum(s is not None for s in decoded.sources)
         if not stats.finish_reason:
             stats.finish_reason = "length"
         passages = text.passages
         pid = [p.id for p in passages]
         result = NestResult(
-            text=out.text,
-            token_ids=list(out.ids),
+            text=text.out.text,
+            token_ids=list(decoded.ids),
             citations=text.citations(),
             stats=stats,
             passages=list(passages),
-            token_sources=[(pid[s[0]], s[1]) if s is not None else None for s in out.sources],
+            token_sources=[(pid[s[0]], s[1]) if s is not None else None for s in decoded.sources],
         )
         if text.live is not None:
             self._attribute(result, text.live)
@@ -424,9 +427,9 @@ class _Request:
 
     def loop(self, as_chat: bool, max_new_tokens: int) -> tuple[DecodeLoop, TextStream]:
         """A decode loop over the prompt read as chat messages or raw text, and the text
-        stream that turns its commits into chunks."""
+        stream that turns its commits into chunks (and is the loop's stopping criterion)."""
         engine, plan, cfg, stats = self.engine, self.plan, self.config, self.stats
-        passages = plan.passages
+        passages = list(plan.passages)  # each part below takes its own copy: none is shared
         chat = as_chat or not isinstance(self.prompt, str)
         method = plan.method_for(chat)
         stats.decoding = method.name
@@ -438,18 +441,20 @@ class _Request:
         max_new = _fit_budget(engine.lm, len(ids), max_new_tokens)
         stats.prompt_tokens = len(ids)
         live = engine.sentence_stream(cfg, passages) if cfg.attribute else None
-        ctx = DrafterContext(engine.lm, cfg, ids, passages, memory, self.options,
+        ctx = DrafterContext(engine.lm, cfg, ids, list(passages), memory, self.options,
                              engine.retriever, stats, plan.prompt_passages, plan.guards,
                              evidence=plan.evidence if chat else None)
         drafter = method.make_drafter(ctx) if method.make_drafter is not None else None
         offsets = list(memory.offsets) if memory is not None else [None] * len(passages)
+        text = TextStream(engine.lm.detokenize, passages, offsets,
+                          kind="copy" if method.uses_memory else "verbatim",
+                          min_tokens=cfg.min_citation_tokens,
+                          min_words=plan.guards.min_citation_words, stop=self.stop,
+                          repeat_guard=plan.guards.stop_on_repeat, live=live,
+                          evidence=ctx.evidence)
         loop = DecodeLoop(
             engine.lm, method, drafter, config=cfg, prompt_ids=ids, memory=memory,
-            passages=passages, offsets=offsets, max_new_tokens=max_new, stop=self.stop,
-            stats=stats, generator=self.generator, guards=plan.guards,
+            passages=passages, offsets=offsets, max_new_tokens=max_new, stats=stats,
+            generator=self.generator, guards=plan.guards, stopping=text,
         )  # fmt: skip
-        text = TextStream(loop.out, passages, offsets, kind="copy" if method.uses_memory
-                          else "verbatim", min_tokens=cfg.min_citation_tokens,
-                          min_words=plan.guards.min_citation_words, live=live,
-                          evidence=ctx.evidence)
         return loop, text

@@ -13,15 +13,15 @@ chosen by ``Method.needs_target``:
   but its last token (``pending``); each step feeds ``[pending] + draft`` in one pass, and row i
   scores draft token i. A step with no draft is an ordinary decoding step.
 
-The target's passes are ``target.py``'s, the drafter's side ``drafts.py``'s. ``run()`` yields a
-``text_stream.Commit`` per commit (the text stream turns them into chunks; a consumer stops the
-loop by closing it) and returns the output. ``decode_ids`` runs the loop without an engine.
+The target's passes are ``target.py``'s, the drafter's side ``drafts.py``'s. ``run()`` yields an
+immutable ``Commit`` per commit, the only channel out (a consumer stops the loop by closing it),
+and returns its output as data; stop strings and output guards are a ``StoppingCriteria`` passed
+in (``commits.py``). ``decode_ids`` runs the loop without an engine.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Generator, Iterator
+from typing import Any, Generator, Iterator, Sequence
 
 import torch
 
@@ -29,9 +29,11 @@ from nest_integrations.config import Guards, NestConfig
 from nest_integrations.core.mixture import Distribution
 from nest_integrations.core.token_memory import TokenMemory
 from nest_integrations.core.verification import greedy_accept, greedy_tree_path, quote_score
+from nest_integrations.decoding.commits import (
+    Commit, Committed, Decoded, StoppingCriteria, run_to_end,
+)  # fmt: skip
 from nest_integrations.decoding.lookahead import LookAhead
 from nest_integrations.decoding.target import Rows, Target, TargetDistribution
-from nest_integrations.decoding.text_stream import Commit, OutputText
 from nest_integrations.decoding.verifiers import make_verifier, rows_are_exact
 from nest_integrations.decoding.drafts import Drafts
 from nest_integrations.drafters.base import (
@@ -41,26 +43,15 @@ from nest_integrations.lm.base import LanguageModel
 from nest_integrations.types import NestStats, Passage
 
 
-@dataclass(frozen=True)
-class Decoded:
-    """What a finished loop returns: its output text (ids, sources, text) and NEST's mean
-    lambda over the rows it mixed (1.0 when it mixed none), and whether the model rejected the
-    evidence quote (then nothing was committed)."""
-
-    out: OutputText
-    mean_lambda: float
-    quote_rejected: bool = False
-
-
 class DecodeLoop:
     """One generation's decoding: build it, then iterate ``run()`` for its commits."""
 
     def __init__(
         self, lm: LanguageModel, method: Method, drafter: Drafter | None, *, config: NestConfig,
-        prompt_ids: list[int], memory: TokenMemory | None, passages: list[Passage],
-        offsets: list[Any], max_new_tokens: int, stop: list[str], stats: NestStats,
+        prompt_ids: list[int], memory: TokenMemory | None, passages: Sequence[Passage],
+        offsets: Sequence[Any], max_new_tokens: int, stats: NestStats,
         generator: torch.Generator | None, eos: frozenset[int] | None = None,
-        guards: Guards | None = None,
+        guards: Guards | None = None, stopping: StoppingCriteria | None = None,
     ) -> None:  # fmt: skip
         self.lm, self.method, self.drafter, self.config = lm, method, drafter, config
         self.memory = memory if method.uses_memory else None
@@ -72,7 +63,9 @@ class DecodeLoop:
         if drafter is not None and not self.relaxed:  # lossless: greedy's output, bit for bit?
             stats.exact_rows = rows_are_exact(lm, method.name)
         self.guards = guards if guards is not None else Guards()
-        self.out = OutputText(lm.detokenize, stop, repeat_guard=self.guards.stop_on_repeat)
+        self.stopping = stopping
+        #: the committed output and the loop's own copy of the passages (``commits.py``)
+        self.output = Committed(passages, offsets)
         self.verifier = make_verifier(method, config, generator, self.eos, self.guards)
         #: lossless greedy on p_LM reads the logits' argmax (as greedy decoding picks a token:
         #: no softmax, which could also merge two nearly equal logits into one probability);
@@ -90,8 +83,8 @@ class DecodeLoop:
         #: the target at each row: p_M for NEST-family methods, else p_LM
         self.distribution = TargetDistribution(method.uses_memory, self.memory, config, stats)
         self.state = DecodeState(
-            prompt_ids=list(prompt_ids), out_ids=self.out.ids, budget=max_new_tokens,
-            config=config, eos=self.eos, passages=passages, offsets=offsets, lm=lm,
+            prompt_ids=list(prompt_ids), out_ids=self.output.ids, budget=max_new_tokens,
+            config=config, eos=self.eos, passages=tuple(passages), offsets=tuple(offsets), lm=lm,
             cache=self.cache, choose_token=self.verifier.choose_token,
             next_token=self.verifier.next_token, memory=self.memory, generator=generator,
             stats=stats,
@@ -103,7 +96,7 @@ class DecodeLoop:
     # ----------------------------------------------------------------- shared steps
     @property
     def budget(self) -> int:
-        return self.max_new_tokens - len(self.out)
+        return self.max_new_tokens - len(self.output)
 
     def forward(
         self, ids: list[int], last: int | None = None, parents: list[int] | None = None,
@@ -162,43 +155,40 @@ class DecodeLoop:
         d = torch.as_tensor(draft, dtype=torch.long, device=p.device)
         return self.verifier.verify_and_correct(p, d, q)
 
+    def propose(self, budget: int) -> Draft | None:
+        """The drafter's draft (``Drafts.propose``) after registering the passages it brings
+        (``Draft.new_passages``); None for an ordinary step."""
+        draft = self.drafts.propose(budget)
+        if draft is not None and draft.new_passages:  # the state's view follows the loop's list
+            self.state.passages, self.state.offsets = self.output.register(draft.new_passages)
+        return draft if draft is not None and draft.tokens else None
+
     def commit(self, ids: list[int], sources: list[Source], copied: bool = False) -> Commit:
-        """Append tokens, cut at EOS, the budget and stop strings: what was committed."""
-        keep_ids, keep_src = [], []
-        for tok, src in zip(ids, sources):
-            if tok in self.eos:
-                self.done = True
-                self.stats.finish_reason = "stop"
-                break
-            if len(self.out) + len(keep_ids) >= self.max_new_tokens:
-                break
-            keep_ids.append(tok)
-            keep_src.append(src)
-        if keep_ids:
-            self.out.append(keep_ids, keep_src, copied)
-        if self.out.stopped:
+        """Append tokens, cut at EOS, the budget and the stopping criterion: what was
+        committed."""
+        commit, reason = self.output.add(ids, sources, copied, self.eos, self.max_new_tokens,
+                                         self.stopping)
+        if reason:  # the output has ended: "stop", "repeat" or "length"
             self.done = True
-            self.stats.finish_reason = "repeat" if self.out.repeated else "stop"
-        if len(self.out) >= self.max_new_tokens:
-            self.done = True
-            self.stats.finish_reason = self.stats.finish_reason or "length"
+            if reason != "length" or not self.stats.finish_reason:
+                self.stats.finish_reason = reason
         self.state.budget = self.budget
-        return Commit(tuple(keep_ids), tuple(keep_src), self.done)
+        return commit
 
     # ----------------------------------------------------------------- schedules
     def run(self) -> Generator[Commit, None, Decoded]:
-        """Decode to the end, yielding each commit (the last one, empty, ends the text), and
-        return the output. The cache is given back when decoding ends or the consumer closes
-        the generator (``Target.release``)."""
+        """Decode to the end, yielding each commit (the last one, ``final`` and empty, ends
+        the text), and return the output. The cache is given back when decoding ends or the
+        consumer closes the generator (``Target.release``)."""
         try:
             yield from self._target_first() if self.method.needs_target else self._draft_first()
         finally:
             self.target.release()
-        if self.out.finish():  # the repeat guard cut the last sentence
-            self.done = True
+        if self.stopping is not None and self.output.finish(self.stopping):
+            self.done = True  # the output guards cut its last sentence
             self.stats.finish_reason = "repeat"
-        yield Commit((), (), True)  # the text has ended: what was held back may be shown
-        return Decoded(self.out, self.distribution.mean_lambda, self.quote_rejected)
+        yield self.output.commit(True, final=True)  # the text has ended: show what was held
+        return self.output.decoded(self.distribution.mean_lambda, self.quote_rejected)
 
     def _ordinary_token(self, dist: Distribution, draft: Draft | None
                         ) -> tuple[int, Source, int] | None:  # fmt: skip
@@ -240,7 +230,7 @@ class DecodeLoop:
                 cur = self.feed(pending)  # type: ignore[arg-type]
             dist = self.distribution(*cur)
             self.state.dist, self.state.hidden, self.state.pending = dist, cur[1][-1], None
-            draft = self.drafts.propose(self.budget)
+            draft = self.propose(self.budget)
             step = self._ordinary_token(dist, draft)
             if step is not None:  # an ordinary step: one token, no verify pass
                 w, src, n = step
@@ -287,7 +277,7 @@ class DecodeLoop:
         pending = first
         while not self.done and self.budget > 0:
             self.state.pending, self.state.dist = pending, None
-            draft = self.drafts.propose(self.budget - 1)  # room for the token after the draft
+            draft = self.propose(self.budget - 1)  # room for the token after the draft
             before = self.target.length()
             if draft is None:
                 logits, keys = self.target.run([pending], keys=self._wants_keys(), argmax=argmax)
@@ -360,11 +350,11 @@ def decode_ids(
     loop = DecodeLoop(
         lm, method, drafter, config=config if config is not None else NestConfig(temperature=0.0),
         prompt_ids=list(prompt_ids), memory=None, passages=[], offsets=[],
-        max_new_tokens=max_new_tokens, stop=[], stats=stats, generator=generator, eos=eos,
+        max_new_tokens=max_new_tokens, stats=stats, generator=generator, eos=eos,
     )  # fmt: skip
-    for _ in loop.run():
-        pass
+    decoded = run_to_end(loop.run())
     stats.prompt_tokens = len(prompt_ids)
-    stats.new_tokens = len(loop.out.ids)
+    stats.new_tokens = len(decoded.ids)
     stats.finish_reason = stats.finish_reason or "length"
-    return list(loop.out.ids), stats
+    return list(decoded.ids), stats
+

@@ -18,18 +18,20 @@ Checked against whole decodes on random ids with special tokens mixed in (WordPi
 BPE, SentencePiece): what still differs, once in 1,500 SentencePiece sequences, is a character
 whose byte tokens a special token splits.
 
-``TextStream`` is the consumer side of the decode loop: the loop yields a ``Commit`` per commit
-and ``TextStream.follow`` turns each into the ``StreamChunk``s of the text it made safe to show,
-with the citation of the copy that text belongs to. Data flows one way: nothing calls back into
-the loop, and a consumer that stops iterating closes it.
+``TextStream`` is the consumer side of the decode loop: it owns the generation's ``OutputText``
+(nothing else writes to it), is the loop's stopping criterion (``commits.StoppingCriteria``: the
+loop tells it each commit's tokens and keeps what it keeps), and ``TextStream.follow`` turns each
+``commits.Commit`` into the ``StreamChunk``s of the text it made safe to show, with the citation of
+the copy that text belongs to. It learns new passages from the commits alone. Data flows one
+way: nothing calls back into the loop, and a consumer that stops iterating closes it.
+``TextStream.replay`` rebuilds the same stream from recorded commits, with no loop at all.
 """
 
 from __future__ import annotations
 
 import bisect
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterable, Iterator, Sequence, TypeVar
 
 from nest_integrations.core.citations import (
     adjacent_groups,
@@ -56,6 +58,7 @@ from nest_integrations.types import Citation, Passage, StreamChunk
 if TYPE_CHECKING:
     from nest_integrations.attribution import SentenceStream
     from nest_integrations.core.evidence import EvidenceSpan
+    from nest_integrations.decoding.commits import Commit
 
 R = TypeVar("R")
 
@@ -278,24 +281,15 @@ def stop_prefix_overlap(text: str, stops: Sequence[str]) -> int:
     return best
 
 
-@dataclass(frozen=True)
-class Commit:
-    """What one commit of the decode loop added to its ``OutputText``: the token ids (cut at
-    EOS, the budget and stop strings) and their sources (``(passage, position)`` or None for
-    the LM's own), and whether the text has ended (``done``: the rest may be shown)."""
-
-    ids: tuple[int, ...]
-    sources: tuple[Any, ...]
-    done: bool
-
-
 class TextStream:
-    """The stream of one decoding: its commits in, ``StreamChunk``s and citations out.
+    """The stream of one decoding: its commits in, ``StreamChunk``s and citations out; and the
+    loop's stopping criterion (``update``, ``finish``, ``stopped``, ``reason``).
 
     Args:
-        out: the ``OutputText`` the loop commits to (read here, never written).
-        passages, offsets: the generation's passages and their token char offsets (the same
-            lists the drafters add to).
+        detokenize, stop, repeat_guard: this stream's ``OutputText`` (stop strings, and
+            ``Guards.stop_on_repeat``: the output guards).
+        passages, offsets: the generation's passages and their token char offsets (copied:
+            passages the commits register are added to the copies).
         kind: the citations' kind (``"copy"`` for NEST's memory, else ``"verbatim"``).
         min_tokens, min_words: a citation is shown from this many tokens and words
             (``NestConfig.min_citation_tokens``, ``Guards.min_citation_words``).
@@ -314,11 +308,13 @@ class TextStream:
     """
 
     def __init__(
-        self, out: OutputText, passages: list[Passage], offsets: list[Any], *, kind: str,
-        min_tokens: int, min_words: int, live: SentenceStream | None = None,
+        self, detokenize: Callable[[Sequence[int]], str], passages: Sequence[Passage],
+        offsets: Sequence[Any], *, kind: str, min_tokens: int, min_words: int,
+        stop: Sequence[str] = (), repeat_guard: bool = False, live: SentenceStream | None = None,
         evidence: EvidenceSpan | None = None,
     ) -> None:
-        self.out, self.passages, self.offsets, self.kind = out, passages, offsets, kind
+        self.out = OutputText(detokenize, stop, repeat_guard=repeat_guard)
+        self.passages, self.offsets, self.kind = list(passages), list(offsets), kind
         self.min_tokens, self.min_words, self.live = min_tokens, min_words, live
         ev = next((p for p in passages if evidence and p.id == evidence.passage_id), None)
         self.evidence_doc = (ev.doc_id if ev.doc_id is not None else ev.id) if ev else None
@@ -328,6 +324,45 @@ class TextStream:
         #: engine's time to first token (``NestStats.time_to_first_token``)
         self.first_token_at: float | None = None
 
+    # ------------------------------------------------ the loop's stopping criterion
+    @property
+    def stopped(self) -> bool:
+        """A stop string or an output guard has cut the text."""
+        return self.out.stopped
+
+    @property
+    def reason(self) -> str:
+        """``"repeat"`` when an output guard cut the text, ``"stop"`` for a stop string (or an
+        unfinished sentence held back at the end), else ``""``."""
+        return "repeat" if self.out.repeated else "stop" if self.out.stopped else ""
+
+    def update(self, ids: Sequence[int], sources: Sequence[Any], copied: bool) -> int:
+        """Append one commit's tokens to the text: how many output tokens it keeps."""
+        self.out.append(ids, sources, copied)
+        return len(self.out)
+
+    def finish(self) -> int:
+        """The text has ended: the guards may cut its end (``OutputText.finish``); how many
+        output tokens it keeps."""
+        self.out.finish()
+        return len(self.out)
+
+    def replay(self, commits: Iterable[Commit]) -> Iterator[StreamChunk]:
+        """The chunks of recorded commits, with no loop: each commit's tokens are taken as the
+        loop would hand them over (``update``; ``finish`` at the final one), checked against
+        what the loop kept, and then streamed (``chunks``)."""
+        for commit in commits:
+            if commit.final:
+                self.finish()
+            elif commit.ids:
+                self.update(commit.ids, commit.sources, commit.copied)
+            if len(self.out) != commit.kept:
+                raise ValueError(f"the commit keeps {commit.kept} tokens but this stream kept "
+                                 f"{len(self.out)}: replay with the generation's stop strings "
+                                 "and guards")
+            yield from self.chunks(commit)
+
+    # ------------------------------------------------ chunks and citations
     def shows(self, citation: Citation) -> bool:
         """Whether a citation is reported: at least ``min_tokens`` tokens and ``min_words``
         words; shorter copies stay plain text."""
@@ -354,6 +389,7 @@ class TextStream:
         while its text was held back is reported with its full extent) once its verdict is
         known (see the class docstring), and, with ``live``, the support citations of the
         sentences this delta completes."""
+        self._learn(commit.new_passages)
         out, live = self.out, self.live
         start = out.emitted
         delta = out.delta(final=commit.done)
@@ -365,6 +401,15 @@ class TextStream:
         unsupported = tuple(found.unsupported) if found else ()
         yield StreamChunk(text=delta, citation=self._delta_citation(start, commit.done),
                           token_ids=commit.ids, support=support, unsupported=unsupported)
+
+    def _learn(self, updates: Sequence[tuple[int, Passage, Any]]) -> None:
+        """Take the passages a commit registers (``commits.Commit.new_passages``)."""
+        for i, passage, offsets in updates:
+            if i == len(self.passages):
+                self.passages.append(passage)
+                self.offsets.append(offsets)
+            else:
+                self.offsets[i] = offsets
 
     def _delta_citation(self, start: int, done: bool) -> Citation | None:
         """The citation a delta that starts at char ``start`` reports: the last citation of the

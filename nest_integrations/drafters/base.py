@@ -32,6 +32,11 @@ LOSSLESS = "lossless"
 #: Where a token comes from: ``(passage index in DecodeState.passages, token position in that
 #: passage)``, or None for model-generated text.
 Source = tuple[int, int] | None
+#: A passage a drafter registers with the generation: ``(index, passage, token char offsets)``.
+#: ``index`` is where sources point: the next free one for a new passage, or that of a passage
+#: the generation holds without offsets (it gets these). ``Draft.new_passages`` carries them to
+#: the loop, ``decoding.commits.Commit.new_passages`` on to the text stream.
+PassageUpdate = tuple[int, Passage, Any]
 
 
 @dataclass
@@ -55,6 +60,11 @@ class Draft:
             ``core.evidence``): a target-first loop commits them all in one pass that only
             extends the cache, with no check. A draft-first (lossless) loop verifies it as any
             draft.
+        new_passages: passages this draft's sources (or the drafter's later ``cite``s) point
+            to that ``DecodeState.passages`` does not hold yet, or holds without offsets
+            (``DecodeState.passage_index`` builds them). The loop registers them as it receives
+            the draft, accepted or not; a draft with no tokens only registers them (it is an
+            ordinary step otherwise).
     """
 
     tokens: list[int]
@@ -63,6 +73,7 @@ class Draft:
     parents: list[int] | None = None
     chosen_first: bool = False
     quoted: bool = False
+    new_passages: tuple[PassageUpdate, ...] = ()
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -70,11 +81,12 @@ class Draft:
 
 @dataclass
 class DecodeState:
-    """What a drafter may read at a decision point (the loop owns and updates it).
+    """What a drafter may read at a decision point (the loop owns and updates it; a drafter
+    writes nothing here: what it adds comes back in its ``Draft``).
 
     Attributes:
         prompt_ids: the prompt's token ids.
-        out_ids: committed output tokens so far.
+        out_ids: committed output tokens so far (the loop's own list: read it, never write).
         pending: the last committed token when the KV cache does not hold it yet (the loop
             will feed it in the same forward pass as the draft), else None.
         dist: the target distribution at the next position when known (``.p`` is ``(1, V)``;
@@ -88,10 +100,11 @@ class DecodeState:
         budget: output tokens left before ``max_new_tokens``.
         config: the generation's ``NestConfig``.
         eos: token ids that end generation; drafts never need to contain them.
-        passages: the generation's passages; sources index into this list. A drafter that
-            cites text outside it (DReSD) registers passages with ``add_passage``.
+        passages: the generation's passages (a tuple: the loop's copy as of this step);
+            sources index into it. A drafter that cites text outside it (DReSD) registers
+            passages through ``passage_index`` and its draft's ``new_passages``.
         offsets: per passage, its ``(m, 2)`` token character offsets, or None when the
-            generation holds none for it (citations into it need them).
+            generation holds none for it (citations into it need them); a tuple as well.
         memory: NEST's token memory (``TokenMemory``) when the method uses it, else None.
         lm: the target ``LanguageModel`` (a drafter that runs it must leave ``cache`` as it
             found it: exactly the committed tokens as computed by the full model).
@@ -111,8 +124,8 @@ class DecodeState:
     budget: int
     config: NestConfig
     eos: frozenset[int]
-    passages: list[Passage]
-    offsets: list[Any]
+    passages: Sequence[Passage]
+    offsets: Sequence[Any]
     lm: LanguageModel
     cache: Any
     choose_token: Callable[[torch.Tensor], int]
@@ -130,19 +143,24 @@ class DecodeState:
         """Prompt plus committed output (including ``pending``)."""
         return self.prompt_ids + self.out_ids
 
-    def add_passage(self, passage: Passage, offsets: Any) -> int:
-        """Register a passage (with its ``(m, 2)`` token char offsets) so that sources can
-        point into it; returns its index. The same passage id is registered once; a passage
-        the generation already holds without offsets (a lossless method's retrieved passages
-        carry none) gets these offsets, so citations into it can be built."""
+    def passage_index(self, passage: Passage, offsets: Any, new: list[PassageUpdate]) -> int:
+        """The index sources use for ``passage`` (with its ``(m, 2)`` token char offsets), with
+        the registrations ``new`` a drafter is collecting for its next ``Draft.new_passages``:
+        the passage's index when the generation (or ``new``) holds it, else the next free one,
+        and then it is added to ``new``. A passage held without offsets (a lossless method's
+        retrieved passages carry none) is added to ``new`` too, so it gets these. Reads the
+        state only: the loop registers ``new`` when the draft comes back."""
         for i, p in enumerate(self.passages):
             if p.id == passage.id:
-                if self.offsets[i] is None:
-                    self.offsets[i] = offsets
+                if self.offsets[i] is None and all(u[0] != i for u in new):
+                    new.append((i, passage, offsets))
                 return i
-        self.passages.append(passage)
-        self.offsets.append(offsets)
-        return len(self.passages) - 1
+        for i, p, _ in new:
+            if p.id == passage.id:
+                return i
+        i = len(self.passages) + sum(u[0] >= len(self.passages) for u in new)
+        new.append((i, passage, offsets))
+        return i
 
 
 class Drafter(Protocol):

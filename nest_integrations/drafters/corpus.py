@@ -276,7 +276,8 @@ def corpus_draft(
     """The draft of corpus candidates ``(row before the draft, tokens)``, best first: only the
     best one as a chain (``shape="chain"``, or when sampling), else all merged into a token
     tree. Each token is sourced to its corpus position; passages are registered with the
-    generation once (``registered`` maps datastore passage -> generation passage index)."""
+    generation once (``registered`` maps datastore passage -> generation passage index; the
+    draft's ``new_passages`` carry the new ones to the loop)."""
     if options.shape == "chain" or state.generator is not None:  # sampling: one chain
         cands = cands[:1]
     if not cands:
@@ -284,13 +285,15 @@ def corpus_draft(
     tokens, parents, rows = trie(cands, options.max_nodes)
     state.stats.drafting.candidates += len(cands)
     sources: list[Source] = []
+    new: list = []  # passages this draft registers (the loop adds them as it receives it)
     for r in rows:
         p = datastore.passage_of(r)
         if p not in registered:  # the drafter lives for one generation
-            registered[p] = state.add_passage(datastore.passage(p), datastore.passage_offsets(p))
+            registered[p] = state.passage_index(datastore.passage(p),
+                                                datastore.passage_offsets(p), new)
         sources.append((registered[p], r - int(datastore.bounds[p])))
     tree = any(p != i - 1 for i, p in enumerate(parents))
-    return Draft(tokens, sources, parents=parents if tree else None)
+    return Draft(tokens, sources, parents=parents if tree else None, new_passages=tuple(new))
 
 
 __all__ = [

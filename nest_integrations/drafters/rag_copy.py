@@ -13,7 +13,7 @@ This is the lossless floor that relaxed NEST must beat on answer quality (LLMA, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nest_integrations.core.tokens import cut_at_eos
 from nest_integrations.drafters.base import (
@@ -57,13 +57,30 @@ class RagCopyDrafter(AdaptiveLength):
         self.lm = ctx.lm
         self._tokens: list[list[int]] | None = None
         self._index: list[int] = []  # passage index in state.passages
+        self._unsent: list = []  # registrations not yet carried by a draft (``new_passages``)
 
     def _prepare(self, state: DecodeState) -> None:
         self._tokens = []
         for p in self.passages:
             ids, offsets = self.lm.tokenize_with_offsets(p.text)
-            self._index.append(_set_offsets(state, p, offsets))
+            self._index.append(state.passage_index(p, offsets, self._unsent))
             self._tokens.append(list(ids))
+
+    def propose(self, state: DecodeState) -> Draft | None:
+        """``AdaptiveLength.propose``; the first draft (an empty one when there is none)
+        also registers the prompt passages with their offsets (``Draft.new_passages``)."""
+        draft = super().propose(state)
+        if not self._unsent:
+            return draft
+        new, self._unsent = tuple(self._unsent), []
+        return replace(draft, new_passages=new) if draft is not None else Draft([], [],
+                                                                               new_passages=new)
+
+    def cite(self, state: DecodeState, token: int) -> Source:
+        """``AdaptiveLength.cite``, but None while the passages it would cite are not yet
+        registered (a plain step before any ``propose``: a two-token budget)."""
+        source = super().cite(state, token)
+        return None if self._unsent else source
 
     def continuation(self, state: DecodeState, n_draft: int) -> Draft | None:
         if self._tokens is None:
@@ -84,14 +101,6 @@ class RagCopyDrafter(AdaptiveLength):
                     sources: list[Source] = [(self._index[k], start + i) for i in range(len(cont))]
                     return Draft(cont, sources)
         return None
-
-
-def _set_offsets(state: DecodeState, passage, offsets) -> int:
-    for i, p in enumerate(state.passages):
-        if p.id == passage.id:
-            state.offsets[i] = offsets
-            return i
-    return state.add_passage(passage, offsets)
 
 
 METHOD = Method(

@@ -161,7 +161,7 @@ class CommittedContextOracle:
         return getattr(self._lm, name)
 
     def forward(self, ids, cache, *, last=None):
-        committed = list(self.loop.state.prompt_ids) + list(self.loop.out.ids)
+        committed = list(self.loop.state.prompt_ids) + list(self.loop.output.ids)
         n = self._lm.cache_length(cache)
         if n == 0:  # the prefill
             assert list(ids) == committed, "the prefill must be exactly the prompt"

@@ -15,7 +15,8 @@ import pytest
 
 from nest_integrations.core.citations import build_citations
 from nest_integrations.core.evidence import EvidenceSpan
-from nest_integrations.decoding.text_stream import Commit, OutputText, TextStream
+from nest_integrations.decoding.commits import Commit
+from nest_integrations.decoding.text_stream import OutputText, TextStream
 from nest_integrations.types import Passage
 from tests.core.toy_tokens import toy_tokens
 
@@ -183,18 +184,18 @@ def _streamed_citations(seed: int, evidence: str | None):
         for k in range(a, min(len(toks[p]), a + rng.randint(1, 12))):
             ids.append(index[toks[p][k]])
             sources.append((p, k))
-    out = OutputText(lambda xs: "".join(vocab[i] for i in xs))
     span = (EvidenceSpan(CITE_PASSAGES[0].id if evidence == "aruba" else CITE_PASSAGES[1].id,
                          0, 10, 1.0) if evidence else None)
-    stream = TextStream(out, list(CITE_PASSAGES), list(offsets), kind="copy", min_tokens=1,
-                        min_words=1, evidence=span)
+    stream = TextStream(lambda xs: "".join(vocab[i] for i in xs), CITE_PASSAGES, offsets,
+                        kind="copy", min_tokens=1, min_words=1, evidence=span)
     chunks, i = [], 0
     while i < len(ids):
         n = rng.choice([1, 1, 2, 3, 5])
-        out.append(ids[i : i + n], sources[i : i + n], True)
-        chunks += stream.chunks(Commit(tuple(ids[i : i + n]), tuple(sources[i : i + n]), False))
+        kept = stream.update(ids[i : i + n], sources[i : i + n], True)
+        chunks += stream.chunks(Commit(tuple(ids[i : i + n]), tuple(sources[i : i + n]), True,
+                                       kept))
         i += n
-    chunks += stream.chunks(Commit((), (), True))
+    chunks += stream.chunks(Commit((), (), kept=stream.finish(), done=True, final=True))
     return stream, chunks, stream.citations()
 
 

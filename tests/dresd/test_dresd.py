@@ -177,8 +177,10 @@ def test_propose_drafts_corpus_continuation_with_exact_sources(tiny_lm, built):
     assert draft is not None
     # the best neighbour is the key itself: its continuation is the first chain of the tree
     assert draft.tokens[:5] == toks[j + 1 : j + 6]
+    registered = {i: (passage, offs) for i, passage, offs in draft.new_passages}
+    assert sorted(registered) == list(range(len(registered)))  # the state held none
     for tok, (pi, pos) in zip(draft.tokens, draft.sources):
-        passage, offs = state.passages[pi], state.offsets[pi]
+        passage, offs = registered[pi]
         s, e = offs[pos]
         assert tiny_lm.tokenize(passage.text)[pos] == tok
         assert passage.text[s:e] == tiny_lm.detokenize([tok])
@@ -225,12 +227,13 @@ def test_draft_into_a_retrieved_passage_without_offsets_fills_them_in(tiny_lm, b
     j = 4
     raw = tiny_lm.encode_passages([toks])[0]
     state = _state(tiny_lm, ds, toks[: j + 1], torch.from_numpy(raw[j]))
-    state.passages.append(ds.passage(p))
-    state.offsets.append(None)
+    state.passages, state.offsets = (ds.passage(p),), (None,)  # as the loop holds it
     draft = DresdDrafter(ds, num_drafts=1, draft_len=5, shape="chain").propose(state)
     assert draft is not None and draft.tokens[:5] == toks[j + 1 : j + 6]
     assert draft.sources[0][0] == 0 and len(state.passages) == 1
-    s, e = state.offsets[0][draft.sources[0][1]]
+    ((i, passage, offsets),) = draft.new_passages  # the draft gives the loop the offsets
+    assert i == 0 and passage.id == state.passages[0].id and offsets is not None
+    s, e = offsets[draft.sources[0][1]]
     assert state.passages[0].text[s:e] == tiny_lm.detokenize([draft.tokens[0]])
 
 

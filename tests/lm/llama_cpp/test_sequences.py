@@ -64,11 +64,11 @@ def test_a_finished_generation_gives_its_cache_back_at_once(lm, monkeypatch):
     ids = lm.tokenize("The Eiffel Tower is in")
     loop = DecodeLoop(lm, get_method("greedy"), None, config=NestConfig(temperature=0.0),
                       prompt_ids=ids, memory=None, passages=[], offsets=[], max_new_tokens=4,
-                      stop=[], stats=NestStats(), generator=None)  # fmt: skip
+                      stats=NestStats(), generator=None)  # fmt: skip
     loop.itself = loop  # a reference cycle, as an engine's request can make
     assert lm.runtime.sequences.live() == 1
     list(loop.run())
-    assert lm.runtime.sequences.live() == 0 and len(loop.out.ids) == 4
+    assert lm.runtime.sequences.live() == 0 and len(loop.output.ids) == 4
     collected = []
     monkeypatch.setattr(gc, "collect", lambda *a: collected.append(1) or 0)
     lm.release_cache(lm.new_cache())
