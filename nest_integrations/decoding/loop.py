@@ -28,13 +28,13 @@ import torch
 from nest_integrations.config import Guards, NestConfig
 from nest_integrations.core.mixture import Distribution
 from nest_integrations.core.token_memory import TokenMemory
-from nest_integrations.core.verification import greedy_accept, greedy_tree_path, quote_score
+from nest_integrations.core.verification import greedy_accept, greedy_tree_path
 from nest_integrations.decoding.commits import (
     Commit, Committed, Decoded, StoppingCriteria, run_to_end,
 )  # fmt: skip
 from nest_integrations.decoding.lookahead import LookAhead
 from nest_integrations.decoding.target import Rows, Target, TargetDistribution
-from nest_integrations.decoding.verifiers import make_verifier, rows_are_exact
+from nest_integrations.decoding.verifiers import check_quote, make_verifier, rows_are_exact
 from nest_integrations.decoding.drafts import Drafts
 from nest_integrations.drafters.base import (
     RELAXED, DecodeState, Draft, Drafter, Method, Source, as_sources, first_branch,
@@ -78,8 +78,7 @@ class DecodeLoop:
                              argmax=self._argmax_logits and not method.needs_target)
         self.cache = self.target.cache
         self.done = False  # set by the loop itself: EOS, a stop string, the budget
-        #: the model rejected the evidence quote (``Guards.quote_check``): nothing was committed
-        self.quote_rejected = False
+        self.quote_rejected = False  # the model rejected the evidence quote (check_quote)
         #: the target at each row: p_M for NEST-family methods, else p_LM
         self.distribution = TargetDistribution(method.uses_memory, self.memory, config, stats)
         self.state = DecodeState(
@@ -207,18 +206,6 @@ class DecodeLoop:
             return self.verifier.next_token(dist), None, 0
         return None
 
-    def _quote_kept(self, dist: Distribution, logits: torch.Tensor, tokens: list[int]) -> bool:
-        """The model's say in an evidence quote (``Guards.quote_check``): its mean
-        log-probability under p_LM, read off the quote's own pass, against the guard's bar.
-        A rejected quote sets ``quote_rejected`` and ends the loop with nothing committed."""
-        bar = self.guards.quote_check  # only the opening quote: nothing is streamed yet
-        score = quote_score(dist.p_lm[0], logits, tokens)
-        self.stats.quote_score = score
-        if bar is None or score >= bar:
-            return True
-        self.quote_rejected = self.done = True
-        return False
-
     def _target_first(self) -> Iterator[Commit]:
         """NEST's schedule (see the module docstring)."""
         v, stats = self.verifier, self.stats
@@ -246,10 +233,13 @@ class DecodeLoop:
             logits, keys = self.forward(tokens)  # ONE pass: (L, V), (L, d)
             if draft.quoted:  # an evidence quote: all of it, or none where the model says no
                 vdist, m = None, len(tokens)
-                if not self.out.ids and not self._quote_kept(dist, logits, tokens):
-                    self.target.crop(before)
-                    self.drafts.update(draft, 0)
-                    return  # nothing committed: the engine answers without the evidence
+                if not self.output.ids:  # the opening quote: the model's say (check_quote)
+                    stats.quote_score, kept = check_quote(self.guards.quote_check,
+                                                          dist.p_lm[0], logits, tokens)
+                    if not kept:  # nothing committed: the engine answers without the evidence
+                        self.quote_rejected = self.done = True
+                        self.target.crop(before)
+                        return self.drafts.update(draft, 0)
             else:  # row i of vdist scores draft token i + 1 (token 0 was accepted above)
                 vdist = self.distribution(logits[:-1], keys[:-1]) if len(tokens) > 1 else None
                 m = 1 + (v.accept_count(vdist, d[1:]) if vdist is not None else 0)

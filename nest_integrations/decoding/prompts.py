@@ -41,7 +41,7 @@ from nest_integrations.policy.conversation import (
     rewrite,
     user_messages,
 )
-from nest_integrations.retrieval.titles import TitleIndex, index_of, lookup_of
+from nest_integrations.retrieval.titles import conversation_titles
 from nest_integrations.types import Passage
 
 Prompt = str | Sequence[dict[str, str]]
@@ -151,17 +151,3 @@ def standalone_query(
     return carry_over(messages, conversation_titles(retriever, users[-CARRY_TURNS:]))
 
 
-def conversation_titles(retriever: Any, turns: Sequence[str]) -> TitleIndex | None:
-    """The title index the carry-over reads the ``turns`` with: the retriever's collection-wide
-    index, else the titles a lookup by the turns' words finds (``titles.index_of``); None
-    without either."""
-    fn = getattr(retriever, "title_index", None)
-    index = fn() if callable(fn) else None
-    if index is not None:
-        return index if len(index) else None
-    if lookup_of(retriever) is None:
-        return None
-    titles: dict[str, str] = {}
-    for text in turns:
-        titles.update(index_of(retriever, [], text)[0].titles)
-    return TitleIndex(titles) if titles else None

@@ -118,6 +118,15 @@ class RelaxedVerifier(Verifier):
         return verification.relaxed_accept_count(dist.p, draft, cfg.relaxation, veto)
 
 
+def check_quote(bar: float | None, p_first: torch.Tensor, logits: torch.Tensor,
+                tokens: list[int]) -> tuple[float, bool]:
+    """The model's say in an evidence quote (``Guards.quote_check``): its mean log-probability
+    under p_LM (``verification.quote_score``: the first token from ``p_first``, the rest read
+    off the quote's own pass ``logits``) and whether it reaches ``bar`` (None: always kept)."""
+    score = verification.quote_score(p_first, logits, tokens)
+    return score, bar is None or score >= bar
+
+
 #: Verifiers by ``Method.verifier`` name (register a new rule here).
 VERIFIERS: dict[str, type[Verifier]] = {RELAXED: RelaxedVerifier, LOSSLESS: LosslessVerifier}
 

@@ -208,13 +208,34 @@ def index_of(retriever: Any, retrieved: Sequence[Passage], question: str = ""
     stored passages titled with a run of the question's words (``candidate_titles``), found
     with one ``passages_titled`` call where the retriever has it (a framework vector store with
     metadata filters)."""
-    fn = getattr(retriever, "title_index", None)
-    index = fn() if callable(fn) else None
+    index = collection_index(retriever)
     if index is not None:
         return index, []
     lookup = lookup_of(retriever)
     found = list(lookup(candidate_titles(question), LOOKUP_LIMIT)) if lookup and question else []
     return TitleIndex.from_passages(list(retrieved) + found), found
+
+
+def collection_index(retriever: Any) -> TitleIndex | None:
+    """The retriever's collection-wide title index (``title_index()``, an optional capability:
+    the Chroma store, the in-memory and hybrid retrievers), else None."""
+    fn = getattr(retriever, "title_index", None)
+    return fn() if callable(fn) else None
+
+
+def conversation_titles(retriever: Any, turns: Sequence[str]) -> TitleIndex | None:
+    """The title index the carry-over reads the ``turns`` with: the retriever's collection-wide
+    index, else the titles a lookup by the turns' words finds (``titles.index_of``); None
+    without either."""
+    index = collection_index(retriever)
+    if index is not None:
+        return index if len(index) else None
+    if lookup_of(retriever) is None:
+        return None
+    titles: dict[str, str] = {}
+    for text in turns:
+        titles.update(index_of(retriever, [], text)[0].titles)
+    return TitleIndex(titles) if titles else None
 
 
 def lookup_of(retriever: Any) -> Any:
