@@ -12,8 +12,10 @@ passages; every sentence of those passages is a candidate (``policy.evidence.can
 - ``lm_first``: the log-probability of its first token there.
 
 A candidate is right for a closed question when it holds the gold value and is on the gold
-document (``evaluation.grounded.answer_correct``), for an open-ended prompt when it is the gold
-document's lead sentence. ``--rules`` prints how often each pick rule (``RULES``) picks a right
+document (``evaluation.grounded.answer_correct``), for an open-ended prompt when it is on the
+gold document and opens with its lead (``benchmarks.harness.answer_metrics.opens_with_lead``
+against the first sentence of the prompt's gold text: a label that does not depend on the
+package's own ``lead`` flag). ``--rules`` prints how often each pick rule (``RULES``) picks a right
 candidate, per set and family; the records go to ``--out`` as JSON Lines for other rules.
 
     python -m benchmarks.evidence_rank --split dev --sets entities,open --n-closed 24 \\
@@ -35,6 +37,7 @@ import torch
 
 from benchmarks import robust
 from nest_integrations import assembly
+from benchmarks.harness.answer_metrics import first_sentence, opens_with_lead
 from nest_integrations.core.evidence import overlap_scores
 from nest_integrations.evaluation.grounded import answer_correct
 from nest_integrations.policy.evidence import candidates as evidence_candidates
@@ -65,7 +68,8 @@ def lm_scores(lm: Any, prompt_ids: list[int], texts: list[str]) -> list[tuple[fl
     return out
 
 
-def records(items: list[robust.Item], roots: dict[str, Path]) -> list[dict[str, Any]]:
+def records(items: list[robust.Item], roots: dict[str, Path], with_lm: bool = True
+            ) -> list[dict[str, Any]]:
     engines: dict[str, Any] = {}
     out = []
     for k, item in enumerate(items):
@@ -82,13 +86,14 @@ def records(items: list[robust.Item], roots: dict[str, Path]) -> list[dict[str, 
         messages = [{"role": "user", "content": item.prompt}]
         ids = engine.prompt_ids(messages, plan.prompt_passages)
         texts = [c.text for c in cands]
-        lms = lm_scores(engine.lm, ids, texts)
+        lms = lm_scores(engine.lm, ids, texts) if with_lm else [(0.0, 0.0)] * len(texts)
+        gold_first = first_sentence(item.gold_text) if item.kind == "open" else ""
         raw = overlap_scores(item.prompt, texts)
         rows = []
         for c, (lm_mean, lm_first), o_raw in zip(cands, lms, raw):
             on_gold = c.doc_id == item.gold_doc_id
-            right = on_gold and (c.lead if item.kind == "open" else
-                                 answer_correct(c.text, item.answer, item.distractors))
+            right = on_gold and (opens_with_lead(c.text, gold_first) if item.kind == "open"
+                                 else answer_correct(c.text, item.answer, item.distractors))
             rows.append({"text": c.text[:200], "overlap": c.overlap, "cosine": c.cosine,
                          "overlap_raw": float(o_raw),
                          "combined": c.score, "lead": c.lead, "heading": c.heading,
@@ -182,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", default=None, help="records as .jsonl(.gz)")
     ap.add_argument("--load", default=None, help="read records instead of computing them")
+    ap.add_argument("--no-lm", action="store_true", help="skip the LM's scores (fast)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.load:
@@ -191,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         items, roots = prepare(args.split, args.sets.split(","), args.n_closed, args.n_open,
                                args.seed, args.work)
-        recs = records(items, roots)
+        recs = records(items, roots, with_lm=not args.no_lm)
         if args.out:
             opener = gzip.open if args.out.endswith(".gz") else open
             with opener(args.out, "wt", encoding="utf-8") as f:

@@ -61,5 +61,7 @@ def test_sample_question_is_answered_right(engine, q, request) -> None:
             or p.metadata.get("title") == q.gold_doc_id}
     if q.gold_doc_id is not None:  # on the document that says it
         assert {c.doc_id for c in shown} & gold, (res.text, [c.doc_id for c in shown])
-    if q.id == "sample/assert":  # the README's main command: 2+ citations on pydoc/assert.txt
-        assert sum(c.doc_id == "pydoc/assert.txt" for c in shown) >= 2, res.citations
+    if q.id == "sample/assert":  # the README's main command: the topic quoted, on its file
+        on_file = sum(len(c.text) for c in shown if c.doc_id == "pydoc/assert.txt")
+        assert on_file >= 0.9 * len(res.text.strip()), res.citations  # (was: 2+ spans)
+        assert res.text.startswith("Assert statements are a convenient way"), res.text

@@ -159,12 +159,13 @@ GROUNDED_COMPLETION_RELEVANCE = 0.735
 #: the sample corpus), and the threshold between them, ``python -m benchmarks.evidence``.
 GROUNDED_EVIDENCE = "combined"
 GROUNDED_EVIDENCE_MIN = 0.33
-#: ``grounded``'s bar for the model's say in the evidence quote (``Guards.quote_check``): the
-#: LM's mean log-probability of the quote's opening sentence as the answer. On the dev split
-#: (``python -m benchmarks.evidence_rank``, docs/decisions.md "The model checks the quote") the
-#: right picks score from -0.86 up (176 of 176 kept at -1.0), while 84 of 841 wrong candidate
-#: sentences score below -1.0 (10%).
-GROUNDED_QUOTE_CHECK = -1.0
+#: ``grounded``'s bar for the model's say in the evidence quote (``Guards.quote_check``): off.
+#: On the dev split (``python -m benchmarks.evidence_rank``) -1.0 kept every right pick (from
+#: -0.86) and rejected 10% of wrong candidates, but on the held-out families of
+#: ``benchmarks.answers`` it rejected 7 of 10 definition quotes (FOLDOC's terse entries score
+#: low as an answer) and answered them with RAG: a check that costs right quotes is off until
+#: a bar is chosen on a dev split that holds those families (docs/decisions.md).
+GROUNDED_QUOTE_CHECK: float | None = None
 _GROUNDED_GUARDS = Guards(stop_on_repeat=True, min_citation_words=GROUNDED_MIN_CITATION_WORDS,
                           lock_document=True, confidence_guard=0.3, eos_guard=0.5,
                           quote_check=GROUNDED_QUOTE_CHECK)

@@ -53,8 +53,8 @@ _HEADING = re.compile(r"^[ \t]*(?:([*=\-~^#])\1{2,}[ \t]*$|#{1,6}[ \t]+\S)", re.
 class Candidate:
     """One sentence of the prompt's passages as a candidate evidence sentence, with its scores:
     ``overlap`` and ``cosine`` (0.0 where that scorer did not run) and ``score``, the chosen
-    scorer's; ``lead``: it opens its document (the first sentence, not a heading, of the
-    document's first passage); ``heading``: it is a heading; ``position``: its index among its
+    scorer's; ``lead``: it opens its document (the first sentence of the document's first
+    passage that is neither a heading nor on an indented line, as a grammar block); ``heading``: it is a heading; ``position``: its index among its
     passage's sentences."""
 
     passage: Passage
@@ -74,6 +74,13 @@ class Candidate:
     @property
     def doc_id(self) -> str:
         return self.passage.doc_id or self.passage.id
+
+
+def _indented(text: str, start: int) -> bool:
+    """Whether the line a sentence starts on is indented (a code or grammar block, a list's
+    continuation): no document's lead is said there."""
+    line = text.rfind("\n", 0, start) + 1
+    return text[line:start].startswith(("  ", "\t"))
 
 
 def is_heading(sentence: str) -> bool:
@@ -112,7 +119,8 @@ def candidates(question: str, passages: Sequence[Passage], scorer: str = "combin
         position = position + 1 if p is prev else 0
         prev = p
         heading = is_heading(text)
-        lead = not heading and opens_document(p) and p.id not in lead_seen
+        lead = (not heading and not _indented(p.text, s) and opens_document(p)
+                and p.id not in lead_seen)
         if lead:
             lead_seen.add(p.id)
         out.append(Candidate(p, s, e, float(overlap[i]), float(cosine[i]), float(score[i]),
