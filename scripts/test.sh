@@ -7,6 +7,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh test
+# The definition family of `benchmarks.answers` reads FOLDOC from Debian's dict-foldoc package
+# (tests/benchmarks/test_answer_sets.py checks the real file): fetched once, where apt is.
+foldoc=".nest/bench/answers"
+if ! ls "$foldoc"/dict-foldoc_*.deb >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  mkdir -p "$foldoc"
+  (cd "$foldoc" && { apt-get download -qq dict-foldoc 2>/dev/null \
+     || { [ "$(id -u)" = 0 ] && apt-get update -qq && apt-get download -qq dict-foldoc; }; }) \
+    >/dev/null 2>&1 || echo "test.sh: could not fetch dict-foldoc (its test will skip)" >&2
+fi
 # The tests keep their own home (./.nest, or $NEST_TEST_HOME; tests/conftest.py), whatever
 # $NEST_HOME says: no test depends on the caller's home or cache.
 export ANONYMIZED_TELEMETRY=False HF_HUB_OFFLINE=1

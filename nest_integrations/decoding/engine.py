@@ -451,7 +451,7 @@ class _Request:
                           min_tokens=cfg.min_citation_tokens,
                           min_words=plan.guards.min_citation_words, stop=self.stop,
                           repeat_guard=plan.guards.stop_on_repeat, live=live,
-                          evidence=ctx.evidence)
+                          evidence=ctx.evidence, answer=chat)
         loop = DecodeLoop(
             engine.lm, method, drafter, config=cfg, prompt_ids=ids, memory=memory,
             passages=passages, offsets=offsets, max_new_tokens=max_new, stats=stats,

@@ -77,9 +77,10 @@ class TokenEnds(list):
 class OutputText:
     """Committed tokens, their per-token sources, and the text they decode to.
 
-    Invariants: ``text == detokenize(ids).lstrip()`` (until a stop string cuts it: an answer
-    never opens with the space of a word-initial token, as a copy from mid-passage does),
-    ``ends`` as in the module docstring (``ends.text is text``). After a stop string, ``text`` is cut at the end
+    Invariants: ``text == detokenize(ids)`` (until a stop string cuts it; with ``answer``,
+    ``detokenize(ids).lstrip()``: a chat answer never opens with the space of a word-initial
+    token, as a copy from mid-passage does), ``ends`` as in the module docstring (``ends.text
+    is text``). After a stop string, ``text`` is cut at the end
     of the last whole token before it, so the text holds nothing that is absent from ``ids``.
 
     With ``repeat_guard`` (``core.guards``), a sentence or line that repeats an earlier one is
@@ -92,8 +93,12 @@ class OutputText:
         detokenize: Callable[[Sequence[int]], str],
         stop: Sequence[str] = (),
         repeat_guard: bool = False,
+        answer: bool = False,
     ):
-        self._detok = detokenize
+        #: an answer to a chat question never opens with whitespace (the space of the
+        #: word-initial token a copy from mid-passage starts with); a completion keeps it
+        self._raw, self._answer = detokenize, answer
+        self._detok = (lambda ids: detokenize(ids).lstrip()) if answer else detokenize
         self.stop = [s for s in stop if s]
         self.repeat_guard = repeat_guard
         self._scan = GuardScan()  # the guards' reading of the text, incremental (core.guards)
@@ -127,13 +132,13 @@ class OutputText:
         """``detokenize(ids[:j])`` for ``j >= anchor``, decoding only from the anchor."""
         a = self._a
         if a == 0:
-            return self._detok(self.ids[:j]).lstrip()
-        left = self._detok(self.ids[a - 1 : a])
-        tail = self._detok(self.ids[a - 1 : j])
+            return self._detok(self.ids[:j])
+        left = self._raw(self.ids[a - 1 : a])
+        tail = self._raw(self.ids[a - 1 : j])
         if tail.startswith(left):
             head, rest = self.text[: self._a_chars], tail[len(left) :]
-            return head + rest if head else rest.lstrip()
-        return self._detok(self.ids[:j]).lstrip()  # the left context did not decode alone
+            return head + rest if head or not self._answer else rest.lstrip()
+        return self._detok(self.ids[:j])  # the left context did not decode on its own
 
     def append(self, ids: Sequence[int], sources: Sequence, copied: bool) -> None:
         """Commit tokens (the caller has cut them at EOS and the budget)."""
@@ -154,7 +159,7 @@ class OutputText:
             # to nothing (a skipped special token) would leave the next one first in its
             # decode, and a decoder treats a first token otherwise (WordPiece: no space, no
             # "##" merge), so such a token does not take the anchor
-            if len(self.ids) - self._a >= _ANCHOR_EVERY and _whole(self._detok(self.ids[-1:])):
+            if len(self.ids) - self._a >= _ANCHOR_EVERY and _whole(self._raw(self.ids[-1:])):
                 self._a, self._a_chars = len(self.ids), len(text)
         self._apply_stop_strings()
         if self.repeat_guard and not self.stopped:
@@ -311,9 +316,9 @@ class TextStream:
         self, detokenize: Callable[[Sequence[int]], str], passages: Sequence[Passage],
         offsets: Sequence[Any], *, kind: str, min_tokens: int, min_words: int,
         stop: Sequence[str] = (), repeat_guard: bool = False, live: SentenceStream | None = None,
-        evidence: EvidenceSpan | None = None,
+        evidence: EvidenceSpan | None = None, answer: bool = False,
     ) -> None:
-        self.out = OutputText(detokenize, stop, repeat_guard=repeat_guard)
+        self.out = OutputText(detokenize, stop, repeat_guard=repeat_guard, answer=answer)
         self.passages, self.offsets, self.kind = list(passages), list(offsets), kind
         self.min_tokens, self.min_words, self.live = min_tokens, min_words, live
         ev = next((p for p in passages if evidence and p.id == evidence.passage_id), None)

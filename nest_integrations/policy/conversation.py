@@ -78,12 +78,11 @@ _EXPLETIVE = re.compile(r"\b(?:it\s+(?:is|was|'s|seems|appears)|is\s+it|was\s+it
 _EXISTENTIAL = re.compile(r"\b(?:(?:is|are|was|were)\s+there|there\s+(?:is|are|was|were|'s))\b",
                           re.IGNORECASE)
 _DEFINITIONAL = [
-    re.compile(r"^(?:what|who)\s+(?:is|are|was|were|'s)\s+(?P<x>.+?)\s*[?.!]*$", re.IGNORECASE),
+    re.compile(r"^(?:what|who)\s+(?:is|are|was|were|'s)\s+(?P<x>.+?)$", re.IGNORECASE),
     re.compile(r"^what\s+(?:does|do)\s+(?P<x>.+?)\s+(?:mean|do|stand for)\b", re.IGNORECASE),
     re.compile(r"^how\s+(?:does|do|did|can|is|are)\s+(?P<x>.+?)\s+(?:work|function|operate|"
                r"run)\b", re.IGNORECASE),
-    re.compile(r"^(?:tell me about|explain|describe|define)\s+(?P<x>.+?)\s*[?.!]*$",
-               re.IGNORECASE),
+    re.compile(r"^(?:tell me about|explain|describe|define)\s+(?P<x>.+?)$", re.IGNORECASE),
 ]
 _POSSESSIVE = re.compile(r"['\u2019\u02bc]s$", re.IGNORECASE)
 #: Where a clause ends or a subordinate one starts.
@@ -230,7 +229,7 @@ def subject_of(text: str, titles: TitleIndex | None = None) -> str | None:
     """What ``text`` asks about (module docstring), as written, or None."""
     named = named_in(text, titles)
     for pattern in _DEFINITIONAL:
-        m = pattern.match(text.strip())
+        m = pattern.match(text.strip().rstrip("?.! \t"))  # the patterns end at the words
         x = _ARTICLE.sub("", m.group("x").strip()) if m else ""
         # a plain noun phrase: "the Z of X" and "X's Z" ask for an attribute of X
         simple = not any(w.casefold() in _PREPOSITIONS or _POSSESSIVE.search(w)

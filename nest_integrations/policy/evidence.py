@@ -54,7 +54,8 @@ _HEADING = re.compile(r"^[ \t]*(?:([*=\-~^#])\1{2,}[ \t]*$|#{1,6}[ \t]+\S)", re.
 class Candidate:
     """One sentence of the prompt's passages as a candidate evidence sentence, with its scores:
     ``overlap`` and ``cosine`` (0.0 where that scorer did not run) and ``score``, the chosen
-    scorer's; ``lead``: it opens its document (the first sentence of the document's first
+    scorer's (``gate``: the same with the question's every word, title words too: how much of
+    the question the sentence holds, what ``evidence_min`` was chosen on); ``lead``: it opens its document (the first sentence of the document's first
     passage that is neither a heading nor on an indented line, as a grammar block); ``heading``: it is a heading; ``position``: its index among its
     passage's sentences."""
 
@@ -67,6 +68,7 @@ class Candidate:
     lead: bool
     heading: bool
     position: int
+    gate: float = 0.0
 
     @property
     def text(self) -> str:
@@ -109,11 +111,12 @@ def candidates(question: str, passages: Sequence[Passage], scorer: str = "combin
     texts = [p.text[s:e] for p, s, e in spans]
     zero = np.zeros(len(spans))
     overlap = _overlap_beyond_title(question, spans, texts) if scorer != "embedding" else zero
+    raw = overlap_scores(question, texts) if scorer != "embedding" else zero
     cosine = (_cosines(question, [_titled(p, t) for (p, _, _), t in zip(spans, texts)], retriever)
               if scorer in ("embedding", "combined") else zero)
-    score = overlap + cosine
+    score, gate = overlap + cosine, raw + cosine
     if scorer == "combined":
-        score = score / 2.0
+        score, gate = score / 2.0, gate / 2.0
     out, position, lead_seen = [], 0, set()
     prev = None
     for i, ((p, s, e), text) in enumerate(zip(spans, texts)):
@@ -125,7 +128,7 @@ def candidates(question: str, passages: Sequence[Passage], scorer: str = "combin
         if lead:
             lead_seen.add(p.id)
         out.append(Candidate(p, s, e, float(overlap[i]), float(cosine[i]), float(score[i]),
-                             lead, heading, position))
+                             lead, heading, position, float(gate[i])))
     return out
 
 
@@ -169,8 +172,9 @@ def choose_evidence(
       its passage, up to ``window_chars``, ending at a sentence end and never on a sentence
       that announces a block (``_window_end``).
 
-    ``EvidenceSpan.score`` is the best score of any sentence (the policy's ``evidence_min``
-    asks whether the passages hold the question at all)."""
+    ``EvidenceSpan.score`` is the best ``gate`` score of any sentence (the policy's
+    ``evidence_min`` asks whether the passages hold the question at all, with the question's
+    every word, as it was chosen)."""
     cands = candidates(question, passages, scorer, retriever)
     if not cands:
         return None
@@ -178,7 +182,7 @@ def choose_evidence(
     best = max(pool, key=lambda c: c.score + lead * c.lead)  # the first of equal maxima
     p = best.passage
     end = _window_end(p.text, best.start, best.end, window_chars) if best.lead else best.end
-    top = max(c.score for c in cands)
+    top = max(c.gate for c in cands)
     LOG.debug("evidence (%s %.3f, lead=%s): %r", scorer, best.score, best.lead,
               best.text[:80])
     return EvidenceSpan(p.id, best.start, end, float(top), sentence_end=best.end)

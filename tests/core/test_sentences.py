@@ -49,9 +49,6 @@ def sentence_regex_modules(root: Path) -> list[str]:
 #: Sentence-end expressions not yet read from ``core.sentences``, each with why (issue 61). The
 #: list only shrinks.
 NOT_YET = {
-    # where a citation's marker goes in ``nest ask``'s text (also ";" before a line break);
-    # cli/ is another change's of this cycle
-    "cli/formatting.py",
     # the chunker's sentence separator keeps closing quotes out of a unit's end: reading it from
     # core.sentences would move passage boundaries, so every store would change
     "ingest/splitter.py",

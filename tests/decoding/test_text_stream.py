@@ -1,8 +1,9 @@
 """OutputText (incremental detokenisation, token ends, stop strings, deltas) against brute force.
 
-The oracle is the definition: after every commit, ``text == detokenize(ids).lstrip()`` and
-``ends[i] == len(common prefix of detokenize(ids[:i + 1]).lstrip() and text)``, recomputed from
-scratch (an answer never opens with whitespace);
+The oracle is the definition: after every commit, ``text == detokenize(ids)`` and
+``ends[i] == len(common prefix of detokenize(ids[:i + 1]) and text)``, recomputed from scratch
+(for a chat answer, ``answer=True``, each decode ``.lstrip()``ped: it never opens with
+whitespace);
 decoding work is counted to show it grows linearly, not quadratically.
 """
 
@@ -32,9 +33,9 @@ def tok(tiny_lm):
     return tiny_lm
 
 
-def _brute_ends(detok, ids, text):
-    return [len(os.path.commonprefix([detok(ids[: i + 1]).lstrip(), text]))
-            for i in range(len(ids))]
+def _brute_ends(detok, ids, text, answer=False):
+    dec = (lambda x: detok(x).lstrip()) if answer else detok
+    return [len(os.path.commonprefix([dec(ids[: i + 1]), text])) for i in range(len(ids))]
 
 
 def _batches(ids, seed):
@@ -46,19 +47,22 @@ def _batches(ids, seed):
         i += n
 
 
-@pytest.mark.parametrize("seed,lead", [(0, ""), (1, ""), (2, " "), (3, " \n  ")])
-def test_incremental_text_and_ends_match_brute_force(tok, seed, lead):
+@pytest.mark.parametrize("seed,lead,answer", [(0, "", False), (1, "", True), (2, " ", False),
+                                              (2, " ", True), (3, " \n  ", True)])
+def test_incremental_text_and_ends_match_brute_force(tok, seed, lead, answer):
     """``lead``: a text that opens with whitespace (a copy from mid-passage opens with a
-    word-initial token's space) is shown without it, and the ends index that text."""
+    word-initial token's space): a chat answer (``answer``) is shown without it, and its ends
+    index that text; a completion keeps it (it continues the prompt's text)."""
     ids = tok.tokenize(lead + TEXT)
     assert not lead or tok.detokenize(ids[:1]).startswith(lead[0])
-    out = OutputText(tok.detokenize)
+    shown = (lambda x: tok.detokenize(x).lstrip()) if answer else tok.detokenize
+    out = OutputText(tok.detokenize, answer=answer)
     for batch in _batches(ids, seed):
         out.append(batch, [None] * len(batch), False)
-        assert out.text == tok.detokenize(out.ids).lstrip()
-        assert list(out.ends) == _brute_ends(tok.detokenize, out.ids, out.text)
+        assert out.text == shown(out.ids)
+        assert list(out.ends) == _brute_ends(tok.detokenize, out.ids, out.text, answer)
         assert out.ends.text == out.text
-    assert out.text == TEXT.lstrip()
+    assert out.text == (TEXT.lstrip() if answer else tok.detokenize(ids))
     assert all(a <= b for a, b in zip(out.ends, out.ends[1:]))
     # a split character belongs to the token that completes it: no end falls inside "\ufffd"
     assert all("\ufffd" not in out.text[: e] for e in out.ends)
@@ -76,7 +80,7 @@ def test_decoding_is_linear(tok):
     out = OutputText(counting)
     for t in ids:
         out.append([t], [None], False)
-    assert out.text == tok.detokenize(ids).lstrip()
+    assert out.text == tok.detokenize(ids)
     assert decoded[0] < 60 * len(ids), decoded[0]  # quadratic would be ~ n^2 / 2 = 180,000
 
 
@@ -93,7 +97,7 @@ def test_stop_string_cuts_at_a_token_boundary_and_counts_kept_tokens(tok):
             break
     assert out.stopped and stop not in out.text
     assert full.startswith(out.text) and len(out.text) <= full.index(stop)
-    assert out.text == tok.detokenize(out.ids).lstrip()  # nothing beyond the kept tokens
+    assert out.text == tok.detokenize(out.ids)  # nothing beyond the kept tokens
     assert len(out.ids) == len(out.sources) == len(out.copied) == len(out.ends)
     assert sum(out.copied) == len(out.ids)
     assert out.ends[-1] == len(out.text)
