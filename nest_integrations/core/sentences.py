@@ -19,6 +19,10 @@ Three readers split different texts, and differ only in what else ends a sentenc
   whose sentence end depends on the next word would move under it); its units are lines,
   because the list items a small model repeats are lines.
 
+The chunker (``ingest.splitter``) splits at the gap after a sentence instead
+(``CHUNK_SENTENCE_GAP``), kept here beside the sentence end it mirrors: passage boundaries, and
+so every store, follow from it.
+
 ``STOP_WORDS``: the function words of the corpus languages (English, French, Spanish), and the
 verbs of a request ("tell", "explain"): they carry no content, so they never make a sentence a
 question's evidence (``core.evidence.content_words``) nor a title a document's name
@@ -41,6 +45,12 @@ SENTENCE_END = re.compile(
     r"|(?P<blank>\n[ \t]*\n)"
     r"|(?P<line>\n)"
 )
+#: The chunker's sentence separator (``ingest.splitter``): the whitespace after a sentence's
+#: ``.``, ``!`` or ``?`` and its closing quotes or brackets. It matches what lies *between* two
+#: units, where ``SENTENCE_END`` matches a sentence's end, and takes no line or blank-line rule
+#: (the chunker splits at paragraphs and lines on levels of its own). Every store's passage
+#: boundaries follow from it: changing it re-chunks every corpus.
+CHUNK_SENTENCE_GAP = re.compile(r"(?<=[.!?])[\"'\u201d\u2019)\]]*\s+")
 _CAPITAL_LINE = re.compile(r"[ \t]*[^\W_a-z\u00df-\u00ff]")
 _LIST_ITEM = re.compile(r"\s*(?:[-*•]|\d+\.)\s")
 _LAST_WORD = re.compile(r"([\w.]+)$")

@@ -18,6 +18,7 @@ import re
 from typing import Any, Callable, Iterable
 
 from nest_integrations.core.citations import trim_span
+from nest_integrations.core.sentences import CHUNK_SENTENCE_GAP
 from nest_integrations.ingest.documents import SourceDocument
 from nest_integrations.types import Passage
 
@@ -32,7 +33,7 @@ MAX_PASSAGE_TOKENS = 200
 # before characters.
 _SEPARATORS = [
     re.compile(r"\n[ \t\r\f\v]*\n\s*"),  # paragraphs: blank lines
-    re.compile(r"(?<=[.!?])[\"'\u201d\u2019)\]]*\s+"),  # sentences
+    CHUNK_SENTENCE_GAP,  # sentences (core.sentences: the package's sentence rules)
     re.compile(r"\n\s*"),  # lines
     re.compile(r"\s+"),  # words
 ]

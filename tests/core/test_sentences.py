@@ -46,19 +46,9 @@ def sentence_regex_modules(root: Path) -> list[str]:
     return found
 
 
-#: Sentence-end expressions not yet read from ``core.sentences``, each with why (issue 61). The
-#: list only shrinks.
-NOT_YET = {
-    # the chunker's sentence separator keeps closing quotes out of a unit's end: reading it from
-    # core.sentences would move passage boundaries, so every store would change
-    "ingest/splitter.py",
-}
-
-
 def test_one_module_compiles_a_sentence_end() -> None:
     found = sentence_regex_modules(PACKAGE)
-    assert [m for m in found if m not in NOT_YET] == ["core/sentences.py"]
-    assert NOT_YET <= set(found)  # a module that stopped compiling one leaves the list
+    assert found == ["core/sentences.py"]
 
 
 def test_the_check_finds_a_second_sentence_end(tmp_path: Path) -> None:
