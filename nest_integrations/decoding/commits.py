@@ -10,13 +10,43 @@ are a ``StoppingCriteria`` (as HF's), implemented on the text side (``text_strea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any, Generator, Protocol, Sequence, TypeVar
 
 from nest_integrations.drafters.base import PassageUpdate, Source
-from nest_integrations.types import Passage
+from nest_integrations.types import NestStats, Passage
 
 R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class StatsDelta:
+    """The loop's counters over a stretch of decoding: a commit's since the one before
+    (``Commit.stats``), or a whole run's (``Decoded.stats``). Summed over a run's commits they
+    are the run's totals."""
+
+    forward_passes: int = 0
+    verify_steps: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    draft_forwards: int = 0  # a draft model's passes (KNN-SSD), not the target's
+    candidates: int = 0  # corpus continuations drafted (DReSD, REST)
+    seconds_lm: float = 0.0  # the target's passes
+    seconds_draft: float = 0.0  # the drafter's proposals
+    seconds_knn: float = 0.0  # the target distribution's kNN mixture
+
+    @classmethod
+    def of(cls, stats: NestStats) -> "StatsDelta":
+        """The counters of ``stats`` as they stand (a mark to subtract from)."""
+        d, t = stats.drafting, stats.timing
+        return cls(stats.forward_passes, d.verify_steps, d.drafted_tokens, d.accepted_tokens,
+                   d.forwards, d.candidates, t.lm, t.draft, t.knn)
+
+    def __sub__(self, other: "StatsDelta") -> "StatsDelta":
+        return StatsDelta(*(a - b for a, b in zip(astuple(self), astuple(other))))
+
+    def __add__(self, other: "StatsDelta") -> "StatsDelta":
+        return StatsDelta(*(a + b for a, b in zip(astuple(self), astuple(other))))
 
 
 @dataclass(frozen=True)
@@ -34,6 +64,8 @@ class Commit:
         new_passages: passages registered since the last commit, as
             ``drafters.base.PassageUpdate``s (index, passage, token char offsets): an index
             past the passages held so far adds one, a lower one gives that passage its offsets.
+        stats: what the loop counted since the commit before (the passes and drafts that
+            produced this one; the first commit's include the prefill).
     """
 
     ids: tuple[int, ...]
@@ -43,6 +75,7 @@ class Commit:
     done: bool = False
     final: bool = False
     new_passages: tuple[PassageUpdate, ...] = ()
+    stats: StatsDelta = StatsDelta()
 
 
 class StoppingCriteria(Protocol):
@@ -69,13 +102,15 @@ class StoppingCriteria(Protocol):
 class Decoded:
     """What a finished loop returns: its output ids, their sources and copied flags, NEST's
     mean lambda over the rows it mixed (1.0 when it mixed none), and whether the model
-    rejected the evidence quote (then nothing was committed)."""
+    rejected the evidence quote (then nothing was committed), and the run's counters (the sum
+    of its commits' ``stats``)."""
 
     ids: tuple[int, ...]
     sources: tuple[Source, ...]
     copied: tuple[bool, ...]
     mean_lambda: float
     quote_rejected: bool = False
+    stats: StatsDelta = StatsDelta()
 
 
 class Committed:
@@ -83,7 +118,10 @@ class Committed:
     copy of the generation's passages and offsets (with what was registered since the last
     commit, which the next ``commit`` reports)."""
 
-    def __init__(self, passages: Sequence[Passage], offsets: Sequence[Any]) -> None:
+    def __init__(self, passages: Sequence[Passage], offsets: Sequence[Any],
+                 stats: NestStats) -> None:  # fmt: skip
+        self._stats = stats  # read only: each commit reports what it counted since the last
+        self._start = self._mark = StatsDelta.of(stats)
         self.ids: list[int] = []
         self.sources: list[Source] = []
         self.copied: list[bool] = []
@@ -158,11 +196,14 @@ class Committed:
         """The commit of ``ids`` (already appended), with the passages registered since the
         last one."""
         news, self._new = tuple(self._new), []
-        return Commit(tuple(ids), tuple(sources), copied, len(self.ids), done, final, news)
+        mark, before = StatsDelta.of(self._stats), self._mark
+        self._mark = mark
+        return Commit(tuple(ids), tuple(sources), copied, len(self.ids), done, final, news,
+                      mark - before)
 
     def decoded(self, mean_lambda: float, quote_rejected: bool) -> Decoded:
         return Decoded(tuple(self.ids), tuple(self.sources), tuple(self.copied), mean_lambda,
-                       quote_rejected)
+                       quote_rejected, self._mark - self._start)
 
 
 def run_to_end(commits: Generator[Any, None, R]) -> R:

@@ -24,9 +24,10 @@ class Drafts:
     """The drafter of one generation (None: no drafts, every step an ordinary one) and the
     ``DecodeState`` it reads."""
 
-    def __init__(self, drafter: Drafter | None, state: DecodeState, vocab_size: int) -> None:
+    def __init__(self, drafter: Drafter | None, state: DecodeState, vocab_size: int,
+                 stats: NestStats) -> None:  # fmt: skip
         self.drafter, self.state, self.vocab_size = drafter, state, vocab_size
-        self.stats: NestStats = state.stats
+        self.stats = stats
         # what it says beyond the two methods, found once (``drafters.base``'s protocols)
         self._cites = drafter if isinstance(drafter, CitesTokens) else None
         self._vector = drafter if isinstance(drafter, WantsPromptVector) else None
@@ -53,6 +54,11 @@ class Drafts:
         t0 = time.perf_counter()
         draft = self.drafter.propose(state)
         self.stats.timing.draft += time.perf_counter() - t0
+        if draft is not None:  # the drafter's own counters come back in its draft
+            self.stats.drafting.forwards += draft.forwards
+            self.stats.drafting.candidates += draft.candidates
+            if draft.route is not None:
+                self.stats.route = draft.route
         if draft is None or not draft.tokens:  # no draft (one with passages: the loop's to add)
             return draft if draft is not None and draft.new_passages else None
         validate_draft(draft, self.vocab_size)

@@ -16,6 +16,7 @@ import torch
 from nest_integrations.drafters.base import DecodeState, Draft
 from nest_integrations.drafters.prompt_lookup import PromptLookupDrafter
 from nest_integrations.lm.base import LanguageModel
+from nest_integrations.types import LookaheadStats
 
 #: ``(logits, keys)`` rows of a target pass: ``(T, V)`` and ``(T, d)``.
 Rows = tuple[torch.Tensor, torch.Tensor]
@@ -27,9 +28,10 @@ class LookAhead:
 
     def __init__(
         self, run: Callable[[list[int]], Rows], lm: LanguageModel, cache: Any,
-        state: DecodeState, num_tokens: int,
+        state: DecodeState, num_tokens: int, stats: LookaheadStats,
     ) -> None:
         self.run, self.lm, self.cache, self.state = run, lm, cache, state
+        self.stats = stats
         self.guesser = PromptLookupDrafter(num_tokens=num_tokens)
         #: guessed tokens the cache holds after the fed ones, and their rows (row i follows
         #: tokens[i])
@@ -66,7 +68,7 @@ class LookAhead:
         logits, keys = self.forward([token] + guess.tokens)
         self.tokens, self.rows = list(guess.tokens), (logits[1:], keys[1:])
         self._guess, self._used = guess, 0
-        self.state.stats.lookahead.fed += len(guess)
+        self.stats.fed += len(guess)
         return logits[:1], keys[:1]
 
     def take(self, ids: list[int]) -> Rows | None:
@@ -78,7 +80,7 @@ class LookAhead:
         while j < min(len(ahead), len(ids)) and ahead[j] == ids[j]:
             j += 1
         self._used += j
-        self.state.stats.lookahead.taken += j
+        self.stats.taken += j
         if j == len(ids) and j < len(ahead):  # all of ids was guessed: keep the rest
             self.tokens, self.rows = ahead[j:], (rows[0][j:], rows[1][j:])
         else:

@@ -37,7 +37,7 @@ from nest_integrations.decoding.target import Rows, Target, TargetDistribution
 from nest_integrations.decoding.verifiers import check_quote, make_verifier, rows_are_exact
 from nest_integrations.decoding.drafts import Drafts
 from nest_integrations.drafters.base import (
-    RELAXED, DecodeState, Draft, Drafter, Method, Source, as_sources, first_branch,
+    RELAXED, DecodeState, Draft, Drafter, Method, ScratchPasses, Source, as_sources, first_branch,
 )  # fmt: skip
 from nest_integrations.lm.base import LanguageModel
 from nest_integrations.types import NestStats, Passage
@@ -64,8 +64,7 @@ class DecodeLoop:
             stats.exact_rows = rows_are_exact(lm, method.name)
         self.guards = guards if guards is not None else Guards()
         self.stopping = stopping
-        #: the committed output and the loop's own copy of the passages (``commits.py``)
-        self.output = Committed(passages, offsets)
+        self.output = Committed(passages, offsets, stats)  # its output, passages (commits.py)
         self.verifier = make_verifier(method, config, generator, self.eos, self.guards)
         #: lossless greedy on p_LM reads the logits' argmax (as greedy decoding picks a token:
         #: no softmax, which could also merge two nearly equal logits into one probability);
@@ -81,16 +80,17 @@ class DecodeLoop:
         self.quote_rejected = False  # the model rejected the evidence quote (check_quote)
         #: the target at each row: p_M for NEST-family methods, else p_LM
         self.distribution = TargetDistribution(method.uses_memory, self.memory, config, stats)
-        self.state = DecodeState(
+        self.state = DecodeState(  # the drafter's read view: no LM, cache or stats to write
             prompt_ids=list(prompt_ids), out_ids=self.output.ids, budget=max_new_tokens,
-            config=config, eos=self.eos, passages=tuple(passages), offsets=tuple(offsets), lm=lm,
-            cache=self.cache, choose_token=self.verifier.choose_token,
-            next_token=self.verifier.next_token, memory=self.memory, generator=generator,
-            stats=stats,
+            config=config, eos=self.eos, passages=tuple(passages), offsets=tuple(offsets),
+            choose_token=self.verifier.choose_token, next_token=self.verifier.next_token,
+            memory=self.memory, generator=generator,
+            scratch=ScratchPasses(lm, self.cache, self.target.port.layer_skip),
         )  # fmt: skip
-        self.drafts = Drafts(drafter, self.state, lm.vocab_size)
-        self.ahead = (LookAhead(self.target.run, lm, self.cache, self.state, config.lookahead)
-                      if config.lookahead and method.needs_target else None)
+        self.drafts = Drafts(drafter, self.state, lm.vocab_size, stats)
+        self.ahead = (LookAhead(self.target.run, lm, self.cache, self.state, config.lookahead,
+                                stats.lookahead) if config.lookahead and method.needs_target
+                      else None)
 
     # ----------------------------------------------------------------- shared steps
     @property

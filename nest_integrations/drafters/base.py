@@ -20,8 +20,9 @@ from nest_integrations.core.evidence import EvidenceSpan
 from nest_integrations.core.mixture import Distribution
 from nest_integrations.core.token_memory import TokenMemory
 from nest_integrations.lm.base import LanguageModel
+from nest_integrations.lm.port import LayerSkip
 from nest_integrations.retrieval.base import PassageRetriever
-from nest_integrations.types import NestStats, Passage
+from nest_integrations.types import NestStats, Passage, RouteStats
 
 #: NEST's relaxed rule (Eq. 7) on p_M with its LM guards; exact on p_M with
 #: ``NestConfig.strict_acceptance``. Needs the target-first schedule.
@@ -65,6 +66,12 @@ class Draft:
             (``DecodeState.passage_index`` builds them). The loop registers them as it receives
             the draft, accepted or not; a draft with no tokens only registers them (it is an
             ordinary step otherwise).
+        forwards: passes of a draft model the drafter ran for this draft (KNN-SSD's layer-skip
+            passes; ``NestStats.drafting.forwards``); an empty draft may carry them too.
+        candidates: corpus continuations the draft merges (DReSD, REST;
+            ``NestStats.drafting.candidates``).
+        route: a routing decision made for this generation (KNN-SSD's ``RouteStats``), on the
+            first draft after it was made; the loop records it (``NestStats.route``).
     """
 
     tokens: list[int]
@@ -74,9 +81,43 @@ class Draft:
     chosen_first: bool = False
     quoted: bool = False
     new_passages: tuple[PassageUpdate, ...] = ()
+    forwards: int = 0
+    candidates: int = 0
+    route: RouteStats | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+
+class ScratchPasses:
+    """Passes a drafter may run on the target's KV cache, which it gets back as it was: the
+    loop hands one to a self-speculative drafter (``DecodeState.scratch``) instead of the LM
+    and its cache. ``forward_skip`` runs only inside ``with scratch:``; leaving the block crops
+    the cache back to the committed tokens, as the full model computed them."""
+
+    def __init__(self, lm: LanguageModel, cache: Any, layer_skip: LayerSkip | None) -> None:
+        self._lm, self._cache, self._skip = lm, cache, layer_skip
+        self._start: int | None = None
+
+    def __enter__(self) -> "ScratchPasses":
+        if self._start is not None:
+            raise RuntimeError("ScratchPasses: a scratch block is already open")
+        self._start = self._lm.cache_length(self._cache)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        start, self._start = self._start, None
+        self._lm.crop_cache(self._cache, start)  # every layer back to the committed KV
+
+    def forward_skip(self, ids: Sequence[int], skip: Any) -> torch.Tensor:
+        """The logits of ``ids`` after the cache with ``skip``'s sublayers skipped
+        (``lm.port.LayerSkip``); their KV stays until the block ends."""
+        if self._skip is None:
+            raise ValueError("this language model cannot skip layers (no lm.port.LayerSkip)")
+        if self._start is None:
+            raise RuntimeError("ScratchPasses.forward_skip runs inside `with scratch:`, "
+                               "which gives the cache back when it ends")
+        return self._skip.forward_skip(ids, self._cache, skip)
 
 
 @dataclass
@@ -106,17 +147,18 @@ class DecodeState:
         offsets: per passage, its ``(m, 2)`` token character offsets, or None when the
             generation holds none for it (citations into it need them); a tuple as well.
         memory: NEST's token memory (``TokenMemory``) when the method uses it, else None.
-        lm: the target ``LanguageModel`` (a drafter that runs it must leave ``cache`` as it
-            found it: exactly the committed tokens as computed by the full model).
-        cache: the target's KV cache.
+        scratch: layer-skipped passes on the target's KV cache that leave it as they found it
+            (``ScratchPasses``), for a self-speculative drafter (KNN-SSD); the drafter gets no
+            LM handle or cache to write through.
         generator: the generation's RNG (sampling mode), or None when greedy.
         choose_token: a token from a ``(V,)`` target row with the generation's temperature,
             top-p and RNG (greedy: argmax). Use it, not your own sampling, so the loop's
             speculative-sampling rule sees the same distribution.
         next_token: ``next_token(dist, row)``: the token the verifier commits at a target
             distribution's row (``choose_token``, then the policy's LM guards).
-        stats: the generation's ``NestStats``; a drafter adds its own counters there
-            (``drafting.forwards``, ``drafting.candidates``, the KNN-SSD ``route``).
+
+    A drafter's own counters (``drafting.forwards``, ``drafting.candidates``, the KNN-SSD
+    ``route``) come back in its ``Draft``: the state holds no stats to write to.
     """
 
     prompt_ids: list[int]
@@ -126,8 +168,6 @@ class DecodeState:
     eos: frozenset[int]
     passages: Sequence[Passage]
     offsets: Sequence[Any]
-    lm: LanguageModel
-    cache: Any
     choose_token: Callable[[torch.Tensor], int]
     next_token: Callable[[Distribution, int], int] | None = None
     pending: int | None = None
@@ -136,7 +176,7 @@ class DecodeState:
     prompt_vector: torch.Tensor | None = None
     memory: TokenMemory | None = None
     generator: torch.Generator | None = None
-    stats: NestStats = field(default_factory=NestStats)
+    scratch: ScratchPasses | None = None
 
     @property
     def context_ids(self) -> list[int]:

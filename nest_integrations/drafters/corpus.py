@@ -283,7 +283,6 @@ def corpus_draft(
     if not cands:
         return None
     tokens, parents, rows = trie(cands, options.max_nodes)
-    state.stats.drafting.candidates += len(cands)
     sources: list[Source] = []
     new: list = []  # passages this draft registers (the loop adds them as it receives it)
     for r in rows:
@@ -293,7 +292,8 @@ def corpus_draft(
                                                 datastore.passage_offsets(p), new)
         sources.append((registered[p], r - int(datastore.bounds[p])))
     tree = any(p != i - 1 for i, p in enumerate(parents))
-    return Draft(tokens, sources, parents=parents if tree else None, new_passages=tuple(new))
+    return Draft(tokens, sources, parents=parents if tree else None, new_passages=tuple(new),
+                 candidates=len(cands))
 
 
 __all__ = [

@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from nest_integrations.core.sampling import sample, warp
-from nest_integrations.drafters.base import LOSSLESS, DecodeState, Draft, DrafterContext, Method
+from nest_integrations.drafters.base import (
+    LOSSLESS, DecodeState, Draft, DrafterContext, Method, ScratchPasses,
+)  # fmt: skip
 from nest_integrations.drafters.corpus import parse_options
 from nest_integrations.types import NestStats, RouteStats
 from nest_integrations.lm.port import LayerSkip, port_of
@@ -98,6 +100,17 @@ def draft_chain(
     cache: Any,
     pending: int,
     skip: SkipSet,
+    **kw: Any,
+) -> ChainDraft:
+    """``draft_chain_on`` over ``lm``'s ``cache`` (restored before returning): Self-SD's
+    drafting half outside the decode loop (``builders.knn_ssd_selfspec``)."""
+    return draft_chain_on(ScratchPasses(lm, cache, check_layer_skip(lm)), pending, skip, **kw)
+
+
+def draft_chain_on(
+    scratch: ScratchPasses,
+    pending: int,
+    skip: SkipSet,
     *,
     max_len: int,
     threshold: float = DEFAULT_THRESHOLD,
@@ -106,23 +119,23 @@ def draft_chain(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
 ) -> ChainDraft:
-    """Draft up to ``max_len`` tokens after ``pending`` (not yet in ``cache``) with ``skip``.
+    """Draft up to ``max_len`` tokens after ``pending`` (not yet in the cache) with ``skip``.
 
-    ``cache`` is restored to its committed length before returning (every layer cropped), so
-    the caller's next full forward sees exactly the KV it had. Greedy when ``temperature`` is 0;
-    otherwise each token is drawn (with ``generator``) from ``q = warp(p_draft)``, the same
-    temperature/top-p warp the loop applies to the target, and ``q`` is returned for the
-    speculative-sampling rule. The confidence stop reads the unwarped draft ``p``.
+    The passes run in one ``scratch`` block, so the cache is restored to its committed length
+    before returning (every layer cropped) and the caller's next full forward sees exactly the
+    KV it had. Greedy when ``temperature`` is 0; otherwise each token is drawn (with
+    ``generator``) from ``q = warp(p_draft)``, the same temperature/top-p warp the loop applies
+    to the target, and ``q`` is returned for the speculative-sampling rule. The confidence stop
+    reads the unwarped draft ``p``.
     """
     start = time.perf_counter()
-    committed = lm.cache_length(cache)
     tokens: list[int] = []
     qs: list[torch.Tensor] = []
     forwards = 0
-    try:
+    with scratch:
         feed = pending
         while len(tokens) < max_len:
-            logits = lm.forward_skip([feed], cache, skip)[-1]  # (V,)
+            logits = scratch.forward_skip([feed], skip)[-1]  # (V,)
             forwards += 1
             p = torch.softmax(logits, dim=-1)
             if temperature > 0.0:
@@ -138,8 +151,6 @@ def draft_chain(
             if float(p.max()) < threshold:
                 break
             feed = tok
-    finally:
-        lm.crop_cache(cache, committed)  # every layer back to the committed, full-model KV
     q_all = torch.stack(qs) if qs else None
     return ChainDraft(tokens, q_all, forwards, time.perf_counter() - start)
 
@@ -235,13 +246,18 @@ class KnnSsdDrafter:
         return cls(lm, router=Router(profile, opts.min_similarity), **kw)
 
     def record(self, stats: NestStats) -> "KnnSsdDrafter":
-        """Write the routing decision to the generation's ``NestStats``."""
+        """Write a routing decision made before decoding to the generation's ``NestStats``
+        (``DrafterContext.stats``); one made while decoding comes back in a ``Draft``."""
+        stats.route = self.route_stats()
+        return self
+
+    def route_stats(self) -> RouteStats:
+        """The routing decision as the generation's stats record it."""
         r = self.route
-        stats.route = RouteStats(
+        return RouteStats(
             skip_set=r.skip_name, domain=r.domain,
             similarity=None if r.similarity != r.similarity else float(r.similarity),
             fallback=bool(r.fallback), seconds=float(r.seconds))
-        return self
 
     def route_from(self, state: DecodeState) -> None:
         """Route on the prefill's prompt vector (see the class docstring) and record it."""
@@ -256,32 +272,32 @@ class KnnSsdDrafter:
         LOG.info("KNN-SSD: prompt routed to %s (nearest %s, cos %.3f%s) in %.2f ms",
                  r.skip_name, r.domain, r.similarity, ", fallback" if r.fallback else "",
                  1000 * r.seconds)
-        self.record(state.stats)
         self._plan()
 
     def propose(self, state: DecodeState) -> Draft | None:
-        if self.route is None:
+        route = None
+        if self.route is None:  # routed now: the first draft carries the decision
             self.route_from(state)
+            route = self.route_stats()
+        none = None if route is None else Draft([], route=route)
         # The lossless schedule always has a pending token (the loop feeds it with the draft).
-        if self.skip is None or state.pending is None:
-            return None
+        if self.skip is None or state.pending is None or state.scratch is None:
+            return none
         max_len = min(self.max_draft, state.budget)
         if self.planner is not None:
             max_len = self.planner.length(max_len)
         if max_len < 1:
-            return None
+            return none
         cfg = state.config
         sampling = state.generator is not None and cfg.temperature > 0
-        chain = draft_chain(
-            state.lm, state.cache, state.pending, self.skip, max_len=max_len,
+        chain = draft_chain_on(
+            state.scratch, state.pending, self.skip, max_len=max_len,
             threshold=self.threshold, eos=state.eos,
             temperature=cfg.temperature if sampling else 0.0, top_p=cfg.top_p,
             generator=state.generator,
-        )
-        state.stats.drafting.forwards += chain.forwards
-        if not chain.tokens:
-            return None
-        return Draft(chain.tokens, None, q=chain.q)
+        )  # fmt: skip
+        return Draft(chain.tokens, None, q=chain.q if chain.tokens else None,
+                     forwards=chain.forwards, route=route)
 
     def update(self, state: DecodeState, draft: Draft, n_accepted: int) -> None:
         if self.planner is not None:

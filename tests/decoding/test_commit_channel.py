@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 
 import nest_integrations.decoding.loop as loop_module
-from nest_integrations.decoding.commits import Commit
+from nest_integrations.decoding.commits import Commit, StatsDelta
 from nest_integrations.config import Guards, NestConfig
 from nest_integrations.decoding.text_stream import TextStream
 from nest_integrations.drafters import METHODS, Draft, Method
 from nest_integrations.policy import AnswerPolicy
 from nest_integrations.retrieval.in_memory import InMemoryRetriever
-from nest_integrations.types import Passage
+from nest_integrations.types import NestStats, Passage
 from tests.decoding.test_quote_check import PASSAGE, QUESTION, SENTENCE
 from tests.engines import make_engine
 from tests.passages import PASSAGE_TEXT, UNRELATED_TEXT, make_passage
@@ -37,6 +37,7 @@ class _Recorder:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.runs: list[list[Commit]] = []
+        self.decoded: list[Any] = []  # each run's return value (``Decoded``)
         self.streams: list[tuple[tuple, dict]] = []
         run, init = loop_module.DecodeLoop.run, TextStream.__init__
         me = self
@@ -51,6 +52,7 @@ class _Recorder:
                     commits.append(commit)
                     yield commit
             except StopIteration as end:
+                me.decoded.append(end.value)
                 return end.value
 
         def recorded_init(stream: Any, *args: Any, **kwargs: Any) -> None:
@@ -203,13 +205,80 @@ def test_the_loops_passage_list_takes_registrations_by_index_and_refuses_a_wrong
     from nest_integrations.decoding.commits import Committed
 
     a, b = Passage("a", "alpha", "d"), Passage("b", "beta", "d")
-    out = Committed([a], [None])
+    out = Committed([a], [None], NestStats())
     assert out.register([(0, a, "offs-a"), (1, b, "offs-b")]) == ((a, b), ("offs-a", "offs-b"))
     assert out.register([(0, a, "other")]) == ((a, b), ("offs-a", "offs-b"))
     first, second = out.commit(False), out.commit(True)
     assert first.new_passages == ((0, a, "offs-a"), (1, b, "offs-b")) and not second.new_passages
     with pytest.raises(ValueError, match="registers passage 'c' at index 5.*holds 2"):
         out.register([(5, Passage("c", "gamma", "d"), None)])
+
+
+def _summed(commits: list[Commit]) -> StatsDelta:
+    total = StatsDelta()
+    for commit in commits:
+        total = total + commit.stats
+    return total
+
+
+@pytest.mark.parametrize("method", ["knn-ssd", "registering"])
+def test_commits_carry_what_the_loop_counted_and_the_run_returns_it_as_data(
+        tiny_lm, monkeypatch, method):
+    """Each commit carries the counters since the one before (the first includes the prefill);
+    summed over the run they are the run's returned stats and the generation's totals. A
+    drafter's own counters (KNN-SSD's layer-skip passes, its route) reach the stats through
+    its drafts: it holds no stats to write to."""
+    from nest_integrations.lm.layer_skip import SkipSet
+
+    n_layers = len(tiny_lm.model.model.layers)
+    options = ({"skip": SkipSet.from_lists(n_layers, [1], []).to_dict(), "threshold": 0.0}
+               if method == "knn-ssd" else {})
+    monkeypatch.setitem(METHODS, "registering", Method("registering", _Registering))
+    engine = make_engine(tiny_lm)
+    prompt = "the cat sat on the mat and the cat sat on the"
+    rec, _, res = _generate(engine, monkeypatch, prompt, max_new_tokens=24, decoding=method,
+                            drafter_options=options)
+    commits, decoded, st = rec.runs[-1], rec.decoded[-1], res.stats
+    assert commits[0].stats.forward_passes >= 1  # the prefill
+    assert _summed(commits) == decoded.stats
+    assert decoded.stats.forward_passes == st.forward_passes > 1
+    assert decoded.stats.verify_steps == st.drafting.verify_steps > 0
+    assert decoded.stats.drafted_tokens == st.drafting.drafted_tokens
+    assert decoded.stats.accepted_tokens == st.drafting.accepted_tokens
+    assert decoded.stats.draft_forwards == st.drafting.forwards
+    if method == "knn-ssd":
+        assert st.drafting.forwards >= st.drafting.drafted_tokens > 0
+        assert st.route.skip_set == "explicit"
+    else:
+        assert st.drafting.forwards == 0 and st.drafting.accepted_tokens > 0
+    # a commit's counters are its own: the verify steps fall to the commits of their drafts
+    assert sum(1 for c in commits if c.stats.verify_steps) <= st.drafting.verify_steps
+
+
+def test_drafters_read_a_view_with_no_lm_cache_or_stats(tiny_lm):
+    """``DecodeState`` holds no LM, cache or stats; a self-speculative drafter's passes go
+    through ``ScratchPasses``, which gives the cache back as it found it and runs nothing
+    outside its block."""
+    from nest_integrations.drafters.base import DecodeState, ScratchPasses
+    from nest_integrations.lm.layer_skip import SkipSet
+    from nest_integrations.lm.port import port_of
+
+    names = {f.name for f in dataclasses.fields(DecodeState)}
+    assert not names & {"lm", "cache", "stats"}
+    for path in sorted((PACKAGE / "drafters").rglob("*.py")):
+        text = path.read_text()
+        assert not any(f"state.{n}" in text for n in ("lm", "cache", "stats")), path.name
+    cache = tiny_lm.new_cache()
+    tiny_lm.forward([1, 2, 3, 4], cache, last=1)
+    scratch = ScratchPasses(tiny_lm, cache, port_of(tiny_lm).layer_skip)
+    skip = SkipSet.from_lists(len(tiny_lm.model.model.layers), [1], [])
+    with pytest.raises(RuntimeError, match="inside `with scratch:`"):
+        scratch.forward_skip([5], skip)
+    with scratch:
+        scratch.forward_skip([5], skip)
+        scratch.forward_skip([6], skip)
+        assert tiny_lm.cache_length(cache) == 6
+    assert tiny_lm.cache_length(cache) == 4
 
 
 # ----------------------------------------------------------------------------- architecture

@@ -159,7 +159,7 @@ def _state(lm, ds, context, hidden, budget=16):
 
     return DecodeState(
         prompt_ids=list(context), out_ids=[], budget=budget, config=NestConfig(),
-        eos=lm.eos_token_ids, passages=[], offsets=[], lm=lm, cache=None,
+        eos=lm.eos_token_ids, passages=[], offsets=[],
         choose_token=lambda p: int(p.argmax()), hidden=hidden,
     )  # fmt: skip
 

@@ -156,8 +156,7 @@ def test_plain_steps_feed_the_planner_so_copying_resumes_drafts():
     assert drafter.num_tokens == 0  # the prior's acceptance does not pay on this curve
     text = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
     state = DecodeState(prompt_ids=text + [99], out_ids=[5], budget=50, config=NestConfig(),
-                        eos=frozenset(), passages=[], offsets=[], lm=None, cache=None,
-                        choose_token=lambda row: 0)
+                        eos=frozenset(), passages=[], offsets=[], choose_token=lambda row: 0)
     plain = 0
     for tok in text[1:]:  # the output copies the prompt's text token by token
         if drafter.num_tokens > 0:
@@ -213,7 +212,7 @@ def _span_drafter(curve):
     for _ in range(8):
         drafter.planner.observe(8, 8)
     state = DecodeState(prompt_ids=[1], out_ids=[], budget=50, config=cfg, eos=frozenset(),
-                        passages=[], offsets=[], lm=None, cache=None, choose_token=lambda r: 0)
+                        passages=[], offsets=[], choose_token=lambda r: 0)
     return drafter, state
 
 
@@ -249,8 +248,8 @@ def test_a_short_ngram_match_is_a_plain_step_that_still_feeds_the_planner():
     assert drafter.num_tokens == 8
     prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
     state = DecodeState(prompt_ids=prompt + [40, 40], out_ids=[], budget=50,
-                        config=NestConfig(), eos=frozenset(), passages=[], offsets=[], lm=None,
-                        cache=None, choose_token=lambda row: 0)
+                        config=NestConfig(), eos=frozenset(), passages=[], offsets=[],
+                        choose_token=lambda row: 0)
     assert drafter.continuation(state, 8).tokens == [40]  # "40" matches one token from the end
     assert drafter.propose(state) is None
     before = drafter.planner.accepted
