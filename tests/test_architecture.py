@@ -411,6 +411,22 @@ def test_nothing_probes_an_lm_and_decoding_probes_nothing() -> None:
     assert lines <= LOOP_MAX_LINES
 
 
+#: Module sizes (issue 61): a package module, a test file.
+MODULE_MAX_LINES, TEST_FILE_MAX_LINES = 500, 800
+
+
+def test_no_module_over_500_lines_and_no_test_file_over_800() -> None:
+    """Every package module holds at most ``MODULE_MAX_LINES`` lines and every test file at
+    most ``TEST_FILE_MAX_LINES``: a concern that outgrows its file is split by concern."""
+    def over(root: Path, cap: int) -> dict[str, int]:
+        sizes = {p.relative_to(root).as_posix(): p.read_text(encoding="utf-8").count("\n")
+                 for p in sorted(root.rglob("*.py"))}
+        return {name: n for name, n in sizes.items() if n > cap}
+
+    assert over(ROOT, MODULE_MAX_LINES) == {}
+    assert over(ROOT.parent / "tests", TEST_FILE_MAX_LINES) == {}
+
+
 def test_target_needs_no_type_ignores() -> None:
     """The target's passes are typed through the port: no ``type: ignore`` is left."""
     assert "type: ignore" not in (ROOT / "decoding" / "target.py").read_text(encoding="utf-8")

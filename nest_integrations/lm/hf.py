@@ -33,9 +33,8 @@ import json
 import logging
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, ContextManager, Sequence
 
 import numpy as np
 import torch
@@ -458,8 +457,7 @@ class HFLanguageModel:
 
         return forward_skip(self, ids, cache, skip)
 
-    @contextmanager
-    def capture_prompt_vector(self, max_tokens: int = 256) -> Iterator[list[torch.Tensor]]:
+    def capture_prompt_vector(self, max_tokens: int = 256) -> ContextManager[list[torch.Tensor]]:
         """Within the block, every base-model call appends the mean over its last
         ``max_tokens`` positions of the final-layer hidden state (after the final norm) to the
         yielded list, as a fp32 ``(d,)`` CPU tensor.
@@ -470,19 +468,9 @@ class HFLanguageModel:
         ``domain_vector(prompt)`` up to float rounding (the anchors' vectors); a longer prompt
         is averaged over its last ``max_tokens`` positions as read in full context.
         """
-        slot: list[torch.Tensor] = []
+        from nest_integrations.lm.layer_skip import capture_hidden_means
 
-        def hook(_module: Any, _args: Any, output: Any) -> None:
-            h = getattr(output, "last_hidden_state", None)
-            h = output[0] if h is None else h
-            slot.append(h[0, -max_tokens:].float().mean(0).cpu())
-
-        with self._lock:  # hooks live on a shared module: one model call at a time
-            handle = self.model.base_model.register_forward_hook(hook)
-            try:
-                yield slot
-            finally:
-                handle.remove()
+        return capture_hidden_means(self, max_tokens)
 
     def domain_vector(self, ids: Sequence[int], max_tokens: int = 256) -> torch.Tensor:
         """Mean final-layer hidden state (after the final norm) of ``ids``: KNN-SSD's prompt

@@ -222,3 +222,22 @@ def final_hidden_mean(lm: Any, ids: Sequence[int], max_tokens: int = 256) -> tor
     with lm._lock, torch.inference_mode():
         out = lm.model.base_model(input_ids=input_ids, use_cache=False)
     return out.last_hidden_state[0].float().mean(0).cpu()
+
+
+@contextmanager
+def capture_hidden_means(lm: Any, max_tokens: int = 256) -> Iterator[list[torch.Tensor]]:
+    """``HFLanguageModel.capture_prompt_vector``: within the block, every base-model call of
+    ``lm`` appends the mean over its last ``max_tokens`` positions of the final-layer hidden
+    state (after the final norm) to the yielded list, a fp32 ``(d,)`` CPU tensor."""
+    slot: list[torch.Tensor] = []
+
+    def hook(_module: Any, _args: Any, output: Any) -> None:
+        h = output[0] if isinstance(output, tuple) else output.last_hidden_state
+        slot.append(h[0, -max_tokens:].float().mean(0).cpu())
+
+    with lm._lock:  # hooks live on a shared module: one model call at a time
+        handle = lm.model.base_model.register_forward_hook(hook)
+        try:
+            yield slot
+        finally:
+            handle.remove()
