@@ -242,9 +242,10 @@ def definitional_subject(text: str, named: Sequence[str] | None = None) -> str |
     for pattern in _DEFINITIONAL:
         m = pattern.match(text.strip().rstrip("?.! \t"))  # the patterns end at the words
         x = _ARTICLE.sub("", m.group("x").strip()) if m else ""
-        # a plain noun phrase: "the Z of X" and "X's Z" ask for an attribute of X
+        # a plain noun phrase: "the Z of X" and "X's Z" ask for an attribute of X (a
+        # hyphenated compound is one word: "call-by-need" holds no preposition)
         simple = not any(w.casefold() in _PREPOSITIONS or _POSSESSIVE.search(w)
-                         for w in _words(x))
+                         for w in _words(" ".join(t for t in x.split() if "-" not in t)))
         if x and simple and any(w.casefold() not in _FUNCTION for w in _words(x)) and (
                 not named or normalize(named[0]) in normalize(x)):
             return x  # "What is a Zorvane pump?": the whole noun phrase, not its proper noun
