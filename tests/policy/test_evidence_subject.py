@@ -16,7 +16,7 @@ from nest_integrations.types import Passage
 
 SAMPLE = Path(__file__).resolve().parents[2] / "nest_integrations" / "data" / "sample"
 WIKI = ("Marcus Licinius Crassus", "History of Turkey", "Gaiseric", "Pinball", "Charles Dickens")
-PYDOC = ("return", "assert")
+PYDOC = ("return", "assert", "context-managers")
 
 
 def _corpus() -> list[Passage]:
@@ -68,7 +68,9 @@ def test_no_evidence_is_quoted_from_a_document_not_about_an_absent_subject(corpu
         shown = (p.doc_id, p.text[plan.evidence.start:plan.evidence.sentence_end])
     assert plan.evidence is None, shown
     assert plan.method.name == "rag-copy"  # the grounded policy's answer without evidence
-    assert choose_evidence(question, plan.prompt_passages, "combined") is None
+    # ... from no passage: nothing of a document not about the subject is copied or cited
+    assert plan.absent and plan.prompt_passages == [] and plan.passages
+    assert choose_evidence(question, passages[:3], "combined") is None
 
 
 @pytest.mark.parametrize("question, doc", [
@@ -86,6 +88,7 @@ def test_a_document_about_the_subject_still_answers_with_its_lead(corpus, questi
     lead = next(c for c in candidates(question, [p], "overlap") if c.lead)
     assert (ev.start, ev.sentence_end) == (lead.start, lead.end)
     assert ev.end > ev.sentence_end  # a lead's window: it goes on through its passage
+    assert plan.absent is None
     # with the other documents in the prompt too (title_context "off"), the lead still wins
     ev = choose_evidence(question, passages[:4], "combined")
     assert ev is not None and ev.passage_id == doc
@@ -103,7 +106,7 @@ def test_a_sentence_that_says_the_subject_and_the_attribute_answers_from_another
     assert gaiseric.text[ev.start:ev.end].startswith("Gaiseric, also known as Geiseric")
     assert ev.end == ev.sentence_end
     # a sentence that holds the subject's words but nothing asked of it does not
-    kept, about = on_subject("What is the Roman Empire?", candidates(
+    kept, about, _ = on_subject("What is the Roman Empire?", candidates(
         "What is the Roman Empire?", corpus, "overlap"))
     assert kept == [] and about == set()
 
@@ -111,5 +114,18 @@ def test_a_sentence_that_says_the_subject_and_the_attribute_answers_from_another
 def test_without_titles_there_is_nothing_to_judge_by_and_every_sentence_stays(corpus) -> None:
     untitled = [Passage(p.id, p.text, p.doc_id, char_start=0) for p in corpus]
     cands = candidates("What is the Roman Empire?", untitled, "overlap")
-    kept, about = on_subject("What is the Roman Empire?", cands)
+    kept, about, _ = on_subject("What is the Roman Empire?", cands)
     assert kept == cands and about is None
+
+
+def test_a_sentence_that_opens_with_the_subject_defines_it_in_any_document(corpus) -> None:
+    """A document titled otherwise ("context-managers" for "context manager") still answers
+    "What is X?" with the sentence whose grammatical subject is X; its neighbours that only
+    mention X do not."""
+    question = "What is a context manager?"
+    first = [p for p in corpus if p.doc_id == "pydoc/context-managers.txt"]  # as retrieved
+    plan = _plan(question, first + [p for p in corpus if p not in first])
+    ev = plan.evidence
+    assert ev is not None and plan.absent is None
+    p = next(p for p in plan.prompt_passages if p.id == ev.passage_id)
+    assert p.text[ev.start:ev.sentence_end].startswith("A *context manager* is an object")
