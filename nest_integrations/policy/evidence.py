@@ -37,6 +37,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from nest_integrations.core.evidence import (
+    STOP_WORDS,
     EvidenceSpan,
     content_words,
     overlap_scores,
@@ -265,16 +266,17 @@ _ARTICLE = frozenset(("a", "an", "the"))
 
 
 def _opens_with(sentence: str, subject: str) -> bool:
-    """Whether ``sentence`` opens with ``subject`` (after an article; plurals and case aside):
-    "Context managers are ..." for "context manager"."""
+    """Whether ``sentence`` opens with ``subject`` as its whole noun phrase (after an article;
+    plurals and case aside; then a function word: "Context managers are ..." for "context
+    manager", not "Escape sequences are ..." for "escape")."""
     def words(text: str) -> list[str]:
         w = normalize(text).split()
         return w[1:] if w[:1] and w[0] in _ARTICLE else w
 
-    want = words(subject)
-    head = words(sentence)[:len(want)]
-    return bool(want) and len(head) == len(want) and \
-        content_words(" ".join(head)) == content_words(" ".join(want))
+    want, have = words(subject), words(sentence)
+    head, after = have[:len(want)], have[len(want):len(want) + 1]
+    return bool(want) and len(head) == len(want) and all(w in STOP_WORDS for w in after) \
+        and content_words(" ".join(head)) == content_words(" ".join(want))
 
 
 def _window_end(text: str, start: int, first_end: int, window_chars: int) -> int:
