@@ -61,7 +61,8 @@ def record(engine: Any, question: str, gold: str | None) -> dict[str, Any]:
 
     plan = engine.plan(question, engine.retrieve(question))
     ev = plan.evidence
-    out: dict[str, Any] = {"question": question, "gold": gold, "quoted": ev is not None}
+    out: dict[str, Any] = {"question": question, "gold": gold, "quoted": ev is not None,
+                           "no_passages": bool(getattr(plan, "absent", None))}
     if ev is None:
         return out
     p = next(p for p in plan.prompt_passages if p.id == ev.passage_id)
@@ -74,16 +75,20 @@ def record(engine: Any, question: str, gold: str | None) -> dict[str, Any]:
 def summary(recs: list[dict[str, Any]]) -> dict[str, str]:
     def share(k: int, n: int) -> str:
         lo, hi = wilson(k, n)
-        return f"{k}/{n} [{lo:.2f}, {hi:.2f}]"
+        return f"{k}/{n} [{max(lo, 0.0):.2f}, {min(hi, 1.0):.2f}]"
 
     absent = [r for r in recs if r["gold"] is None]
     present = [r for r in recs if r["gold"] is not None]
     right = [r for r in present if r["quoted"] and r["doc"] == r["gold"] and r["lead"]]
     other = [r for r in present if r["quoted"] and r["doc"] != r["gold"]]
     return {"absent: wrong and cited": share(sum(r["quoted"] for r in absent), len(absent)),
+            "absent: answered without passages": share(sum(r["no_passages"] for r in absent),
+                                                       len(absent)),
             "present: right and cited (the lead)": share(len(right), len(present)),
             "present: cited from another document": share(len(other), len(present)),
-            "present: no quote": share(sum(not r["quoted"] for r in present), len(present))}
+            "present: no quote": share(sum(not r["quoted"] for r in present), len(present)),
+            "present: answered without passages": share(sum(r["no_passages"] for r in present),
+                                                        len(present))}
 
 
 def main(argv: list[str] | None = None) -> int:
