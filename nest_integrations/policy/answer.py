@@ -16,8 +16,9 @@ same name. The policy decides:
   sentence, copied and cited, and spans come from the rest of its passage only
   (``drafters.nest``). Below it, no sentence holds enough of the question. Where no passage
   is about the question's subject (``policy.evidence.on_subject``: "What is the Roman
-  Empire?" over a corpus without it), there is no evidence and the RA prompt holds no passage:
-  the answer is the model's own, with nothing of an unrelated document copied or cited as it.
+  Empire?" over a corpus without it), there is no evidence and the plan keeps no passage
+  (``AnswerPlan.absent``): the answer is the model's own, uncited (its sentences flagged
+  unsupported), with nothing of an unrelated document in its prompt, copied or cited.
 - **the method**: ``decoding`` when the call names none (and no evidence answers),
   ``completion_decoding`` for a prompt completed as raw text (a string the caller asks to
   continue, not a chat message: the call's form, not its wording). ``grounded`` decodes a chat
@@ -203,7 +204,7 @@ class AnswerPlan:
     #: (``Guards.quote_check``); None when no evidence was chosen
     fallback: Method | None = None
     #: the question's subject where evidence first found no passage about it
-    #: (``policy.evidence.Choice.absent``): the RA prompt then holds no passage
+    #: (``policy.evidence.Choice.absent``): the plan then keeps no passage (none to cite)
     absent: str | None = None
 
     def without_evidence(self) -> "AnswerPlan":
@@ -259,7 +260,7 @@ def plan_answer(
         if found is not None and found.score >= policy.evidence_min:
             evidence, fallback, method = found, method, get_method(policy.evidence_decoding)
         if absent is not None:  # no passage is about the subject: none to answer from or cite
-            prompt = []
+            ranked = prompt = []
     return AnswerPlan(method, ranked, prompt, policy.guards, matches, completion, relevance,
                       evidence, fallback, absent)
 

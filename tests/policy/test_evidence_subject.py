@@ -72,7 +72,7 @@ def test_no_evidence_is_quoted_from_a_document_not_about_an_absent_subject(corpu
     assert plan.evidence is None, shown
     assert plan.method.name == "rag-copy"  # the grounded policy's answer without evidence
     # ... from no passage: nothing of a document not about the subject is copied or cited
-    assert plan.absent and plan.prompt_passages == [] and plan.passages
+    assert plan.absent and plan.prompt_passages == [] and plan.passages == []
     assert choose_evidence(question, passages[:3], "combined") is None
 
 
