@@ -132,3 +132,18 @@ def test_a_sentence_that_opens_with_the_subject_defines_it_in_any_document(corpu
     assert ev is not None and plan.absent is None
     p = next(p for p in plan.prompt_passages if p.id == ev.passage_id)
     assert p.text[ev.start:ev.sentence_end].startswith("A *context manager* is an object")
+
+
+def test_a_follow_up_about_an_absent_subject_gets_no_evidence_either(corpus) -> None:
+    """The chat of the report: "What is the Roman Empire?", then "What was its capital?". The
+    carry-over makes the follow-up standalone ("What was Roman Empire's capital?"), and no
+    sentence says the Roman Empire's capital: no quote, no passage."""
+    from nest_integrations.policy.conversation import carry_over
+
+    messages = [{"role": "user", "content": "What is the Roman Empire?"},
+                {"role": "assistant", "content": "The Roman Empire was a vast empire."},
+                {"role": "user", "content": "What was its capital?"}]
+    question = carry_over(messages)
+    assert "Roman Empire" in question and "capital" in question
+    plan = _plan(question, corpus)
+    assert plan.evidence is None and plan.absent and plan.passages == []
