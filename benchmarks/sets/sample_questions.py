@@ -15,13 +15,16 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class KeywordQuestion:
     """A question over the shipped sample corpus, scored by keywords: the answer must contain
-    every ``must`` word (normalised, whole words) and none of the ``must_not`` words."""
+    every ``must`` word (normalised, whole words) and none of the ``must_not`` words; an
+    ``absent`` subject's answer must cite nothing (no document is about it)."""
 
     id: str
     question: str
     gold_doc_id: str | None
     must: tuple[str, ...]
     must_not: tuple[str, ...] = ()
+    #: no document of the corpus is about the question's subject: a right answer cites none
+    absent: bool = False
 
 
 #: The README's and the cookbook's questions over the sample corpus
@@ -30,7 +33,8 @@ class KeywordQuestion:
 #: own vague answer usually fails them; run-on is not meaningful for these free-form answers.
 SAMPLE_QUESTIONS: tuple[KeywordQuestion, ...] = (
     KeywordQuestion("sample/generator", "What is a generator?", None,
-                    ("generator",), ("writing system", "numbers without words", "pension")),
+                    ("generator",), ("writing system", "numbers without words", "pension"),
+                    absent=True),
     KeywordQuestion("sample/assert", "How does the assert statement work in Python?",
                     "pydoc/assert.txt", ("assert", "debugging"), ()),
     KeywordQuestion("sample/with", "How does the with statement work?", "pydoc/with.txt",
@@ -39,7 +43,8 @@ SAMPLE_QUESTIONS: tuple[KeywordQuestion, ...] = (
                     ("global", "identifiers"), ("economic",)),
     KeywordQuestion("sample/roman-empire", "What is the Roman Empire?", None,
                     ("roman", "empire"),
-                    ("privately owned", "titus ulises", "great turkish war", "ottoman")),
+                    ("privately owned", "titus ulises", "great turkish war", "ottoman"),
+                    absent=True),
     KeywordQuestion("sample/dickens", "Who was Charles Dickens?", "Charles Dickens",
                     ("english",), ("french", "sculptor")),
     KeywordQuestion("sample/pinball", "What is pinball?", "Pinball", ("ball", "table"), ()),

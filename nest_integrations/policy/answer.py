@@ -14,7 +14,11 @@ same name. The policy decides:
   best answers it (``policy.evidence``); when its score reaches ``evidence_min`` the question
   is decoded with ``evidence_decoding`` (NEST) over that evidence: the answer opens with the
   sentence, copied and cited, and spans come from the rest of its passage only
-  (``drafters.nest``). Below it, no sentence holds enough of the question.
+  (``drafters.nest``). Below it, no sentence holds enough of the question. Where no passage
+  is about the question's subject (``policy.evidence.on_subject``: "What is the Roman
+  Empire?" over a corpus without it), there is no evidence and the plan keeps no passage
+  (``AnswerPlan.absent``): the answer is the model's own, uncited (its sentences flagged
+  unsupported), with nothing of an unrelated document in its prompt, copied or cited.
 - **the method**: ``decoding`` when the call names none (and no evidence answers),
   ``completion_decoding`` for a prompt completed as raw text (a string the caller asks to
   continue, not a chat message: the call's form, not its wording). ``grounded`` decodes a chat
@@ -41,7 +45,7 @@ from nest_integrations.config import GROUNDED_MIN_CITATION_WORDS, PRESETS, Guard
 from nest_integrations.core.evidence import EvidenceSpan
 from nest_integrations.drafters import Method, get_method
 from nest_integrations.policy.conversation import check_conversation
-from nest_integrations.policy.evidence import EVIDENCE_SCORERS, choose_evidence
+from nest_integrations.policy.evidence import EVIDENCE_SCORERS, choose
 from nest_integrations.retrieval.titles import (
     LOOKUP_LIMIT,
     TitleMatch,
@@ -199,6 +203,9 @@ class AnswerPlan:
     #: the method without the evidence: what answers when the model rejects the quote
     #: (``Guards.quote_check``); None when no evidence was chosen
     fallback: Method | None = None
+    #: the question's subject where evidence first found no passage about it
+    #: (``policy.evidence.Choice.absent``): the plan then keeps no passage (none to cite)
+    absent: str | None = None
 
     def without_evidence(self) -> "AnswerPlan":
         """This plan with no evidence: the method it had before the evidence was chosen."""
@@ -246,13 +253,16 @@ def plan_answer(
     n_ra = n_ra or method.ra_passages
     prompt = prompt_passages(retrieved if policy.title_context == "off" else ranked, n_ra,
                              policy.title_context)
-    evidence = fallback = None
+    evidence = fallback = absent = None
     if policy.evidence is not None and not raw_text and not any(decoding) and prompt:
-        found = choose_evidence(question, prompt, policy.evidence, retriever)
+        choice = choose(question, prompt, policy.evidence, retriever)
+        found, absent = choice.evidence, choice.absent
         if found is not None and found.score >= policy.evidence_min:
             evidence, fallback, method = found, method, get_method(policy.evidence_decoding)
+        if absent is not None:  # no passage is about the subject: none to answer from or cite
+            ranked = prompt = []
     return AnswerPlan(method, ranked, prompt, policy.guards, matches, completion, relevance,
-                      evidence, fallback)
+                      evidence, fallback, absent)
 
 
 def gate_relevance(prompt: str, passages: Sequence[Passage], retriever: Any = None) -> float:

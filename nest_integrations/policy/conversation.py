@@ -228,16 +228,28 @@ def named_in(text: str, titles: TitleIndex | None = None) -> list[str]:
 def subject_of(text: str, titles: TitleIndex | None = None) -> str | None:
     """What ``text`` asks about (module docstring), as written, or None."""
     named = named_in(text, titles)
+    x = definitional_subject(text, named)
+    return x or (named[0] if named else None)
+
+
+def definitional_subject(text: str, named: Sequence[str] | None = None) -> str | None:
+    """The subject of ``text`` where it asks only what the subject is or how it works ("What
+    is X?", "How does X work?", "Tell me about X": ``_DEFINITIONAL``), as written; None for
+    any other question ("What is the Z of X?" and "X's Z" ask for an attribute of X).
+    ``named``: the question's named subjects (``named_in``), where the caller has them: the
+    complement must hold the first."""
+    named = named_in(text) if named is None else named
     for pattern in _DEFINITIONAL:
         m = pattern.match(text.strip().rstrip("?.! \t"))  # the patterns end at the words
         x = _ARTICLE.sub("", m.group("x").strip()) if m else ""
-        # a plain noun phrase: "the Z of X" and "X's Z" ask for an attribute of X
+        # a plain noun phrase: "the Z of X" and "X's Z" ask for an attribute of X (a
+        # hyphenated compound is one word: "call-by-need" holds no preposition)
         simple = not any(w.casefold() in _PREPOSITIONS or _POSSESSIVE.search(w)
-                         for w in _words(x))
+                         for w in _words(" ".join(t for t in x.split() if "-" not in t)))
         if x and simple and any(w.casefold() not in _FUNCTION for w in _words(x)) and (
                 not named or normalize(named[0]) in normalize(x)):
             return x  # "What is a Zorvane pump?": the whole noun phrase, not its proper noun
-    return named[0] if named else None
+    return None
 
 
 def _title_spans(text: str, titles: TitleIndex | None) -> list[tuple[str, bool]]:
@@ -440,5 +452,5 @@ def check_conversation(mode: Any, name: str = "AnswerPolicy.conversation") -> st
 
 __all__ = ["CARRY_TURNS", "CONDENSE_PROMPT", "CONVERSATION_MODES", "REWRITE_TOKENS", "Resolved",
            "anaphors", "bridging", "carry_over", "check_conversation", "condense_messages",
-           "named_in", "replace_subject", "resolve", "resolve_turns", "rewrite", "subject_of",
-           "substitute", "user_messages"]
+           "definitional_subject", "named_in", "replace_subject", "resolve", "resolve_turns",
+           "rewrite", "subject_of", "substitute", "user_messages"]

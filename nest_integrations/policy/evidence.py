@@ -13,6 +13,18 @@ Scorers (``EVIDENCE_SCORERS``):
 The window runs from the best sentence to the end of its passage (at most ``window_chars``
 characters, cut at a sentence end): an explanation goes on where the passage goes on, and the
 model's own end-of-answer decides where a short answer stops (``Guards.eos_guard``).
+
+Only a sentence about the question's subject may answer (``on_subject``): where the question
+names one (``conversation.subject_of``), a sentence answers if its document is about it (its
+title is found in the subject's words, ``retrieval.titles``), or if it says the subject and
+something the question asks of it (a content word beyond the subject's). A definitional
+question ("What is X?", "How does X work?": ``conversation.definitional_subject``) asks
+nothing beyond its subject: a document about X answers it, or a sentence that opens with X
+(its grammatical subject: "The return policy allows ..."), and a document's lead counts as
+one (``EVIDENCE_LEAD``) only in a document about X. Where no sentence is about the subject and
+no passage's document is (the corpus does not hold it), there is no evidence and
+``Choice.absent`` names the subject (the policy then answers without the passages:
+``policy.answer``).
 """
 
 from __future__ import annotations
@@ -25,11 +37,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from nest_integrations.core.evidence import (
+    STOP_WORDS,
     EvidenceSpan,
     content_words,
     overlap_scores,
     sentence_spans,
 )
+from nest_integrations.policy.conversation import definitional_subject, subject_of
+from nest_integrations.retrieval.titles import TitleIndex, normalize
 from nest_integrations.types import Passage
 
 LOG = logging.getLogger(__name__)
@@ -172,20 +187,96 @@ def choose_evidence(
       its passage, up to ``window_chars``, ending at a sentence end and never on a sentence
       that announces a block (``_window_end``).
 
-    ``EvidenceSpan.score`` is the best ``gate`` score of any sentence (the policy's
+    Only sentences about the question's subject compete (``on_subject``); None when there
+    are none. ``EvidenceSpan.score`` is the best ``gate`` score of any of them (the policy's
     ``evidence_min`` asks whether the passages hold the question at all, with the question's
     every word, as it was chosen)."""
-    cands = candidates(question, passages, scorer, retriever)
+    return choose(question, passages, scorer, retriever, window_chars, lead).evidence
+
+
+@dataclass(frozen=True)
+class Choice:
+    """``choose``'s answer: the ``evidence`` (None: none), and ``absent``: the question's
+    subject where no passage's sentence or document is about it (``on_subject``), else None."""
+
+    evidence: EvidenceSpan | None
+    absent: str | None = None
+
+
+def choose(question: str, passages: Sequence[Passage], scorer: str = "overlap",
+           retriever: Any = None, window_chars: int = 1200, lead: float = EVIDENCE_LEAD
+           ) -> Choice:  # fmt: skip
+    """``choose_evidence``'s choice, and the subject the passages are not about (``Choice``)."""
+    every = candidates(question, passages, scorer, retriever)
+    cands, about, subject = on_subject(question, every)
     if not cands:
-        return None
+        return Choice(None, subject if every and about == set() else None)
     pool = [c for c in cands if not c.heading] or cands
-    best = max(pool, key=lambda c: c.score + lead * c.lead)  # the first of equal maxima
+
+    def opens(c: Candidate) -> bool:  # a lead answers for its document's subject only
+        return c.lead and (about is None or c.doc_id in about)
+
+    best = max(pool, key=lambda c: c.score + lead * opens(c))  # the first of equal maxima
     p = best.passage
-    end = _window_end(p.text, best.start, best.end, window_chars) if best.lead else best.end
+    end = _window_end(p.text, best.start, best.end, window_chars) if opens(best) else best.end
     top = max(c.gate for c in cands)
     LOG.debug("evidence (%s %.3f, lead=%s): %r", scorer, best.score, best.lead,
               best.text[:80])
-    return EvidenceSpan(p.id, best.start, end, float(top), sentence_end=best.end)
+    return Choice(EvidenceSpan(p.id, best.start, end, float(top), sentence_end=best.end))
+
+
+def on_subject(question: str, cands: Sequence[Candidate]
+               ) -> tuple[list[Candidate], set[str] | None, str | None]:  # fmt: skip
+    """The candidates that may answer ``question``, the documents about its subject (None
+    where the question names no subject, or no candidate's document has a title: nothing to
+    judge by, every candidate stays), and the subject.
+
+    The subject is ``conversation.subject_of``'s, read with the candidates' titles. A document
+    is about it when its title is found in the subject's words (``TitleIndex.match``: "assert"
+    in "assert statement", "Python (programming language)" for "Python"). A candidate stays
+    when its document is about the subject, or when it names the subject (all its content
+    words) and holds a content word the question asks beyond it ("capital" in "What was the
+    Roman Empire's capital?"); a definitional question asks nothing beyond its subject
+    (``conversation.definitional_subject``): its documents stay, and a sentence that opens
+    with the subject (``_opens_with``: what a definition of it says first)."""
+    index = TitleIndex.from_passages(c.passage for c in cands)
+    subject = subject_of(question, index) if len(index) else None
+    if not subject:
+        return list(cands), None, None
+    about = {d for m in index.match(subject) for d in m.doc_ids}
+    about |= {c.doc_id for c in cands if c.doc_id not in index.titles}  # untitled: unknown
+    named = set(content_words(subject))
+    definitional = definitional_subject(question) is not None
+    asked = set() if definitional else set(content_words(question)) - named
+
+    def stays(c: Candidate) -> bool:
+        if c.doc_id in about or (definitional and _opens_with(c.text, subject)):
+            return True
+        words = set(content_words(c.text))
+        return bool(named) and named <= words and bool(asked & words)
+
+    kept = [c for c in cands if stays(c)]
+    if len(kept) < len(cands):
+        LOG.debug("evidence: %d of %d sentences are about %r (documents %s)", len(kept),
+                  len(cands), subject, sorted(about))
+    return kept, about, subject
+
+
+_ARTICLE = frozenset(("a", "an", "the"))
+
+
+def _opens_with(sentence: str, subject: str) -> bool:
+    """Whether ``sentence`` opens with ``subject`` as its whole noun phrase (after an article;
+    plurals and case aside; then a function word: "Context managers are ..." for "context
+    manager", not "Escape sequences are ..." for "escape")."""
+    def words(text: str) -> list[str]:
+        w = normalize(text).split()
+        return w[1:] if w[:1] and w[0] in _ARTICLE else w
+
+    want, have = words(subject), words(sentence)
+    head, after = have[:len(want)], have[len(want):len(want) + 1]
+    return bool(want) and len(head) == len(want) and all(w in STOP_WORDS for w in after) \
+        and content_words(" ".join(head)) == content_words(" ".join(want))
 
 
 def _window_end(text: str, start: int, first_end: int, window_chars: int) -> int:
@@ -228,5 +319,5 @@ def _cosines(question: str, texts: Sequence[str], retriever: Any) -> np.ndarray:
     return np.clip(m[1:] @ m[0], 0.0, 1.0)
 
 
-__all__ = ["EVIDENCE_SCORERS", "Candidate", "candidates", "choose_evidence", "is_heading",
-           "opens_document"]
+__all__ = ["EVIDENCE_SCORERS", "Candidate", "Choice", "candidates", "choose", "choose_evidence",
+           "is_heading", "on_subject", "opens_document"]
