@@ -16,9 +16,11 @@ same name. The policy decides:
   sentence, copied and cited, and spans come from the rest of its passage only
   (``drafters.nest``). Below it, no sentence holds enough of the question. Where no passage
   is about the question's subject (``policy.evidence.on_subject``: "What is the Roman
-  Empire?" over a corpus without it), there is no evidence and the plan keeps no passage
-  (``AnswerPlan.absent``): the answer is the model's own, uncited (its sentences flagged
-  unsupported), with nothing of an unrelated document in its prompt, copied or cited.
+  Empire?" over a corpus without it), there is no evidence and the plan cites no passage
+  (``AnswerPlan.absent``): the model reads the retrieved passages in its prompt (a FAQ may
+  still answer "What is the return policy?" without a title that names it) and answers by
+  plain greedy decoding, uncited (its sentences flagged unsupported): nothing of a document
+  not about the subject is copied or cited as the answer.
 - **the method**: ``decoding`` when the call names none (and no evidence answers),
   ``completion_decoding`` for a prompt completed as raw text (a string the caller asks to
   continue, not a chat message: the call's form, not its wording). ``grounded`` decodes a chat
@@ -204,7 +206,8 @@ class AnswerPlan:
     #: (``Guards.quote_check``); None when no evidence was chosen
     fallback: Method | None = None
     #: the question's subject where evidence first found no passage about it
-    #: (``policy.evidence.Choice.absent``): the plan then keeps no passage (none to cite)
+    #: (``policy.evidence.Choice.absent``): the plan then cites no passage (``passages`` is
+    #: empty; the prompt still holds the retrieved ones) and decodes greedily
     absent: str | None = None
 
     def without_evidence(self) -> "AnswerPlan":
@@ -259,8 +262,8 @@ def plan_answer(
         found, absent = choice.evidence, choice.absent
         if found is not None and found.score >= policy.evidence_min:
             evidence, fallback, method = found, method, get_method(policy.evidence_decoding)
-        if absent is not None:  # no passage is about the subject: none to answer from or cite
-            ranked = prompt = []
+        if absent is not None:  # no passage is about the subject: none to copy or cite
+            ranked, method = [], get_method("greedy")  # the prompt keeps them to read
     return AnswerPlan(method, ranked, prompt, policy.guards, matches, completion, relevance,
                       evidence, fallback, absent)
 

@@ -79,8 +79,15 @@ def test_the_plan_answers_from_evidence_above_the_threshold_and_falls_back_below
     ev = plan.evidence
     assert PROFILE[ev.start:ev.sentence_end] == "Life expectancy at birth: 76.6 years"
     assert ev.end >= ev.sentence_end  # the window goes on in the passage
-    weak = plan_answer(policy, "Which river crosses Zanzibar?", passages, n_ra=1)
-    assert weak.method.name == "rag-copy" and weak.evidence is None
+    weak = plan_answer(policy, "Which river crosses Tumouland?", passages, n_ra=1)
+    assert weak.method.name == "rag-copy" and weak.evidence is None  # below the threshold
+    assert weak.absent is None and [p.id for p in weak.passages] == ["p1"]
+    # a subject no passage is about: no evidence, no passage to copy or cite, the prompt keeps
+    # the retrieved one to read (policy.evidence.on_subject)
+    away = plan_answer(policy, "Which river crosses Zanzibar?", passages, n_ra=1)
+    assert away.method.name == "greedy" and away.evidence is None
+    assert away.absent == "Zanzibar" and away.passages == []
+    assert [p.id for p in away.prompt_passages] == ["p1"]
     named = plan_answer(policy, "What is the life expectancy?", passages, n_ra=1,
                         decoding=("greedy",))
     assert named.method.name == "greedy" and named.evidence is None  # a named method wins

@@ -70,9 +70,10 @@ def test_no_evidence_is_quoted_from_a_document_not_about_an_absent_subject(corpu
         p = next(p for p in plan.prompt_passages if p.id == plan.evidence.passage_id)
         shown = (p.doc_id, p.text[plan.evidence.start:plan.evidence.sentence_end])
     assert plan.evidence is None, shown
-    assert plan.method.name == "rag-copy"  # the grounded policy's answer without evidence
-    # ... from no passage: nothing of a document not about the subject is copied or cited
-    assert plan.absent and plan.prompt_passages == [] and plan.passages == []
+    # greedy over the prompt's passages, none to copy or cite: nothing of a document not
+    # about the subject is copied or cited as the answer
+    assert plan.method.name == "greedy"
+    assert plan.absent and plan.passages == [] and plan.prompt_passages
     assert choose_evidence(question, passages[:3], "combined") is None
 
 
@@ -147,3 +148,22 @@ def test_a_follow_up_about_an_absent_subject_gets_no_evidence_either(corpus) -> 
     assert "Roman Empire" in question and "capital" in question
     plan = _plan(question, corpus)
     assert plan.evidence is None and plan.absent and plan.passages == []
+
+
+def test_a_title_that_names_the_subject_is_about_it_and_a_faq_is_still_read() -> None:
+    """A user's own documents: a title that holds the subject's words is about it ("Setting
+    up the Orbit Kettle" for "How does the kettle work?": its lead answers); a FAQ whose title
+    names no subject gives no quote for "What is the return policy?", but the model still
+    reads it in its prompt, and nothing of it is copied or cited as the answer."""
+    faq = Passage("faq", "Frequently asked questions\n\nRefunds are issued within 14 days. "
+                  "To return an item, print the label from your account page.", "faq.md",
+                  char_start=0, metadata={"title": "Frequently asked questions"})
+    kettle = Passage("kettle", "Fill the kettle to the MAX line and press the switch. The "
+                     "light turns off when the water boils.", "kettle.md", char_start=0,
+                     metadata={"title": "Setting up the Orbit Kettle"})
+    plan = _plan("How does the kettle work?", [faq, kettle])
+    assert plan.evidence is not None and plan.evidence.passage_id == "kettle"
+    assert plan.absent is None
+    plan = _plan("What is the return policy?", [faq, kettle])
+    assert plan.evidence is None and plan.absent == "return policy"
+    assert plan.passages == [] and [p.id for p in plan.prompt_passages] == ["faq", "kettle"]
