@@ -246,8 +246,6 @@ def on_subject(question: str, cands: Sequence[Candidate]
     named = set(content_words(subject))
     about = {d for m in index.match(subject) for d in m.doc_ids}
     about |= {c.doc_id for c in cands if c.doc_id not in index.titles}  # untitled: unknown
-    # a title that names the subject: "Setting up the Orbit Kettle" is about "kettle"
-    about |= {d for d, t in index.titles.items() if named and named <= set(content_words(t))}
     definitional = definitional_subject(question) is not None
     asked = set() if definitional else set(content_words(question)) - named
 

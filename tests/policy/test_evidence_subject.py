@@ -150,20 +150,22 @@ def test_a_follow_up_about_an_absent_subject_gets_no_evidence_either(corpus) -> 
     assert plan.evidence is None and plan.absent and plan.passages == []
 
 
-def test_a_title_that_names_the_subject_is_about_it_and_a_faq_is_still_read() -> None:
-    """A user's own documents: a title that holds the subject's words is about it ("Setting
-    up the Orbit Kettle" for "How does the kettle work?": its lead answers); a FAQ whose title
-    names no subject gives no quote for "What is the return policy?", but the model still
-    reads it in its prompt, and nothing of it is copied or cited as the answer."""
+def test_an_absent_subject_is_answered_from_the_prompts_passages_with_none_cited() -> None:
+    """A user's own documents whose titles do not name the question's subject (a FAQ; a guide
+    titled "Setting up the Orbit Kettle" for "How does the kettle work?": a title that holds
+    the subject within more words may be about something else, "Satellite navigation" is no
+    answer to "What is navigation?"): no quote, and nothing copied or cited, but the model
+    still reads the retrieved passages in its prompt."""
     faq = Passage("faq", "Frequently asked questions\n\nRefunds are issued within 14 days. "
                   "To return an item, print the label from your account page.", "faq.md",
                   char_start=0, metadata={"title": "Frequently asked questions"})
     kettle = Passage("kettle", "Fill the kettle to the MAX line and press the switch. The "
                      "light turns off when the water boils.", "kettle.md", char_start=0,
                      metadata={"title": "Setting up the Orbit Kettle"})
-    plan = _plan("How does the kettle work?", [faq, kettle])
-    assert plan.evidence is not None and plan.evidence.passage_id == "kettle"
-    assert plan.absent is None
-    plan = _plan("What is the return policy?", [faq, kettle])
-    assert plan.evidence is None and plan.absent == "return policy"
-    assert plan.passages == [] and [p.id for p in plan.prompt_passages] == ["faq", "kettle"]
+    for question, subject in [("What is the return policy?", "return policy"),
+                              ("How does the kettle work?", "kettle")]:
+        plan = _plan(question, [faq, kettle])
+        assert plan.evidence is None and plan.absent == subject and plan.method.name == "greedy"
+        assert plan.passages == [] and [p.id for p in plan.prompt_passages] == ["faq", "kettle"]
+    plan = _plan("How do I return an item?", [faq, kettle])  # an attribute the FAQ names
+    assert plan.evidence is not None and plan.evidence.passage_id == "faq"
