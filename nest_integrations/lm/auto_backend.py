@@ -15,7 +15,8 @@ chose llama.cpp where whole answers were close, torch verifying a copy in fewer 
   copied from it (``COPY_TOKENS`` tokens verified in passes of up to ``COPY_ROWS`` rows: 93
   tokens in 2 passes there), then ``STEPS`` one-token steps; every pass with its key rows,
   inside the LM's ``inexact_rows`` and ``decoding_session``, as relaxed NEST runs them.
-  About 10-20 s once, the models loaded;
+  Once per machine: 40-55 s with both model loads on the shared 2-core AMD EPYC under a load
+  average of 4-6;
 - ``choose_backend`` is the rule, a pure function of those seconds and exactness verdicts: the
   cheapest exact engine, else the cheapest; a tie goes to torch;
 - ``decide`` caches the record (seconds, each part's seconds, verdicts, choice) beside the
