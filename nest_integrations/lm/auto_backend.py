@@ -53,7 +53,8 @@ LOG = logging.getLogger(__name__)
 
 #: The fixed answer (``AnswerWorkload``): the question, as the README asks it ...
 QUESTION = "How does the assert statement work in Python?"
-#: ... the passages of its RA-style prompt (the project's own words, about 260 tokens) ...
+#: ... the passages of its RA-style prompt (about 260 tokens: the first paraphrases the Python
+#: Language Reference's assert statement, the second is from its "Exceptions" section) ...
 PASSAGES = (
     "The assert statement is a convenient way to insert debugging checks into a program. "
     "Its simple form, assert expression, evaluates the expression and raises AssertionError "
