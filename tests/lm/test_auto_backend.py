@@ -262,3 +262,28 @@ def test_auto_is_measured_where_the_engine_is_built_not_in_the_spec(auto, monkey
     assert done.resolved() is done and spec.resolved() == done and calls == [1]
     assert assembly.EngineSpec().backend == "llama.cpp" and calls == [1]
     assert not decide(measure=False).pending
+
+
+def test_a_dtype_settled_by_the_measurement_finds_the_record_next_time(auto, monkeypatch) -> None:
+    """The first torch load may settle ``auto``'s dtype (bf16 rows not exact: fp32,
+    remembered), which changes the key: the record is cached under the key before and after,
+    so the next process, which predicts fp32, measures nothing."""
+    pytest.importorskip("llama_cpp", reason="the llamacpp extra (scripts/install.sh installs it)")
+    build = ["bf16+packed"]
+    calls = []
+
+    def measure() -> dict:
+        calls.append(1)
+        build[0] = "fp32+packed"  # what lm.auto_dtype remembers after the load
+        return record("llama.cpp")
+
+    monkeypatch.setattr(auto_backend, "torch_build", lambda: build[0])
+    monkeypatch.setattr(auto_backend, "measure_answers", measure)
+    before = auto_backend.cache_key()
+    assert decide().backend == "llama.cpp" and calls == [1]
+    after = auto_backend.cache_key()
+    assert before != after and "bf16+packed" in before and "fp32+packed" in after
+    on_disk = json.loads(auto.file.read_text())["backends"]
+    assert on_disk[before] == on_disk[after] == record("llama.cpp")
+    auto.clear()
+    assert decide().backend == "llama.cpp" and calls == [1]
