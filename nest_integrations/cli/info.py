@@ -1,5 +1,5 @@
 """``nest info``: the model backend (dtype, threads, whether lossless methods are exact on this
-CPU), then collections, passages, tokens and the key store's size."""
+CPU; under ``auto``, the measured answers it chose by), then collections, passages, tokens and the key store's size."""
 
 from __future__ import annotations
 
@@ -35,15 +35,18 @@ def backend_info(args: argparse.Namespace) -> dict[str, Any]:
     spec = assembly.EngineSpec(model=args.model, dtype=args.dtype).resolved()
     lm = assembly.spec_model(spec)
     asked = requested_backend()
+    measured: dict[str, Any] = {}
     if asked == "auto":
         from nest_integrations.lm.auto_backend import decide
 
         decision = decide(args.model, None, args.dtype, key_source=spec.config.key_source)
-        why = f"auto: {decision.reason}; --backend torch|llama.cpp overrides"
+        measured = decision.record
+        why = (f"auto: {'chosen by the figures below' if measured else decision.reason}; "
+               "--backend torch|llama.cpp overrides")
     else:
         why = f"asked for (--backend {asked}, or $NEST_BACKEND)"
     return {"model": lm.name, "backend": spec.backend, "backend_choice": why,
-            **describe(assembly.unwrap(lm))}
+            "backend_measured": measured, **describe(assembly.unwrap(lm))}
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -111,6 +114,15 @@ def key_store_stats(keys_dir: Path) -> list[dict[str, Any]]:
 
 def _print_backend(b: dict[str, Any]) -> None:
     out(f"Backend:      {b['backend']} [{b['backend_choice']}]")
+    measured = b.get("backend_measured")
+    if measured:  # what ``auto`` chose by (``lm.auto_backend``)
+        from nest_integrations.lm.auto_backend import describe_workload, figures
+
+        out(f"Measured:     {describe_workload(measured)}, on {measured.get('threads', '?')} "
+            f"thread(s), llama.cpp wheel {measured.get('llama_cpp_level', '?')}, "
+            f"{measured.get('measured', '?')} (cached in $NEST_HOME/exactness):")
+        for line in figures(measured):
+            out(f"                {line}")
     out(f"Model:        {b['model']} on {b['device']}, {b['dtype']}, {b['threads']} thread(s)"
         + (f" [{b['dtype_choice']}]" if b.get("dtype_choice") else ""))
     if b["exact_rows"]:

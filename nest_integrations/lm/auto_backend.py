@@ -1,29 +1,41 @@
 """``backend="auto"``: the faster exact engine for the embedded model on this machine.
 
 Where the llama.cpp extra is installed (``llama_cpp`` importable, the embedded GGUF present),
-``auto`` runs the default model on whichever backend steps it faster, among those whose verify
-rows are exact (lossless methods equal greedy decoding there), measured once per machine:
+``auto`` runs the default model on whichever backend answers faster, among those whose verify
+rows are exact (lossless methods equal greedy decoding there), measured once per machine on a
+short fixed answer, run as the default ``nest ask`` runs its LM (issue 63: one-token steps
+chose llama.cpp where whole answers were close, torch verifying a copy in fewer passes):
 
-- ``measure_step_costs`` loads both engines as they run by default (torch at the ``auto`` dtype,
-  llama.cpp's ``DEFAULT_QUANT``), prefills a fixed prompt, and times ``STEPS`` one-token steps
-  of each, interleaved (the fastest of each, the least disturbed estimate on a shared machine;
-  a couple of seconds once the models are on disk);
-- ``choose_backend`` is the rule, a pure function of those costs and exactness verdicts: the
+- ``measure_answers`` loads both engines as they run by default (torch at the ``auto`` dtype,
+  packed as the loader packs it; llama.cpp's ``DEFAULT_QUANT``) and times ``ROUNDS`` answers of
+  each, interleaved, keeping each engine's fastest (the least disturbed on a shared machine).
+  An answer (``AnswerWorkload``) is what the default (``nest`` decoding under the ``grounded``
+  preset) does for the README question: the prefill of an RA-style prompt (``PASSAGES`` and
+  ``QUESTION``, about 300 tokens; the README question's RA prompt is 316), the evidence quote
+  copied from it (``COPY_TOKENS`` tokens verified in passes of up to ``COPY_ROWS`` rows: 93
+  tokens in 2 passes there), then ``STEPS`` one-token steps; every pass with its key rows,
+  inside the LM's ``inexact_rows`` and ``decoding_session``, as relaxed NEST runs them.
+  Once per machine: 40-55 s with both model loads on the shared 2-core AMD EPYC under a load
+  average of 4-6;
+- ``choose_backend`` is the rule, a pure function of those seconds and exactness verdicts: the
   cheapest exact engine, else the cheapest; a tie goes to torch;
-- ``decide`` caches the record (costs, verdicts, choice) beside the row-exactness verdicts, in
-  ``$NEST_HOME/exactness/<machine>.json`` (section ``backends``), one entry per thread count,
-  torch version and llama-cpp-python version; deleting the file measures again.
+- ``decide`` caches the record (seconds, each part's seconds, verdicts, choice) beside the
+  row-exactness verdicts, in ``$NEST_HOME/exactness/<machine>.json`` (section ``backends``),
+  under ``cache_key``: the thread count, torch's version and the torch build in use (dtype
+  and packing, ``torch_build``), llama-cpp-python's version and the CPU level its wheel was
+  built at (``lm.llama_cpp.library.cpu_level``), and the workload's version (``WORKLOAD``);
+  deleting the file measures again.
 
 ``auto`` means torch, without measuring, where llama.cpp cannot run the request: the extra is
 not installed (silently), a model other than the embedded one (a ``.gguf`` path or a quantisation
 name means llama.cpp), a device other than the CPU, an explicit torch dtype, KNN-SSD, or a key
-source other than the default. ``nest info`` prints the decision and its reason;
-``--backend torch|llama.cpp`` (``backend=``) overrides it.
+source other than the default. ``nest info`` prints the decision, its reason and the figures
+it chose by (``figures``); ``--backend torch|llama.cpp`` (``backend=``) overrides it.
 
 Usage::
 
     decide().backend                            # "llama.cpp" or "torch" (measured once)
-    choose_backend({"torch": 0.058, "llama.cpp": 0.010}, {"torch": True, "llama.cpp": True})
+    choose_backend({"torch": 0.9, "llama.cpp": 0.6}, {"torch": True, "llama.cpp": True})
 """
 
 from __future__ import annotations
@@ -33,20 +45,48 @@ import logging
 import statistics
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 LOG = logging.getLogger(__name__)
 
-#: One-token steps timed per backend (after one untimed warm-up step).
+#: The fixed answer (``AnswerWorkload``): the question, as the README asks it ...
+QUESTION = "How does the assert statement work in Python?"
+#: ... the passages of its RA-style prompt (about 260 tokens: the first paraphrases the Python
+#: Language Reference's assert statement, the second is from its "Exceptions" section) ...
+PASSAGES = (
+    "The assert statement is a convenient way to insert debugging checks into a program. "
+    "Its simple form, assert expression, evaluates the expression and raises AssertionError "
+    "when the result is false. The extended form, assert expression1, expression2, also "
+    "evaluates the second expression and passes its value to the AssertionError it raises, "
+    "so the message can say what went wrong. Both forms run only while the built-in "
+    "variable __debug__ is true: the interpreter sets it to true at start-up unless it was "
+    "started with the -O option, and then the compiler emits no code for an assert at all. "
+    "An assignment to __debug__ is illegal, and the value is fixed when the interpreter "
+    "starts.",
+    "Exceptions are a means of breaking out of the normal flow of control of a code block in "
+    "order to handle errors or other exceptional conditions. An exception is raised at the "
+    "point where the error is detected; it may be handled by the surrounding code block or by "
+    "any code block that directly or indirectly invoked the code block where the error "
+    "occurred. The raise statement raises one explicitly, and the try statement specifies "
+    "exception handlers and clean-up code for a group of statements.",
+)
+#: ... the evidence quote copied from the first passage (tokens), verified in passes of at
+#: most ``COPY_ROWS`` rows, then ``STEPS`` one-token steps; ``ROUNDS`` answers per engine.
+COPY_TOKENS = 93
+COPY_ROWS = 48
 STEPS = 8
-#: The fixed prompt the steps follow (the quickstart question, as a chat prompt).
-PROMPT = "How does the assert statement work in Python?"
+ROUNDS = 3
+#: The workload's version in the cache key: a changed workload is measured again.
+WORKLOAD = "answer1"
 #: The backends ``choose_backend`` prefers on a tie, first first.
 PREFERENCE = ("torch", "llama.cpp")
 
-__all__ = ["PROMPT", "STEPS", "Decision", "cached", "choose_backend", "decide",
-           "llama_cpp_available", "measure_step_costs", "resolve_backend"]
+__all__ = ["COPY_ROWS", "COPY_TOKENS", "PASSAGES", "QUESTION", "ROUNDS", "STEPS", "WORKLOAD",
+           "AnswerWorkload", "Decision", "cache_key", "cached", "choose_backend", "decide",
+           "describe_workload", "figures", "llama_cpp_available", "measure_answers", "resolve_backend",
+           "torch_build", "wheel_level"]
 
 
 @dataclass(frozen=True)
@@ -77,10 +117,10 @@ def resolve_backend(backend: str | None = None, *, model: Any = None, device: An
 
 
 def choose_backend(seconds: Mapping[str, float], exact: Mapping[str, bool]) -> str:
-    """The backend with the cheapest one-token step among the exact ones (all of them when
+    """The backend with the fastest measured answer among the exact ones (all of them when
     none is exact); a tie goes to the earlier of ``PREFERENCE``."""
     if not seconds:
-        raise ValueError("choose_backend needs the step cost of at least one backend")
+        raise ValueError("choose_backend needs the answer time of at least one backend")
     pool = [b for b in seconds if exact.get(b, False)] or list(seconds)
     rank = {b: i for i, b in enumerate(PREFERENCE)}
     return min(pool, key=lambda b: (float(seconds[b]), rank.get(b, len(rank))))
@@ -143,16 +183,19 @@ def decide(model: Any = None, device: Any = None, dtype: Any = None, decoding: s
     if not llama_cpp_available():
         return Decision("torch", "the llama.cpp extra is not installed (pip install "
                                  "'nest-integrations[llamacpp]')")
-    key = _cache_key()
+    key = cache_key()
     if not measure and cached(key) is None:
         return Decision("torch", "not measured on this machine yet (the first model load "
                                  "measures it)", pending=True)
     try:
-        record = _choices().get(key, measure_step_costs)
+        record = _choices().get(key, measure_answers)
     except Exception as exc:  # noqa: BLE001 - a failed measurement must not stop the request
         LOG.warning("backend auto: measuring the engines failed (%s); running torch, and "
                     "measuring again next time", exc)
         return Decision("torch", f"the measurement failed ({exc}); not cached")
+    after = cache_key()  # the first torch load may have settled its dtype (``lm.auto_dtype``)
+    if after != key:
+        _choices().get(after, lambda: record)
     return Decision(str(record["choice"]), _explain(record), dict(record))
 
 
@@ -177,16 +220,18 @@ def cached(key: str | None = None) -> dict[str, Any] | None:
         data = json.loads(_choices().path().read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    found = (data.get("backends") or {}).get(key or _cache_key()) if isinstance(data, dict) \
+    found = (data.get("backends") or {}).get(key or cache_key()) if isinstance(data, dict) \
         else None
     return found if isinstance(found, dict) else None
 
 
-def _cache_key() -> str:
-    """``lm.cache_key`` of both engines of the default model, before either is loaded."""
+def cache_key() -> str:
+    """``lm.cache_key`` of both engines of the default model, before either is loaded
+    (``model|build|cpu|t<threads>|torch<version>``), its build naming the torch build in use
+    (``torch_build``), llama-cpp-python's version, its wheel's CPU level (``wheel_level``) and
+    the workload (``WORKLOAD``): ``fp32+packed+llama_cpp0.3.36-avx512+answer1``."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from nest_integrations.lm.backend import dtype_label
     from nest_integrations.lm.cache_key import engines_key
     from nest_integrations.lm.default import DEFAULT_MODEL_NAME
 
@@ -194,65 +239,156 @@ def _cache_key() -> str:
         llama = version("llama_cpp_python")
     except PackageNotFoundError:
         llama = "?"
-    return engines_key(DEFAULT_MODEL_NAME, f"{dtype_label(None, 'cpu')}+llama_cpp{llama}").text()
+    build = f"{torch_build()}+llama_cpp{llama}-{wheel_level()}+{WORKLOAD}"
+    return engines_key(DEFAULT_MODEL_NAME, build).text()
+
+
+def torch_build() -> str:
+    """How the torch engine of the default model loads here, without loading it: the dtype
+    ``"auto"`` gives on the CPU (fp32 where ``lm.auto_dtype`` remembers that bf16 rows were
+    not exact) and ``+packed`` where the loader prepacks it (``lm.packing.packing_wanted``)."""
+    import torch
+
+    from nest_integrations import paths
+    from nest_integrations.lm import auto_dtype
+    from nest_integrations.lm.backend import SHORT_NAMES, resolve_dtype
+    from nest_integrations.lm.default import DEFAULT_MODEL_NAME
+    from nest_integrations.lm.packing import packing_wanted
+
+    cpu = torch.device("cpu")
+    dtype = resolve_dtype("auto", cpu)
+    folder = paths.models_dir() / DEFAULT_MODEL_NAME  # the converted model (not converted here)
+    remembered = auto_dtype.key(str(folder), "auto", cpu, dtype, None, None, {})
+    if remembered is not None and auto_dtype.recall(remembered) == "fp32":
+        dtype = torch.float32
+    name = SHORT_NAMES[str(dtype).removeprefix("torch.")]
+    return name + ("+packed" if packing_wanted(None, cpu, dtype) else "")
+
+
+def wheel_level() -> str:
+    """The CPU level llama-cpp-python's wheel was built at (``avx512``, ``avx2``, ``generic``:
+    ``lm.llama_cpp.library.cpu_level`` of its system info), ``"?"`` where it cannot be read."""
+    from nest_integrations.lm.llama_cpp.library import cpu_level, system_info
+
+    try:
+        return cpu_level(system_info())
+    except (ImportError, OSError, AttributeError) as exc:
+        LOG.debug("llama.cpp's system info is unreadable: %s", exc)
+        return "?"
+
+
+def figures(record: Mapping[str, Any]) -> list[str]:
+    """A measured record's figures, one line per engine, fastest first: the answer's seconds
+    and its parts, exact or not (``nest info`` prints them)."""
+    lines = []
+    parts = record.get("parts") or {}
+    for b, s in sorted(record["seconds"].items(), key=lambda kv: kv[1]):
+        part = parts.get(b) or {}
+        detail = ", ".join(f"{name} {1e3 * float(part[name]):.0f} ms"
+                           for name in ("prefill", "copy", "steps") if name in part)
+        exact = "exact" if record["exact"].get(b) else "NOT exact"
+        lines.append(f"{b} {float(s):.3f} s an answer" + (f" ({detail})" if detail else "")
+                     + f", {exact}" + (f", {record['builds'][b]}" if b in
+                                      (record.get("builds") or {}) else ""))
+    return lines
+
+
+def describe_workload(record: Mapping[str, Any]) -> str:
+    """What a record timed, in words: ``"one answer (288-token prompt, ...)"``."""
+    w = record.get("workload") or {}
+    if not w:
+        return "one answer"
+    return (f"one answer ({w['prompt_tokens']}-token prompt, a {w['copy_tokens']}-token copy in "
+            f"{w['copy_passes']} passes, {w['steps']} steps; the fastest of {w['rounds']})")
 
 
 def _explain(record: Mapping[str, Any]) -> str:
-    parts = []
-    for b, s in sorted(record["seconds"].items(), key=lambda kv: kv[1]):
-        exact = "exact" if record["exact"].get(b) else "NOT exact"
-        parts.append(f"{b} {1e3 * s:.1f} ms a step ({exact})")
-    return (f"measured on this machine at {record.get('threads', '?')} thread(s): "
-            + ", ".join(parts) + "; cached in $NEST_HOME/exactness")
+    return (f"measured on this machine at {record.get('threads', '?')} thread(s), "
+            f"{describe_workload(record)}: " + "; ".join(figures(record))
+            + "; cached in $NEST_HOME/exactness")
 
 
-def measure_step_costs(steps: int = STEPS) -> dict[str, Any]:
-    """Seconds of the fastest one-token step of the default model on each backend after the
-    fixed ``PROMPT`` (steps interleaved; medians kept too), their exactness verdicts and
-    ``choose_backend``'s pick: the record ``decide`` caches."""
+def measure_answers(rounds: int = ROUNDS) -> dict[str, Any]:
+    """Seconds of the fastest of ``rounds`` fixed answers (``AnswerWorkload``) of the default
+    model on each backend, run interleaved after one untimed answer each (medians kept too),
+    each part's seconds in the fastest, the exactness verdicts and ``choose_backend``'s pick:
+    the record ``decide`` caches."""
     from nest_integrations.lm.backend import configured_threads
     from nest_integrations.lm.hf import HFLanguageModel
     from nest_integrations.lm.llama_cpp import LlamaCppLanguageModel
+    from nest_integrations.lm.port import port_of
 
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     start = time.perf_counter()
     threads = configured_threads()
-    torch_lm = HFLanguageModel.from_default()
-    lms = {"torch": torch_lm,
+    lms = {"torch": HFLanguageModel.from_default(),
            "llama.cpp": LlamaCppLanguageModel.from_default(threads=threads)}
     try:
-        runs = {b: _Stepper(lm) for b, lm in lms.items()}
-        times: dict[str, list[float]] = {b: [] for b in lms}
-        for _ in range(steps + 1):  # the first round warms up
+        runs = {b: AnswerWorkload(lm) for b, lm in lms.items()}
+        times: dict[str, list[dict[str, float]]] = {b: [] for b in lms}
+        for _ in range(rounds + 1):  # the first round warms up
             for b, run in runs.items():
-                times[b].append(run.step())
-        # the least disturbed step of each: on a busy machine most steps wait for a core
-        seconds = {b: min(t[1:]) for b, t in times.items()}
-        medians = {b: statistics.median(t[1:]) for b, t in times.items()}
+                times[b].append(run.answer())
+        best = {b: min(t[1:], key=lambda p: sum(p.values())) for b, t in times.items()}
+        seconds = {b: sum(p.values()) for b, p in best.items()}
+        medians = {b: statistics.median(sum(p.values()) for p in t[1:])
+                   for b, t in times.items()}
         exact = {b: bool(lm.exact_rows) for b, lm in lms.items()}
-        dtype = str(torch_lm.dtype).removeprefix("torch.")
+        builds = {b: port_of(lm).build().label for b, lm in lms.items()}
+        workload = runs["torch"].shape() | {"rounds": rounds}
     finally:
         lms["llama.cpp"].close()
-    record = {"seconds": seconds, "median_seconds": medians, "exact": exact,
-              "choice": choose_backend(seconds, exact), "threads": threads, "torch_dtype": dtype, "steps": steps,
+    record = {"seconds": seconds, "parts": best, "median_seconds": medians, "exact": exact,
+              "choice": choose_backend(seconds, exact), "threads": threads, "builds": builds,
+              "llama_cpp_level": wheel_level(), "workload": workload,
               "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "took_s": round(time.perf_counter() - start, 2)}
     LOG.info("backend auto: %s (%s)", record["choice"], _explain(record))
     return record
 
 
-class _Stepper:
-    """One-token steps of an LM after the fixed prompt: each ``step`` feeds the last argmax."""
+class AnswerWorkload:
+    """The fixed answer on one LM (module docstring): ``answer()`` runs it on a fresh cache and
+    returns each part's seconds (``prefill``, ``copy``, ``steps``)."""
 
     def __init__(self, lm: Any) -> None:
-        self.lm = lm
-        self.cache = lm.new_cache()
-        logits, _ = lm.forward(lm.chat_prompt([{"role": "user", "content": PROMPT}]), self.cache,
-                               last=1)
-        self.next = int(logits[-1].argmax())
+        from nest_integrations.lm.port import port_of
 
-    def step(self) -> float:
-        start = time.perf_counter()
-        logits, _ = self.lm.forward([self.next], self.cache, last=1)
-        elapsed = time.perf_counter() - start
-        self.next = int(logits[-1].argmax())
-        return elapsed
+        self.lm, self.port = lm, port_of(lm)
+        context = "\n\n".join(PASSAGES)
+        self.prompt = lm.chat_prompt([{"role": "user", "content": (
+            f"Answer the question from the background.\nBackground:\n{context}\n\n"
+            f"Question: {QUESTION}")}])
+        self.copy = list(lm.tokenize(PASSAGES[0]))[:COPY_TOKENS]
+        if len(self.copy) < COPY_TOKENS:
+            raise ValueError(f"the workload's passage is {len(self.copy)} tokens on {lm.name}, "
+                             f"under COPY_TOKENS={COPY_TOKENS}")
+
+    def shape(self) -> dict[str, int]:
+        """The workload's sizes (the record's ``workload``)."""
+        return {"prompt_tokens": len(self.prompt), "copy_tokens": len(self.copy),
+                "copy_passes": -(-len(self.copy) // COPY_ROWS), "steps": STEPS}
+
+    def answer(self) -> dict[str, float]:
+        lm, port = self.lm, self.port
+        session = port.session.decoding_session() if port.session is not None else nullcontext()
+        with session, port.inexact_context():
+            cache = lm.new_cache()
+            try:
+                t0 = time.perf_counter()
+                logits, _ = lm.forward(self.prompt, cache, last=1)
+                token = int(logits[-1].argmax())
+                t1 = time.perf_counter()
+                for i in range(0, len(self.copy), COPY_ROWS):  # the quote, a verify pass a chunk
+                    logits, _ = lm.forward(self.copy[i:i + COPY_ROWS], cache)
+                token = int(logits[-1].argmax())
+                t2 = time.perf_counter()
+                for _ in range(STEPS):
+                    logits, _ = lm.forward([token], cache, last=1)
+                    token = int(logits[-1].argmax())
+                t3 = time.perf_counter()
+            finally:
+                if port.release is not None:
+                    port.release.release_cache(cache)
+        return {"prefill": t1 - t0, "copy": t2 - t1, "steps": t3 - t2}

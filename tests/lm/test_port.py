@@ -69,7 +69,7 @@ def test_one_cache_key_for_every_measurement(tiny_lm) -> None:
                                        "machine": machine_name()}
     assert key_of(tiny_lm).text() == (f"{tiny_lm.fingerprint}|{key.build}|cpu"
                                       f"|t{torch.get_num_threads()}|torch{torch.__version__}")
-    auto = auto_backend._cache_key()
+    auto = auto_backend.cache_key()
     assert auto.startswith(engines_key(auto.split("|")[0], "").model + "|")
     assert f"|cpu|t{configured_threads()}|torch{torch.__version__}" in auto
 

@@ -35,7 +35,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from nest_integrations.lm.llama_cpp.gguf import quantization_name
-from nest_integrations.lm.llama_cpp.library import Handles, init, llama_cpp_module
+from nest_integrations.lm.llama_cpp.library import (
+    Handles,
+    cpu_level,
+    init,
+    llama_cpp_module,
+    system_info,
+)
 from nest_integrations.lm.llama_cpp.outputs import KeyCapture, floats, row_argmax, stack
 from nest_integrations.lm.llama_cpp.regime import ThreadRegime
 from nest_integrations.lm.llama_cpp.sequences import MAX_SEQUENCES, SequencePool
@@ -75,8 +81,7 @@ def repack_by_default(lib: Any) -> bool:
     kernels (``AMX_INT8`` in the system info: ``GGML_NATIVE=ON`` on a CPU that lists AMX),
     which die of SIGILL where the kernel does not grant AMX tiles (as on some VMs); the
     package's builds compile none (``scripts/install_llamacpp.sh``)."""
-    info = lib.llama_print_system_info().decode("utf-8", "replace")
-    return "AMX_INT8 = 1" not in info
+    return "+amx" not in cpu_level(system_info(lib))
 
 
 class LlamaCppRuntime:
