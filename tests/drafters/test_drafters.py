@@ -17,6 +17,7 @@ import torch
 
 from nest_integrations.core import verification
 from nest_integrations.decoding import loop as loop_module
+from nest_integrations.decoding.plain import decode_ids
 from nest_integrations.config import NestConfig
 from nest_integrations.core.sampling import warp
 from nest_integrations.drafters import METHODS, Draft, Method, get_method, register
@@ -231,7 +232,7 @@ def test_methods_name_their_verifier_and_bad_ones_are_refused():
     lm = FakeLM()
     odd = Method("odd-verifier", None, verifier="majority-vote")
     with pytest.raises(ValueError, match="unknown verifier 'majority-vote'"):
-        loop_module.decode_ids(lm, odd, [3, 4, 5], 4)
+        decode_ids(lm, odd, [3, 4, 5], 4)
 
 
 def test_drafter_options_become_typed_options_with_clear_errors():
@@ -264,7 +265,7 @@ def test_loop_over_an_uncached_model_gives_the_same_tokens(tiny_lm):
     from nest_integrations.lm.uncached import UncachedLM
 
     ids = tiny_lm.tokenize("The quick brown fox jumps over the lazy dog. The quick brown fox")
-    greedy, _ = loop_module.decode_ids(tiny_lm, get_method("greedy"), ids, 16)
+    greedy, _ = decode_ids(tiny_lm, get_method("greedy"), ids, 16)
 
     class _TwoRightOneWrong:
         def propose(self, state):
@@ -276,7 +277,7 @@ def test_loop_over_an_uncached_model_gives_the_same_tokens(tiny_lm):
             return None
 
     method = Method("test-two-right", None)
-    runs = [loop_module.decode_ids(lm, method, ids, 16, drafter=_TwoRightOneWrong())
+    runs = [decode_ids(lm, method, ids, 16, drafter=_TwoRightOneWrong())
             for lm in (tiny_lm, UncachedLM(tiny_lm))]
     (cached, stats), (uncached, _) = runs
     assert cached == uncached == greedy
@@ -308,9 +309,9 @@ def test_token_tree_passes_go_through_the_timed_forward(tiny_lm, monkeypatch):
         monkeypatch.setattr(tiny_lm, name, counted)
     method = Method("test-fork", lambda ctx: _Fork())
     ids = tiny_lm.tokenize("one two one two one two one two")
-    out, stats = loop_module.decode_ids(tiny_lm, method, ids, 12, drafter=_Fork())
+    out, stats = decode_ids(tiny_lm, method, ids, 12, drafter=_Fork())
     monkeypatch.undo()
-    greedy, _ = loop_module.decode_ids(tiny_lm, get_method("greedy"), ids, 12)
+    greedy, _ = decode_ids(tiny_lm, get_method("greedy"), ids, 12)
     assert out == greedy
     assert calls["forward_tree"] == stats.tree_steps > 0
     assert stats.forward_passes == calls["forward"] + calls["forward_tree"]
