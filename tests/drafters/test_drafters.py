@@ -320,8 +320,9 @@ def test_token_tree_passes_go_through_the_timed_forward(tiny_lm, monkeypatch):
 
 def test_the_evidence_sentence_is_quoted_in_one_pass(tiny_lm, monkeypatch):
     """Evidence first (``core.evidence``): NEST opens the answer with the evidence sentence as
-    ONE ``quoted`` draft, committed whole in one target pass and cited to its passage, where a
-    random tiny model would never write it; then NEST copies on from the passage's next row."""
+    ONE ``quoted`` draft, committed whole in the prompt's own target pass and cited to its
+    passage, where a random tiny model would never write it; then NEST copies on from the
+    passage's next row."""
     from nest_integrations.policy import AnswerPolicy
     from nest_integrations.retrieval.in_memory import InMemoryRetriever
 
@@ -342,7 +343,8 @@ def test_the_evidence_sentence_is_quoted_in_one_pass(tiny_lm, monkeypatch):
     res = engine.generate([{"role": "user", "content": "What is the life expectancy at birth?"}],
                           max_new_tokens=len(quote) + 4)
     assert res.text.lstrip().startswith(sentence), res.text
-    assert len(quote) - 1 <= passes[1] <= len(quote) + 1  # the whole quote in the first pass
+    # the whole quote in the first pass, the prompt's: decided before it, it runs with it
+    assert len(quote) - 1 <= passes[0] - res.stats.prompt_tokens <= len(quote) + 1
     first = res.citations[0]
     assert first.kind == "copy" and first.doc_id == "profile/tumouland"
     assert first.text.startswith(sentence)  # and the copy goes on from the next row
