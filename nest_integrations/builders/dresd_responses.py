@@ -77,7 +77,7 @@ def greedy_with_keys(
     """Greedy response ids (EOS excluded; through the one decoding loop, ``decoding="greedy"``)
     and the ``(m, d)`` key that produced each one (``keys_in_context``)."""
     from nest_integrations.drafters import get_method
-    from nest_integrations.decoding.loop import decode_ids
+    from nest_integrations.decoding.plain import decode_ids
 
     room = min(max_new_tokens, lm.max_context - len(ids))
     out, _ = decode_ids(lm, get_method("greedy"), list(ids), room)

@@ -2,7 +2,7 @@
 
 ``self_speculative_generate`` runs the KNN-SSD drafter (``nest_integrations.drafters.knn_ssd``,
 whose ``draft_chain`` is the drafting half, re-exported here) with a fixed skip set through the
-one decoding loop (``loop.decode_ids``) without an engine, for the skip-set search, which counts
+one decoding loop (``decoding.plain.decode_ids``) without an engine, for the skip-set search, which counts
 drafts and acceptances (``SpecStats``).
 
 Draft loop (one chain, adaptive length): feed the pending token through the skip model, take
@@ -28,7 +28,7 @@ from nest_integrations.drafters.knn_ssd import (
     draft_chain,
 )
 from nest_integrations.lm.layer_skip import SkipSet
-from nest_integrations.decoding.loop import decode_ids
+from nest_integrations.decoding.plain import decode_ids
 
 __all__ = ["ChainDraft", "SpecStats", "draft_chain", "self_speculative_generate"]
 

@@ -5,7 +5,9 @@ drafting counters; and what a drafter may say beyond the two-method interface
 - ``wants_prompt_vector = True``: the prefill also captures the prompt's vector;
 - ``wants_hidden = False``: no pass needs key rows for it (they may cost the LM a pass);
 - ``cite(state, token)``: the source of a token a plain step commits (a copy drafter whose
-  draft that token would have been).
+  draft that token would have been);
+- ``opening_quote(state)``: a quote decided before any pass (evidence first), which the loop
+  runs with the prompt in one pass.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import time
 from dataclasses import replace
 
 from nest_integrations.drafters.base import (
-    CitesTokens, DecodeState, Draft, Drafter, Source, WantsHidden, WantsPromptVector, as_sources,
-    validate_draft,
+    CitesTokens, DecodeState, Draft, Drafter, QuotesFirst, Source, WantsHidden, WantsPromptVector,
+    as_sources, validate_draft,
 )  # fmt: skip
 from nest_integrations.types import NestStats
 
@@ -32,6 +34,7 @@ class Drafts:
         self._cites = drafter if isinstance(drafter, CitesTokens) else None
         self._vector = drafter if isinstance(drafter, WantsPromptVector) else None
         self._hidden = drafter if isinstance(drafter, WantsHidden) else None
+        self._quotes = drafter if isinstance(drafter, QuotesFirst) else None
 
     @property
     def wants_prompt_vector(self) -> bool:
@@ -62,11 +65,29 @@ class Drafts:
         if draft is None or not draft.tokens:  # no draft (one with passages: the loop's to add)
             return draft if draft is not None and draft.new_passages else None
         validate_draft(draft, self.vocab_size)
-        if len(draft) > budget and draft.parents is None:  # the loop enforces the budget
-            draft = replace(draft, tokens=draft.tokens[:budget],
-                            sources=as_sources(draft.sources, len(draft))[:budget],
-                            q=None if draft.q is None else draft.q[:budget])
-        return draft
+        return self._cut(draft, budget)
+
+    def opening_quote(self, budget: int) -> Draft | None:
+        """The drafter's opening quote (``QuotesFirst``), decided before any pass and cut to
+        ``budget``, or None."""
+        if self._quotes is None or budget < 1:
+            return None
+        self.state.budget = budget
+        t0 = time.perf_counter()
+        draft = self._quotes.opening_quote(self.state)
+        self.stats.timing.draft += time.perf_counter() - t0
+        if draft is None or not draft.tokens:
+            return None
+        validate_draft(draft, self.vocab_size)
+        return self._cut(draft, budget)
+
+    def _cut(self, draft: Draft, budget: int) -> Draft:
+        """A chain cut to ``budget`` tokens (the loop enforces the budget)."""
+        if len(draft) <= budget or draft.parents is not None:
+            return draft
+        return replace(draft, tokens=draft.tokens[:budget],
+                       sources=as_sources(draft.sources, len(draft))[:budget],
+                       q=None if draft.q is None else draft.q[:budget])
 
     def update(self, draft: Draft, n_accepted: int) -> None:
         """Tell the drafter how much of ``draft`` was committed."""

@@ -16,7 +16,7 @@ chosen by ``Method.needs_target``:
 The target's passes are ``target.py``'s, the drafter's side ``drafts.py``'s. ``run()`` yields an
 immutable ``Commit`` per commit, the only channel out (a consumer stops the loop by closing it),
 and returns its output as data; stop strings and output guards are a ``StoppingCriteria`` passed
-in (``commits.py``). ``decode_ids`` runs the loop without an engine.
+in (``commits.py``). ``decoding.plain.decode_ids`` runs it without an engine.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from nest_integrations.core.mixture import Distribution
 from nest_integrations.core.token_memory import TokenMemory
 from nest_integrations.core.verification import greedy_accept, greedy_tree_path
 from nest_integrations.decoding.commits import (
-    Commit, Committed, Decoded, StoppingCriteria, run_to_end,
+    Commit, Committed, Decoded, StoppingCriteria,
 )  # fmt: skip
 from nest_integrations.decoding.lookahead import LookAhead
 from nest_integrations.decoding.target import Rows, Target, TargetDistribution
@@ -118,18 +118,19 @@ class DecodeLoop:
             return self.ahead.committed_length()
         return self.target.length()
 
-    def prefill(self, argmax: bool = False) -> Rows:
-        """The prompt's forward pass (last row only). When the drafter wants the prompt's
-        vector (``wants_prompt_vector``) and the LM can capture it, the same pass also fills
+    def prefill(self, argmax: bool = False, quote: Sequence[int] = ()) -> Rows:
+        """The prompt's forward pass (last row only; with an opening ``quote``, the quote's
+        tokens in the same pass, and their rows). When the drafter wants the prompt's vector
+        (``wants_prompt_vector``) and the LM can capture it, the same pass also fills
         ``state.prompt_vector``: no extra forward. ``argmax``: as in ``Target.run``."""
-        prompt = self.state.prompt_ids
+        prompt, last = self.state.prompt_ids + list(quote), 1 + len(quote)
         if self.drafts.wants_prompt_vector and self.target.captures_prompt_vector:
             out, self.state.prompt_vector = self.target.prefill_with_vector(
-                lambda: self.forward(prompt, last=1, argmax=argmax))
+                lambda: self.forward(prompt, last=last, argmax=argmax))
             return out
         if not self._wants_keys():
-            return self.target.run(prompt, last=1, keys=False, argmax=argmax)
-        return self.forward(prompt, last=1, argmax=argmax)
+            return self.target.run(prompt, last=last, keys=False, argmax=argmax)
+        return self.forward(prompt, last=last, argmax=argmax)
 
     def _wants_keys(self) -> bool:
         """Whether the prompt's last key vector is read: by NEST's memory, or as
@@ -206,11 +207,36 @@ class DecodeLoop:
             return self.verifier.next_token(dist), None, 0
         return None
 
+    def _quote(self, quote: Draft) -> Commit:
+        """Commit an evidence quote whole: every token decided by the drafter, and cited."""
+        self.stats.drafting.accepted_tokens += len(quote)
+        self.drafts.update(quote, len(quote))
+        return self.commit(quote.tokens, as_sources(quote.sources, len(quote)), copied=True)
+
     def _target_first(self) -> Iterator[Commit]:
-        """NEST's schedule (see the module docstring)."""
+        """NEST's schedule (see the module docstring). An opening evidence quote runs in the
+        prompt's pass; where nothing checks it (``Guards.quote_check`` off) it is shown first."""
         v, stats = self.verifier, self.stats
-        logits, keys = self.prefill()
+        quote = self.drafts.opening_quote(self.budget)  # decided before any pass
+        if quote is not None:
+            self.drafts.count(quote)
+        shown = quote is not None and self.guards.quote_check is None
+        if quote is not None and shown:
+            yield self._quote(quote)
+            if self.done:
+                return
+        logits, keys = self.prefill(quote=quote.tokens if quote is not None else ())
         cur: Rows | None = (logits[-1:], keys[-1:])
+        if quote is not None:  # the model's say: row 0 scores its first token (check_quote)
+            first = self.distribution(logits[:1], keys[:1]).p_lm[0]
+            stats.quote_score, kept = check_quote(self.guards.quote_check, first, logits[1:],
+                                                  quote.tokens)
+            if not kept:  # nothing committed: the engine answers without the evidence
+                self.quote_rejected = self.done = True
+                self.target.crop(len(self.state.prompt_ids))
+                return self.drafts.update(quote, 0)
+            if not shown:
+                yield self._quote(quote)
         pending: int | None = None
         while not self.done and self.budget > 0:
             if cur is None:  # feed the pending token: the cache then holds every commit
@@ -231,15 +257,8 @@ class DecodeLoop:
             d = torch.as_tensor(tokens, device=dist.p.device)
             before = self.committed_length()
             logits, keys = self.forward(tokens)  # ONE pass: (L, V), (L, d)
-            if draft.quoted:  # an evidence quote: all of it, or none where the model says no
+            if draft.quoted:  # the rest of an evidence quote (its opening was checked): all
                 vdist, m = None, len(tokens)
-                if not self.output.ids:  # the opening quote: the model's say (check_quote)
-                    stats.quote_score, kept = check_quote(self.guards.quote_check,
-                                                          dist.p_lm[0], logits, tokens)
-                    if not kept:  # nothing committed: the engine answers without the evidence
-                        self.quote_rejected = self.done = True
-                        self.target.crop(before)
-                        return self.drafts.update(draft, 0)
             else:  # row i of vdist scores draft token i + 1 (token 0 was accepted above)
                 vdist = self.distribution(logits[:-1], keys[:-1]) if len(tokens) > 1 else None
                 m = 1 + (v.accept_count(vdist, d[1:]) if vdist is not None else 0)
@@ -320,31 +339,4 @@ class DecodeLoop:
         node = path[-1] + 1 if path else 0
         self.target.keep_path(before, [0] + [i + 1 for i in path])
         return path, int(p[node].argmax()), keys[node]
-
-
-def decode_ids(
-    lm: LanguageModel, method: Method, prompt_ids: list[int], max_new_tokens: int, *,
-    drafter: Drafter | None = None, config: NestConfig | None = None,
-    stats: NestStats | None = None, generator: torch.Generator | None = None,
-    eos: frozenset[int] | None = None,
-) -> tuple[list[int], NestStats]:  # fmt: skip
-    """Decode ``prompt_ids`` with ``method`` (and ``drafter``) and no engine: no retrieval,
-    no memory, no stop strings, no streaming. ``eos`` overrides the model's end tokens
-    (``frozenset()``: never stop early). Returns the output ids (without the end token) and
-    the generation's stats."""
-    if method.uses_memory:
-        raise ValueError(f"decode_ids runs methods without NEST's memory, not {method.name!r}")
-    stats = stats if stats is not None else NestStats()
-    if max_new_tokens < 1:
-        return [], stats
-    loop = DecodeLoop(
-        lm, method, drafter, config=config if config is not None else NestConfig(temperature=0.0),
-        prompt_ids=list(prompt_ids), memory=None, passages=[], offsets=[],
-        max_new_tokens=max_new_tokens, stats=stats, generator=generator, eos=eos,
-    )  # fmt: skip
-    decoded = run_to_end(loop.run())
-    stats.prompt_tokens = len(prompt_ids)
-    stats.new_tokens = len(decoded.ids)
-    stats.finish_reason = stats.finish_reason or "length"
-    return list(decoded.ids), stats
 

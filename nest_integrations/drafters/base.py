@@ -235,6 +235,16 @@ class CitesTokens(Protocol):
 
 
 @runtime_checkable
+class QuotesFirst(Protocol):
+    """A drafter whose answer may open with a quote it decided before any pass (NEST's
+    evidence first): ``opening_quote`` is that ``quoted`` draft, or None. The loop asks before
+    the prefill, runs the prompt and the quote in one pass, and shows a quote that nothing
+    checks (``Guards.quote_check`` off) before that pass."""
+
+    def opening_quote(self, state: DecodeState) -> Draft | None: ...
+
+
+@runtime_checkable
 class WantsPromptVector(Protocol):
     """A drafter that may read ``DecodeState.prompt_vector`` (default: it does not)."""
 

@@ -105,14 +105,9 @@ class NestDrafter:
             limit = min(limit, 1 + self.planner.length())
         if self._end and state.eos:  # the evidence is said: the answer ends with it
             return Draft([min(state.eos)], [None], chosen_first=True)
-        while self._quotes and not self._quotes[0]:
-            self._quotes.pop(0)
-        if self._quotes:  # evidence first: its sentence in one pass, then the rest of it
-            rows = self._quotes.pop(0)
-            self._quoting = True
-            draft = self._draft(rows, chosen_first=True)
-            draft.quoted = True
-            return draft
+        quote = self.opening_quote(state)  # evidence first: its sentence, then the rest of it
+        if quote is not None:
+            return quote
         if self._stream_row is not None:  # continuation of the last fully accepted span
             rows = self._paying(span_draft(memory, self._stream_row, limit, state.eos))
             self._stream_row = None
@@ -134,6 +129,18 @@ class NestDrafter:
                 memory.mask([int(dist.hits.rows[0, 0])])
             return Draft([w], [src], chosen_first=True)
         return self._draft(rows, chosen_first=True)
+
+    def opening_quote(self, state: DecodeState) -> Draft | None:
+        """The evidence window's next quote (``drafters.base.QuotesFirst``): a ``quoted`` draft
+        of its rows, every token decided and cited, or None when none is left."""
+        while self._quotes and not self._quotes[0]:
+            self._quotes.pop(0)
+        if self.memory is None or not self._quotes:
+            return None
+        self._quoting = True
+        draft = self._draft(self._quotes.pop(0), chosen_first=True)
+        draft.quoted = True
+        return draft
 
     def _paying(self, rows: list[int]) -> list[int]:
         """``rows``, or only the first where a cost model says their verify pass does not pay:

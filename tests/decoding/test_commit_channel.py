@@ -134,6 +134,25 @@ def test_the_evidence_quote_reaches_the_stream_as_commits(tiny_lm, monkeypatch):
     _check_replay(rec, chunks, res)
 
 
+@pytest.mark.parametrize("check", [None, -50.0])
+def test_an_opening_quote_runs_in_the_prompts_pass_and_unchecked_is_shown_first(
+        tiny_lm, monkeypatch, check):
+    """Evidence first: the opening quote is decided before any pass, so it runs with the prompt
+    in one pass; where nothing checks it (``quote_check`` None, the default) it is the first
+    commit, before that pass (time to first token: no LM pass). Checked, it follows the pass
+    that scored it. Either way the answer is the same, token for token."""
+    policy = AnswerPolicy(decoding="rag-copy", evidence="overlap", evidence_min=0.0,
+                          guards=Guards(quote_check=check))
+    engine = make_engine(tiny_lm, InMemoryRetriever([PASSAGE]), policy=policy)
+    rec, chunks, res = _generate(engine, monkeypatch, QUESTION, max_new_tokens=32)
+    assert res.stats.evidence == "quoted" and res.text.strip() == SENTENCE
+    first = rec.runs[-1][0]
+    assert res.token_ids[: len(first.ids)] == list(first.ids) and first.copied
+    assert first.stats.forward_passes == (0 if check is None else 1)
+    assert res.stats.forward_passes == 1  # the prompt and the whole quote: one pass
+    _check_replay(rec, chunks, res)
+
+
 class _Registering:
     """A draft-first drafter that copies the model's own greedy continuation from a passage it
     registers itself (not in the generation's passages): its drafts carry the passage."""

@@ -81,7 +81,8 @@ def test_quote_check_refuses_a_bar_that_is_no_mean_log_probability(bad):
 
 def test_what_a_document_is_is_answered_by_its_lead_quoted_whole(tiny_lm):
     """"What is X?" of X's document: the lead, and the window after it, quoted (two passes:
-    the checked opening sentence, then the rest), cited whole, and the answer ends with it."""
+    the prompt with the opening sentence, then the rest), cited whole, and the answer ends
+    with it."""
     body = ("Tumouland is a small island nation in the Pacific. It exports copra and fish. "
             "Most of its people live on the main island.")
     text = f"Tumouland\n=========\n\n{body}"
@@ -91,6 +92,6 @@ def test_what_a_document_is_is_answered_by_its_lead_quoted_whole(tiny_lm):
     res = engine.generate([{"role": "user", "content": "What is Tumouland?"}], max_new_tokens=64)
     assert res.text == body
     assert res.stats.finish_reason == "stop" and res.stats.evidence == "quoted"
-    assert res.stats.forward_passes == 3  # the prompt, the opening sentence, the rest
+    assert res.stats.forward_passes == 2  # the prompt with the opening sentence, the rest
     (cite,) = res.citations
     assert cite.text == body and cite.doc_id == "wiki/tumouland"

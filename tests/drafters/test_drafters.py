@@ -17,6 +17,7 @@ import torch
 
 from nest_integrations.core import verification
 from nest_integrations.decoding import loop as loop_module
+from nest_integrations.decoding.plain import decode_ids
 from nest_integrations.config import NestConfig
 from nest_integrations.core.sampling import warp
 from nest_integrations.drafters import METHODS, Draft, Method, get_method, register
@@ -231,7 +232,7 @@ def test_methods_name_their_verifier_and_bad_ones_are_refused():
     lm = FakeLM()
     odd = Method("odd-verifier", None, verifier="majority-vote")
     with pytest.raises(ValueError, match="unknown verifier 'majority-vote'"):
-        loop_module.decode_ids(lm, odd, [3, 4, 5], 4)
+        decode_ids(lm, odd, [3, 4, 5], 4)
 
 
 def test_drafter_options_become_typed_options_with_clear_errors():
@@ -264,7 +265,7 @@ def test_loop_over_an_uncached_model_gives_the_same_tokens(tiny_lm):
     from nest_integrations.lm.uncached import UncachedLM
 
     ids = tiny_lm.tokenize("The quick brown fox jumps over the lazy dog. The quick brown fox")
-    greedy, _ = loop_module.decode_ids(tiny_lm, get_method("greedy"), ids, 16)
+    greedy, _ = decode_ids(tiny_lm, get_method("greedy"), ids, 16)
 
     class _TwoRightOneWrong:
         def propose(self, state):
@@ -276,7 +277,7 @@ def test_loop_over_an_uncached_model_gives_the_same_tokens(tiny_lm):
             return None
 
     method = Method("test-two-right", None)
-    runs = [loop_module.decode_ids(lm, method, ids, 16, drafter=_TwoRightOneWrong())
+    runs = [decode_ids(lm, method, ids, 16, drafter=_TwoRightOneWrong())
             for lm in (tiny_lm, UncachedLM(tiny_lm))]
     (cached, stats), (uncached, _) = runs
     assert cached == uncached == greedy
@@ -308,9 +309,9 @@ def test_token_tree_passes_go_through_the_timed_forward(tiny_lm, monkeypatch):
         monkeypatch.setattr(tiny_lm, name, counted)
     method = Method("test-fork", lambda ctx: _Fork())
     ids = tiny_lm.tokenize("one two one two one two one two")
-    out, stats = loop_module.decode_ids(tiny_lm, method, ids, 12, drafter=_Fork())
+    out, stats = decode_ids(tiny_lm, method, ids, 12, drafter=_Fork())
     monkeypatch.undo()
-    greedy, _ = loop_module.decode_ids(tiny_lm, get_method("greedy"), ids, 12)
+    greedy, _ = decode_ids(tiny_lm, get_method("greedy"), ids, 12)
     assert out == greedy
     assert calls["forward_tree"] == stats.tree_steps > 0
     assert stats.forward_passes == calls["forward"] + calls["forward_tree"]
@@ -319,8 +320,9 @@ def test_token_tree_passes_go_through_the_timed_forward(tiny_lm, monkeypatch):
 
 def test_the_evidence_sentence_is_quoted_in_one_pass(tiny_lm, monkeypatch):
     """Evidence first (``core.evidence``): NEST opens the answer with the evidence sentence as
-    ONE ``quoted`` draft, committed whole in one target pass and cited to its passage, where a
-    random tiny model would never write it; then NEST copies on from the passage's next row."""
+    ONE ``quoted`` draft, committed whole in the prompt's own target pass and cited to its
+    passage, where a random tiny model would never write it; then NEST copies on from the
+    passage's next row."""
     from nest_integrations.policy import AnswerPolicy
     from nest_integrations.retrieval.in_memory import InMemoryRetriever
 
@@ -341,7 +343,8 @@ def test_the_evidence_sentence_is_quoted_in_one_pass(tiny_lm, monkeypatch):
     res = engine.generate([{"role": "user", "content": "What is the life expectancy at birth?"}],
                           max_new_tokens=len(quote) + 4)
     assert res.text.lstrip().startswith(sentence), res.text
-    assert len(quote) - 1 <= passes[1] <= len(quote) + 1  # the whole quote in the first pass
+    # the whole quote in the first pass, the prompt's: decided before it, it runs with it
+    assert len(quote) - 1 <= passes[0] - res.stats.prompt_tokens <= len(quote) + 1
     first = res.citations[0]
     assert first.kind == "copy" and first.doc_id == "profile/tumouland"
     assert first.text.startswith(sentence)  # and the copy goes on from the next row

@@ -195,7 +195,7 @@ def test_drafter_counters_land_in_the_generation_stats(tiny_lm, tmp_path):
     from nest_integrations.drafters import get_method
     from nest_integrations.drafters.base import DrafterContext
     from nest_integrations.builders.dresd_responses import prompt_ids
-    from nest_integrations.decoding.loop import decode_ids
+    from nest_integrations.decoding.plain import decode_ids
     from nest_integrations.types import NestStats
 
     prompts = tmp_path / "prompts.jsonl"

@@ -214,7 +214,7 @@ def test_routing_and_draft_counters_land_in_the_generation_stats(tiny_lm, tmp_pa
     from nest_integrations.drafters import get_method
     from nest_integrations.drafters.base import DrafterContext
     from nest_integrations.drafters.knn_ssd import KnnSsdDrafter
-    from nest_integrations.decoding.loop import decode_ids
+    from nest_integrations.decoding.plain import decode_ids
     from nest_integrations.types import NestStats
 
     domain = DOMAINS[0]

@@ -77,7 +77,7 @@ def test_exact_steps_run_on_every_thread_while_the_cache_is_short(tmp_path, monk
     the curve of the regime its next step runs in."""
     import llama_cpp
 
-    from nest_integrations.decoding.loop import decode_ids
+    from nest_integrations.decoding.plain import decode_ids
     from nest_integrations.drafters import get_method
     from nest_integrations.drafters.base import DrafterContext
     from nest_integrations.lm import cost
@@ -156,7 +156,7 @@ def test_greedy_at_two_threads_steps_as_llama_does():
     cache its verify rows are decoded one at a time there, over a BF16 cache together."""
     import llama_cpp
 
-    from nest_integrations.decoding.loop import decode_ids
+    from nest_integrations.decoding.plain import decode_ids
     from nest_integrations.drafters import get_method
     from nest_integrations.drafters.base import DrafterContext
     from nest_integrations.lm.llama_cpp import KV_TYPES
