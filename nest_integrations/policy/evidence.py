@@ -106,6 +106,38 @@ def is_heading(sentence: str) -> bool:
     return _HEADING.search(sentence) is not None
 
 
+#: How a sentence ends when it says something, before closing quotes and brackets (a title line
+#: ends with none of these).
+_SAYS = tuple(".!?:;")
+_CLOSERS = "\"')]\u201d\u2019"
+_BLANK_LINE = re.compile(r"\n[ \t]*\n")
+#: The most words a document's untitled first line may have and still be read as its title.
+TITLE_LINE_WORDS = 12
+
+
+def is_title_line(passage: Passage, start: int, end: int) -> bool:
+    """Whether the sentence ``passage.text[start:end]`` is a line that names its document
+    rather than says something: a whole line with no sentence-end punctuation that is the
+    passage's title (``metadata["title"]``, compared normalized), or its document's first line,
+    of at most ``TITLE_LINE_WORDS`` words, standing as its own paragraph. A dictionary entry's
+    headword ("interlacing" above "A video display system ..."), a fact sheet's or a Markdown
+    file's name line: none of them is the sentence that defines the subject."""
+    text = passage.text
+    line_start = text.rfind("\n", 0, start) + 1
+    line_end = text.find("\n", end)
+    line_end = len(text) if line_end < 0 else line_end
+    sentence = text[start:end].strip()
+    if not sentence or text[line_start:start].strip() or text[end:line_end].strip():
+        return False  # part of a line: prose
+    if sentence.rstrip(_CLOSERS).endswith(_SAYS):
+        return False
+    title = (passage.metadata or {}).get("title")
+    if isinstance(title, str) and title.strip() and normalize(sentence) == normalize(title):
+        return True
+    return (line_start == 0 and opens_document(passage) and _BLANK_LINE.match(text, line_end)
+            is not None and len(sentence.split()) <= TITLE_LINE_WORDS)
+
+
 def opens_document(passage: Passage) -> bool:
     """Whether ``passage`` is its document's first: it starts at offset 0, or is chunk 0."""
     meta = passage.metadata or {}
@@ -137,7 +169,7 @@ def candidates(question: str, passages: Sequence[Passage], scorer: str = "combin
     for i, ((p, s, e), text) in enumerate(zip(spans, texts)):
         position = position + 1 if p is prev else 0
         prev = p
-        heading = is_heading(text)
+        heading = is_heading(text) or is_title_line(p, s, e)
         lead = (not heading and not _indented(p.text, s) and opens_document(p)
                 and p.id not in lead_seen)
         if lead:
@@ -320,4 +352,4 @@ def _cosines(question: str, texts: Sequence[str], retriever: Any) -> np.ndarray:
 
 
 __all__ = ["EVIDENCE_SCORERS", "Candidate", "Choice", "candidates", "choose", "choose_evidence",
-           "is_heading", "on_subject", "opens_document"]
+           "is_heading", "is_title_line", "on_subject", "opens_document"]

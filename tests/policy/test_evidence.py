@@ -199,6 +199,36 @@ def test_a_definition_is_answered_by_its_document_lead_and_an_attribute_by_its_s
     assert [c.heading for c in candidates("What is a permutation?", [p], "overlap")][0]
 
 
+@pytest.mark.parametrize("title", ["interlacing", None])
+def test_a_line_that_only_names_the_document_is_not_its_lead(title):
+    """A dictionary entry, a fact sheet or a plain-text file opens with its name on a line of
+    its own ("interlacing", then the definition): that line is a heading, so "What is X?" is
+    answered from the definition and the quote does not open with the bare name, titled or
+    not. A first line that says something (it ends a sentence, or runs on in its paragraph)
+    stays a sentence."""
+    lead = 'A video display system which builds an image on the VDU in two phases.'
+    more = "The complete image is created by scanning an electron beam twice."
+    text = f"interlacing\n\n{lead} {more}"
+    p = Passage("p", text, "foldoc/interlacing", char_start=0,
+                metadata={"title": title} if title else {})
+    cands = candidates("What is interlacing?", [p], "overlap")
+    assert [(c.text, c.heading, c.lead) for c in cands] == [
+        ("interlacing", True, False), (lead, False, True), (more, False, False)]
+    ev = choose_evidence("What is interlacing?", [p], scorer="overlap")
+    assert p.text[ev.start:ev.end] == f"{lead} {more}"
+    # the title's line anywhere in a passage is a heading, a longer untitled first line is not
+    named = Passage("q", f"{more}\n\nInterlacing\n\n{lead}", "d", char_start=0,
+                    metadata={"title": "Interlacing"})
+    assert [c.heading for c in candidates("What is it?", [named], "overlap")] == [
+        False, True, False]
+    for first in ("Price: 499 dollars\nThe kettle boils in a minute.",  # runs on: a field line
+                  "The kettle boils in a minute.\n\nIt is quiet.",  # a sentence
+                  "Setting up the Orbit Kettle before you use it the first time in "
+                  "any kitchen\n\nFill it."):  # too long for a name
+        q = Passage("k", first, "kettle", char_start=0, metadata={"title": "Kettle"})
+        assert not candidates("What is it?", [q], "overlap")[0].heading, first
+
+
 def test_an_explanation_window_never_ends_on_a_sentence_that_announces_a_block():
     """The window of a lead ends at the last sentence end that does not introduce what follows
     ("... is equivalent to" before its code, "... into a program:" before a grammar): the
