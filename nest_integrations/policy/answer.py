@@ -47,7 +47,7 @@ from nest_integrations.config import GROUNDED_MIN_CITATION_WORDS, PRESETS, Guard
 from nest_integrations.core.evidence import EvidenceSpan
 from nest_integrations.drafters import Method, get_method
 from nest_integrations.policy.conversation import check_conversation
-from nest_integrations.policy.evidence import EVIDENCE_SCORERS, choose
+from nest_integrations.policy.evidence import EVIDENCE_SCORERS, asked_beyond, choose
 from nest_integrations.retrieval.titles import (
     LOOKUP_LIMIT,
     TitleMatch,
@@ -253,6 +253,8 @@ def plan_answer(
             lookup = lambda titles, limit: [p for p in found if title_of(p) in titles][:limit]  # noqa: E731
         if matches:
             ranked = named_first(retrieved, matches, index.titles, lookup)
+            if not asked_beyond(question, " ".join(m.title for m in matches)):
+                ranked = with_openings(ranked, matches, index.titles, lookup)
     n_ra = n_ra or method.ra_passages
     prompt = prompt_passages(retrieved if policy.title_context == "off" else ranked, n_ra,
                              policy.title_context)
@@ -300,6 +302,39 @@ def named_first(
     return (front + [p for p in passages if p.id not in ids])[: len(passages)]
 
 
+def with_openings(
+    passages: Sequence[Passage],
+    matches: Sequence[TitleMatch],
+    titles: dict[str, str],
+    lookup: Any = None,
+) -> list[Passage]:
+    """``passages`` with each named document's opening passage (its first: where its lead is)
+    before that document's other passages, looked up by title where retrieval missed it; as
+    long as ``passages``. For a question that asks nothing beyond what the document is called
+    ("How does the try statement work?"): its answer is the document's lead."""
+    out = list(passages)
+    for doc in dict.fromkeys(d for m in matches for d in m.doc_ids):
+        mine = [i for i, p in enumerate(out) if (p.doc_id or p.id) == doc]
+        if not mine or _opening(out[mine[0]]):
+            continue
+        have = [i for i in mine if _opening(out[i])]
+        if have:  # retrieved, ranked lower: it moves up
+            out.insert(mine[0], out.pop(have[0]))
+        elif lookup is not None and doc in titles:
+            first = [p for p in first_passages(lookup([titles[doc]], LOOKUP_LIMIT))
+                     if (p.doc_id or p.id) == doc and _opening(p)]
+            if first:
+                out.insert(mine[0], _mark(first[0]))
+                out.pop()
+    return out
+
+
+def _opening(p: Passage) -> bool:
+    if p.char_start is not None:
+        return p.char_start == 0
+    return (p.metadata or {}).get("chunk_index") in (0, "0")
+
+
 def prompt_passages(passages: Sequence[Passage], n: int, title_context: str = "off") -> list[Passage]:
     """The ``n`` passages of the RA prompt: the first ``n``, or by ``title_context``."""
     if n <= 0:
@@ -318,4 +353,4 @@ def _mark(p: Passage) -> Passage:
 __all__ = ["FALLBACK_DECODING", "GROUNDED_COMPLETION_RELEVANCE", "GROUNDED_EVIDENCE",
            "GROUNDED_EVIDENCE_MIN", "GROUNDED_QUOTE_CHECK", "POLICIES", "TITLE_CONTEXTS",
            "AnswerPlan", "AnswerPolicy", "gate_relevance", "named_first", "plan_answer",
-           "prompt_passages"]
+           "prompt_passages", "with_openings"]

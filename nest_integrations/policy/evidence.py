@@ -245,16 +245,25 @@ def choose(question: str, passages: Sequence[Passage], scorer: str = "overlap",
         return Choice(None, subject if every and about == set() else None)
     pool = [c for c in cands if not c.heading] or cands
 
-    def opens(c: Candidate) -> bool:  # a lead answers for its document's subject only
-        return c.lead and (about is None or c.doc_id in about)
+    names = " ".join([subject or ""] + [c.text for c in cands if c.heading and (
+        about is None or c.doc_id in about)])  # the subject, as the question and its headings say
+    asked = asked_beyond(question, names)
+    stating = _stating(asked, pool)
 
-    best = max(pool, key=lambda c: c.score + lead * opens(c))  # the first of equal maxima
+    def opens(c: Candidate) -> bool:  # a lead answers for its document's subject only
+        return c.lead and (about is None or c.doc_id in about) and not stating
+
+    leads = [c for c in pool if opens(c)] if about and not asked else []
+    # a question that asks nothing beyond what its document is called: that document's lead;
+    # one that asks for an attribute a sentence states: the best of those sentences
+    best = max(leads or stating or pool, key=lambda c: c.score + lead * opens(c))  # the first
     p = best.passage
-    end = _window_end(p.text, best.start, best.end, window_chars) if opens(best) else best.end
+    said = _through_block(p.text, best.start, best.end, window_chars)
+    end = _window_end(p.text, best.start, said, window_chars) if opens(best) else said
     top = max(c.gate for c in cands)
     LOG.debug("evidence (%s %.3f, lead=%s): %r", scorer, best.score, best.lead,
               best.text[:80])
-    return Choice(EvidenceSpan(p.id, best.start, end, float(top), sentence_end=best.end))
+    return Choice(EvidenceSpan(p.id, best.start, end, float(top), sentence_end=said))
 
 
 def on_subject(question: str, cands: Sequence[Candidate]
@@ -278,6 +287,9 @@ def on_subject(question: str, cands: Sequence[Candidate]
     named = set(content_words(subject))
     about = {d for m in index.match(subject) for d in m.doc_ids}
     about |= {c.doc_id for c in cands if c.doc_id not in index.titles}  # untitled: unknown
+    # a document whose own heading the question says is about what it asks ("dictionary
+    # displays" under the heading "Dictionary displays", whatever its stored title)
+    about |= {c.doc_id for c in cands if c.heading and _said_in(c.text, question)}
     definitional = definitional_subject(question) is not None
     asked = set() if definitional else set(content_words(question)) - named
 
@@ -294,7 +306,55 @@ def on_subject(question: str, cands: Sequence[Candidate]
     return kept, about, subject
 
 
+def asked_beyond(question: str, names: str) -> set[str]:
+    """The content words ``question`` asks beyond its subject (``names``: the subject as the
+    question writes it, its documents' titles or headings): ``{"price"}`` for "Tell me the
+    Zivatrotek Max 2's price.", none for "What is the raise statement for?" under the heading
+    'The "raise" statement'. A definitional question ("What is X?", "How does X work?") asks
+    none; a capitalised word inside the question names a context or another entity ("in
+    Python"), not an attribute."""
+    if definitional_subject(question) is not None:
+        return set()
+    named = set(content_words(names))
+    proper = {w for t in question.split()[1:] if t[:1].isupper() for w in content_words(t)}
+    return {w for w in content_words(question) if not _holds(w, named) and w not in proper}
+
+
+def _stating(asked: set[str], pool: Sequence[Candidate]) -> list[Candidate]:
+    """The sentences of ``pool`` other than a lead that state what ``asked`` asks for: each holds
+    one of its words (as written or inflected: "price", "priced") that no lead holds. Where
+    there are any, one of them answers, and no lead counts more."""
+    if not asked:
+        return []
+    leads = set().union(*(content_words(c.text) for c in pool if c.lead))
+    asked = {w for w in asked if not _holds(w, leads)}
+    return [c for c in pool if not c.lead
+            and any(_holds(w, content_words(c.text)) for w in asked)]
+
+
+def _holds(word: str, words: Any) -> bool:
+    """Whether ``words`` hold ``word`` or an inflection of it (one of the two is the other plus
+    at most two letters: "price" and "priced", "execute" and "executes")."""
+    for w in words:
+        short, long_ = (w, word) if len(w) <= len(word) else (word, w)
+        if long_.startswith(short) and len(short) >= 4 and len(long_) - len(short) <= 2:
+            return True
+        if w == word:
+            return True
+    return False
+
+
 _ARTICLE = frozenset(("a", "an", "the"))
+
+
+def _said_in(heading: str, question: str) -> bool:
+    """Whether ``heading`` (its words, a leading article aside) is a run of whole words of
+    ``question`` (compared normalized, as titles are)."""
+    words = normalize(heading).split()
+    words = words[1:] if words[:1] and words[0] in _ARTICLE else words
+    if not words or all(w in STOP_WORDS for w in words):
+        return False
+    return f" {' '.join(words)} " in f" {normalize(question)} "
 
 
 def _opens_with(sentence: str, subject: str) -> bool:
@@ -328,6 +388,22 @@ def _window_end(text: str, start: int, first_end: int, window_chars: int) -> int
     return end
 
 
+def _through_block(text: str, start: int, end: int, window_chars: int) -> int:
+    """Where the sentence that ends at ``end`` is said in full: where it announces a block
+    ("... various numeric literals:", "... is equivalent to") that follows on indented lines
+    (code, a grammar), the end of that block, as far as it fits ``window_chars`` from
+    ``start``; else ``end``. A lead-in is never said without what it introduces."""
+    if not _announces(text[start:end]):
+        return end
+    for s, e in sentence_spans(text):
+        if s < end:
+            continue
+        if not _indented(text, s) or e - start > window_chars:
+            break
+        end = e
+    return end
+
+
 def _announces(sentence: str) -> bool:
     """Whether ``sentence`` introduces what follows it: it ends with ``:`` or without closing
     punctuation (a lead-in to a block, a list or code)."""
@@ -352,4 +428,4 @@ def _cosines(question: str, texts: Sequence[str], retriever: Any) -> np.ndarray:
 
 
 __all__ = ["EVIDENCE_SCORERS", "Candidate", "Choice", "candidates", "choose", "choose_evidence",
-           "is_heading", "is_title_line", "on_subject", "opens_document"]
+           "asked_beyond", "is_heading", "is_title_line", "on_subject", "opens_document"]

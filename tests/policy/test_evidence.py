@@ -16,7 +16,7 @@ from nest_integrations.core.evidence import (
     sentence_spans,
 )
 from nest_integrations.policy import AnswerPolicy, plan_answer
-from nest_integrations.policy.evidence import candidates, choose_evidence
+from nest_integrations.policy.evidence import candidates, choose, choose_evidence
 from nest_integrations.types import Passage
 
 PROFILE = ("Tumouland\n\nPeople and society\nPopulation: 8,915,496 (2020 est.)\n"
@@ -248,5 +248,94 @@ def test_an_explanation_window_never_ends_on_a_sentence_that_announces_a_block()
     assert p.text[:ev.end].endswith("These equivalences assume the built-in names.")
     short = choose_evidence("How do assert statements work?", [p], scorer="overlap",
                             window_chars=120)
-    # too short for the block and the sentence after it: the lead-in sentence alone
-    assert p.text[short.start:short.end] == "Assert statements insert debugging assertions into a program:"
+    # too short for the next block and the sentence after it: the lead-in with its own block
+    assert p.text[short.start:short.end] == (
+        "Assert statements insert debugging assertions into a program:\n\n"
+        "   assert_stmt ::= \"assert\" expression")
+    tiny = choose_evidence("How do assert statements work?", [p], scorer="overlap",
+                           window_chars=70)
+    # too short for its block too: the lead-in alone
+    assert p.text[tiny.start:tiny.end] == "Assert statements insert debugging assertions into a program:"
+
+
+PRODUCT = ("Zivatrotek Max 2\n\nThe Zivatrotek Max 2 is a tablet sold worldwide. The place of "
+           "assembly of the Zivatrotek Max 2 is Gupubreaville. The Zivatrotek Max 2 is priced at "
+           "$1,867. The warranty of the Zivatrotek Max 2 is 2 years.")
+
+
+@pytest.mark.parametrize("question, want", [
+    ("Tell me the Zivatrotek Max 2's price.", "The Zivatrotek Max 2 is priced at $1,867."),
+    ("The Zivatrotek Max 2: what is the price?", "The Zivatrotek Max 2 is priced at $1,867."),
+    ("What is the Zivatrotek Max 2?", "The Zivatrotek Max 2 is a tablet sold worldwide."),
+])
+def test_an_attribute_a_sentence_states_is_answered_by_it_not_by_the_lead(question, want):
+    """A question that asks for an attribute ("price") that a sentence states (inflected:
+    "priced") is answered by that sentence; the lead's extra weight is for questions that ask
+    what the subject is. The attribute's sentence stands alone; the lead's window runs on."""
+    p = Passage("p", PRODUCT, "product/zivatrotek-max-2", char_start=0,
+                metadata={"title": "Zivatrotek Max 2"})
+    ev = choose_evidence(question, [p], scorer="overlap")
+    assert p.text[ev.start:ev.sentence_end] == want
+    assert (ev.end > ev.sentence_end) == want.endswith("worldwide.")
+
+
+TOPIC = ('The "raise" statement\n*********************\n\n   raise_stmt ::= "raise" [expression]\n\n'
+         'If no expressions are present, "raise" re-raises the exception that is currently being '
+         'handled.\n\nChanged in version 3.11: If the traceback of the active exception is '
+         'modified, a subsequent "raise" statement re-raises the exception with the modified '
+         'traceback.\n')
+
+
+@pytest.mark.parametrize("question", ["What is the raise statement for?",
+                                      "Explain the raise statement.",
+                                      "How does Python handle the raise statement?"])
+def test_a_question_that_asks_nothing_beyond_its_documents_heading_gets_its_lead(question):
+    """The stored title is the file's stem ("raise"); the document's heading says what it is
+    called ('The "raise" statement'), so "statement" is the subject, not an attribute asked.
+    Such a question is answered by the document's lead, however well a side sentence repeats
+    its words; a capitalised word in it ("Python") is a context, not an attribute."""
+    p = Passage("p", TOPIC, "pydoc/raise.txt", char_start=0, metadata={"title": "raise"})
+    ev = choose_evidence(question, [p], scorer="overlap")
+    assert p.text[ev.start:ev.sentence_end].startswith("If no expressions are present")
+
+
+def test_a_document_whose_heading_the_question_says_is_about_it_whatever_its_title():
+    """"How does Python handle dictionary displays?" over a document stored as "dict" under the
+    heading "Dictionary displays": the subject read from the question ("Python") names no
+    title, but the question says the document's heading, so the document is about it (no
+    absent subject) and its lead answers."""
+    text = ("Dictionary displays\n*******************\n\nA dictionary display is a possibly empty "
+            "series of dict items enclosed in curly braces.\n\nIf a comma-separated sequence of "
+            "dict items is given, they are evaluated from left to right.\n")
+    p = Passage("p", text, "pydoc/dict.txt", char_start=0, metadata={"title": "dict"})
+    other = Passage("o", "The Python Software Foundation holds the copyright.", "psf",
+                    char_start=0, metadata={"title": "Software Foundation"})
+    choice = choose("How does Python handle dictionary displays?", [p, other], "overlap")
+    assert choice.absent is None
+    assert p.text[choice.evidence.start:choice.evidence.sentence_end].startswith(
+        "A dictionary display is")
+
+
+def test_a_lead_in_is_said_with_the_block_it_announces():
+    """A sentence that announces a block ("... last one executed:" before its example, "...
+    numeric literals:" before a grammar) is said with that block: the quote's first part
+    (``sentence_end``) runs through the indented lines, and stops at the prose after them."""
+    text = ('Since the "finally" clause always executes, a "return" statement executed in the '
+            '"finally" clause will always be the last one executed:\n\n   >>> def foo():\n'
+            "   ...     try:\n   ...         return 'try'\n   ...     finally:\n"
+            "   ...         return 'finally'\n   >>> foo()\n   'finally'\n\n"
+            "Changed in version 3.8: a continue statement was illegal in the finally clause.\n")
+    p = Passage("p", text, "pydoc/try.txt", char_start=900, metadata={"title": "try"})
+    ev = choose_evidence("What happens when a return statement is executed in a finally clause?",
+                         [p], scorer="overlap")
+    assert ev.start == 0 and p.text[:ev.sentence_end].endswith("   'finally'")
+    assert ev.end == ev.sentence_end  # an attribute's sentence, with its block, then the end
+    lead = "Python supports string and bytes literals and various numeric literals:"
+    topic = (f"Literals\n********\n\n{lead}\n\n   literal ::= stringliteral | bytesliteral\n\n"
+             "Evaluation of a literal yields an object of the given type.\n")
+    q = Passage("q", topic, "pydoc/atom-literals.txt", char_start=0, metadata={"title": "Literals"})
+    ev = choose_evidence("What are literals?", [q], scorer="overlap")
+    assert q.text[ev.start:ev.sentence_end] == f"{lead}\n\n   literal ::= stringliteral | bytesliteral"
+    assert q.text[ev.start:ev.end].endswith("of the given type.")  # the lead's window runs on
+    short = choose_evidence("What are literals?", [q], scorer="overlap", window_chars=len(lead) + 5)
+    assert q.text[short.start:short.sentence_end] == lead  # the block does not fit: the lead-in

@@ -17,7 +17,7 @@ from engines import make_engine
 from fakes import FakeLM
 from nest_integrations.config import NestConfig
 from nest_integrations.policy import AnswerPolicy, plan_answer
-from nest_integrations.policy.answer import named_first, prompt_passages
+from nest_integrations.policy.answer import named_first, prompt_passages, with_openings
 from nest_integrations.retrieval.in_memory import InMemoryRetriever
 from nest_integrations.retrieval.titles import (
     TitleIndex,
@@ -140,8 +140,37 @@ def test_prompt_passages_by_title_context():
     assert prompt_passages(ordered, 0, "only") == []
     plan = plan_answer(AnswerPolicy(title_match=True, title_context="off"), "Korvanta Systems?",
                        RETRIEVED, n_ra=2, decoding=("greedy",))
-    assert [p.id for p in plan.passages][:2] == ["k1", "k0"]  # stage 1 reordered
+    # stage 1 reordered; the question asks nothing beyond the title: the opening passage first
+    assert [p.id for p in plan.passages][:2] == ["k0", "k1"]
     assert [p.id for p in plan.prompt_passages] == ["n0", "b0"]  # the prompt is RAG's
+    plan = plan_answer(AnswerPolicy(title_match=True, title_context="off"),
+                       "What is the founding year of Korvanta Systems?", RETRIEVED, n_ra=2,
+                       decoding=("greedy",))
+    assert [p.id for p in plan.passages][:2] == ["k1", "k0"]  # an attribute: retrieval's order
+
+
+def test_a_named_documents_opening_passage_goes_before_its_others_when_it_is_what_is_asked():
+    """"How does X work?", "What is X for?": the answer is X's lead, in its opening passage.
+    Where retrieval ranked it lower it moves up; where it missed it, the title lookup brings it
+    (and the list keeps its length); an attribute question keeps retrieval's order."""
+    index = TitleIndex.from_passages(RETRIEVED)
+    matches = index.match("How does Korvanta Systems work?")
+    ordered = named_first(RETRIEVED, matches, index.titles)
+    assert [p.id for p in with_openings(ordered, matches, index.titles)] == [
+        "k0", "k1", "n0", "b0", "x0"]
+    missed = [p for p in RETRIEVED if p.id != "k0"]
+    opening = _p("k0", "korvanta", "Korvanta Systems")
+    looked = []
+
+    def lookup(titles, limit):
+        looked.append(list(titles))
+        return [_p("k2", "korvanta", "Korvanta Systems", chunk=2), opening]
+
+    got = with_openings(named_first(missed, matches, index.titles), matches, index.titles, lookup)
+    assert [p.id for p in got] == ["k0", "k1", "n0", "b0"] and looked == [["Korvanta Systems"]]
+    assert got[0].metadata["title_match"] is True
+    assert with_openings(named_first(missed, matches, index.titles), matches, index.titles
+                         ) == named_first(missed, matches, index.titles)  # nothing to look up
 
 
 def _corpus() -> list[Passage]:
