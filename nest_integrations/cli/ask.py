@@ -109,7 +109,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
     from nest_integrations.cli.formatting import render
 
     apply_backend_args(args)
-    engine = assembly.build_engine(ask_spec(args))
+    spec = ask_spec(args).resolved()  # ``auto`` decided: the summary says which backend ran
+    engine = assembly.build_engine(spec)
     result = engine.generate(
         [{"role": "user", "content": args.question}], max_new_tokens=args.max_new_tokens
     )
@@ -117,5 +118,5 @@ def cmd_ask(args: argparse.Namespace) -> int:
         json.dump(result.to_dict(), sys.stdout, indent=2, ensure_ascii=False)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render(result) + "\n")
+        sys.stdout.write(render(result, backend=spec.backend) + "\n")
     return 0

@@ -128,8 +128,9 @@ def source_lines(result: NestResult, width: int = 100, min_tokens: int = 2) -> l
     return lines
 
 
-def render(result: NestResult, min_tokens: int = 2) -> str:
-    """Answer with markers, a blank line, the sources, and a one-line summary."""
+def render(result: NestResult, min_tokens: int = 2, backend: str | None = None) -> str:
+    """Answer with markers, a blank line, the sources, and a one-line summary (ending with the
+    ``backend`` that ran it, when given)."""
     s = result.stats
     parts = [with_markers(result, min_tokens).strip(), ""]
     if shown(result, min_tokens):
@@ -143,7 +144,7 @@ def render(result: NestResult, min_tokens: int = 2) -> str:
     parts.append(
         f"{s.new_tokens} tokens in {s.time_total:.1f}s ({s.tokens_per_second:.1f} tok/s, "
         f"first token {s.time_to_first_token:.2f}s), {s.forward_passes} forward passes, {s.attribution_ratio:.0%} attributed, "
-        f"{len(result.passages)} passages searched"
+        f"{len(result.passages)} passages searched" + (f", on {backend}" if backend else "")
     )
     return "\n".join(parts)
 

@@ -83,10 +83,10 @@ WORKLOAD = "answer1"
 #: The backends ``choose_backend`` prefers on a tie, first first.
 PREFERENCE = ("torch", "llama.cpp")
 
-__all__ = ["COPY_ROWS", "COPY_TOKENS", "PASSAGES", "QUESTION", "ROUNDS", "STEPS", "WORKLOAD",
-           "AnswerWorkload", "Decision", "cache_key", "cached", "choose_backend", "decide",
-           "describe_workload", "figures", "llama_cpp_available", "measure_answers", "resolve_backend",
-           "torch_build", "wheel_level"]
+__all__ = ["COPY_ROWS", "COPY_TOKENS", "MEASURED_GAIN", "PASSAGES", "QUESTION", "ROUNDS", "STEPS",
+           "WORKLOAD", "AnswerWorkload", "Decision", "cache_key", "cached", "choose_backend",
+           "cpu_kind", "decide", "describe_workload", "figures", "llama_cpp_available",
+           "measure_answers", "not_installed", "resolve_backend", "torch_build", "wheel_level"]
 
 
 @dataclass(frozen=True)
@@ -181,8 +181,7 @@ def decide(model: Any = None, device: Any = None, dtype: Any = None, decoding: s
         backend, why = forced.split(": ", 1)
         return Decision(backend, why)
     if not llama_cpp_available():
-        return Decision("torch", "the llama.cpp extra is not installed (pip install "
-                                 "'nest-integrations[llamacpp]')")
+        return Decision("torch", not_installed())
     key = cache_key()
     if not measure and cached(key) is None:
         return Decision("torch", "not measured on this machine yet (the first model load "
@@ -197,6 +196,47 @@ def decide(model: Any = None, device: Any = None, dtype: Any = None, decoding: s
     if after != key:
         _choices().get(after, lambda: record)
     return Decision(str(record["choice"]), _explain(record), dict(record))
+
+
+#: What the llama.cpp extra gave on each CPU kind this project measured it on (``cpu_kind``),
+#: with the result file that holds the figure: what ``--fast`` would give, said before it is
+#: installed. A kind not here was not measured.
+MEASURED_GAIN = {
+    "AMD EPYC, AVX-512": "the README question's cold `nest ask` took 4.7 s against torch's 8.3 s "
+                         "(benchmarks/results/startup.md)",
+    "Intel Xeon, AVX-512": "2.7x the tokens per second of torch's bf16 greedy decoding "
+                           "(benchmarks/results/speed_all.md)",
+}
+
+
+def cpu_kind(cpuinfo: str | None = None) -> str:
+    """This CPU as the project's figures name it: the model family ("AMD EPYC", "Intel Xeon",
+    else the model name) and its widest vector level ("AVX-512", "AVX2"), from the Linux
+    ``/proc/cpuinfo`` (``cpuinfo``: its text); "unknown" where it cannot be read."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                cpuinfo = f.read(65536)
+        except OSError:
+            return "unknown"
+    fields = dict(line.split(":", 1) for line in cpuinfo.splitlines()[:64] if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    name, flags = fields.get("model name", ""), set(fields.get("flags", "").split())
+    family = next((f for f in ("AMD EPYC", "Intel Xeon") if f.split()[1] in name), name)
+    level = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else ""
+    return ", ".join(x for x in (family or "unknown", level) if x)
+
+
+def not_installed(kind: str | None = None) -> str:
+    """Why ``auto`` runs torch where the llama.cpp extra is missing, how to add it, and what it
+    gave on this CPU kind (``MEASURED_GAIN``), or that it was not measured there."""
+    kind = cpu_kind() if kind is None else kind
+    gain = MEASURED_GAIN.get(kind)
+    said = (f"on this CPU kind ({kind}) llama.cpp measured: {gain}" if gain else
+            f"not measured on this CPU kind ({kind}); once installed, `nest info` measures both")
+    return ("the llama.cpp extra is not installed (`bash scripts/quickstart.sh --fast` or "
+            "`bash scripts/install.sh llamacpp` builds it once, about 6-7 min on 2 cores; "
+            f"pip install 'nest-integrations[llamacpp]'); {said}")
 
 
 _CHOICES: Any = None

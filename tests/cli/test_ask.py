@@ -63,6 +63,7 @@ def test_ask_cites_the_copied_span(tmp_path: Path, default_lm, monkeypatch, caps
     assert cli.main(["ask", question, "--persist-dir", store, "--max-new-tokens", "32"]) == 0
     out = capsys.readouterr().out
     assert "[1]" in out and "Sources:" in out and "docs/rome.txt" in out
+    assert out.rstrip().endswith("passages searched, on torch")  # the backend that ran it
     assert ("[!] Unsupported" in out) == bool(flagged)
     assert cli.main(["ask", question, "--persist-dir", store, "--max-new-tokens", "32", "--json",
                      "--no-attribute"]) == 0

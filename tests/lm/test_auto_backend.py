@@ -85,6 +85,30 @@ def test_auto_is_torch_silently_without_llama_cpp(auto, monkeypatch, caplog) -> 
     assert not [r for r in caplog.records if r.name == auto_backend.LOG.name]
 
 
+@pytest.mark.parametrize("cpuinfo, kind, measured", [
+    ("model name\t: AMD EPYC 9B14\nflags\t\t: fpu avx2 avx512f avx512_bf16\n",
+     "AMD EPYC, AVX-512", "4.7 s against torch's 8.3 s"),
+    ("model name\t: AMD EPYC 7B13\nflags\t\t: fpu avx avx2 fma\n", "AMD EPYC, AVX2", None),
+    ("model name\t: Intel(R) Xeon(R) Processor @ 2.10GHz\nflags\t\t: avx2 avx512f amx_bf16\n",
+     "Intel Xeon, AVX-512", "2.7x"),
+    ("", "unknown", None),
+])
+def test_without_llama_cpp_auto_says_how_to_add_it_and_what_it_gave_on_this_cpu_kind(
+        cpuinfo, kind, measured) -> None:
+    """The reason names the install command and either this CPU kind's measured figure with
+    its result file, or that the kind was not measured (issue 63: the quickstart says what
+    ``--fast`` would give on this CPU)."""
+    assert auto_backend.cpu_kind(cpuinfo) == kind
+    why = auto_backend.not_installed(kind)
+    assert "scripts/quickstart.sh --fast" in why and f"({kind})" in why
+    if measured:
+        assert measured in why and "benchmarks/results/" in why
+        assert Path(__file__).parents[2].joinpath(
+            why.rsplit("(", 1)[1].rstrip(")")).is_file()  # the file it names exists
+    else:
+        assert "not measured on this CPU kind" in why
+
+
 def test_auto_is_torch_where_llama_cpp_cannot_run_the_request(auto) -> None:
     """Another model, a GPU, a torch dtype, KNN-SSD or another key source decide without
     measuring; a GGUF file or a quantisation name means llama.cpp."""
