@@ -47,7 +47,12 @@ from nest_integrations.config import GROUNDED_MIN_CITATION_WORDS, PRESETS, Guard
 from nest_integrations.core.evidence import EvidenceSpan
 from nest_integrations.drafters import Method, get_method
 from nest_integrations.policy.conversation import check_conversation
-from nest_integrations.policy.evidence import EVIDENCE_SCORERS, asked_beyond, choose
+from nest_integrations.policy.evidence import (
+    EVIDENCE_SCORERS,
+    asked_beyond,
+    choose,
+    opens_document,
+)
 from nest_integrations.retrieval.titles import (
     LOOKUP_LIMIT,
     TitleMatch,
@@ -315,24 +320,18 @@ def with_openings(
     out = list(passages)
     for doc in dict.fromkeys(d for m in matches for d in m.doc_ids):
         mine = [i for i, p in enumerate(out) if (p.doc_id or p.id) == doc]
-        if not mine or _opening(out[mine[0]]):
+        if not mine or opens_document(out[mine[0]]):
             continue
-        have = [i for i in mine if _opening(out[i])]
+        have = [i for i in mine if opens_document(out[i])]
         if have:  # retrieved, ranked lower: it moves up
             out.insert(mine[0], out.pop(have[0]))
         elif lookup is not None and doc in titles:
             first = [p for p in first_passages(lookup([titles[doc]], LOOKUP_LIMIT))
-                     if (p.doc_id or p.id) == doc and _opening(p)]
+                     if (p.doc_id or p.id) == doc and opens_document(p)]
             if first:
                 out.insert(mine[0], _mark(first[0]))
                 out.pop()
     return out
-
-
-def _opening(p: Passage) -> bool:
-    if p.char_start is not None:
-        return p.char_start == 0
-    return (p.metadata or {}).get("chunk_index") in (0, "0")
 
 
 def prompt_passages(passages: Sequence[Passage], n: int, title_context: str = "off") -> list[Passage]:
