@@ -19,7 +19,7 @@ wrong answers that carry a citation, each with n and a 95% Wilson interval; the 
 retrieval queries that name the gold document's title; mean seconds per answer (the rewrite
 included).
 
-    NEST_THREADS=1 python -m benchmarks.followups --split dev --limit 16 --stem followups_dev
+    NEST_THREADS=1 python -m benchmarks.followups --split dev --limit 16 --stem followups_dev  # the test split: --split test --systems last,carry,rag-history
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 README_MAX_LINES = 267  # 250 before issue 62's "Bring your own corpus" section
 RESULTS_MAX_FILES = 50  # 36 when the folder was pruned (issue 34); each new file is cited
 #                        (48: answers_dev/answers_test, summary + records, issue 60; 50:
-#                        followups_dev and startup, issues 60 and 63)
+#                        followups (was followups_dev) and startup, issues 60 and 63)
 RESULTS_MAX_BYTES = 1_500_000
 RAW_MAX_BYTES = 1_000_000
 GUIDE_MAX_LINES = 350

@@ -1,7 +1,7 @@
 """The answers behind ``answer_metrics.LEAD_THRESHOLD``, each checked by hand (issue 60).
 
 ``EXAMPLES``: 10 real answers, 9 from the first dev runs of ``python -m benchmarks.answers``
-(``answers_dev.jsonl.gz``; ``rag`` and ``default`` at 7a39c92) and one quoted in issue 60,
+(``rag`` and ``default`` at 7a39c92; that run's records are replaced since) and one quoted in issue 60,
 labelled by reading them: does the answer open with the entry's definition or the topic's lead
 (a paraphrase counts, a second sense, usage note, example or heading does not)? On them the
 "not the lead" answers score at most 0.23 and the "lead" ones at least 0.50.
