@@ -488,15 +488,15 @@ def verbatim_sweep(items: list[Item], lengths: range) -> list[dict[str, Any]]:
     """How often each minimum run length cites something in negatives that are not in the
     passages (unrelated, fabricated) and in positives (word tokens; the fuzzy scorer is unused
     by this count)."""
+    from nest_integrations.attribution.verbatim import verbatim_runs
+
     out = []
     for n in lengths:
-        att = Attributor(AttributionConfig(scorer="fuzzy", min_verbatim_tokens=n,
-                                           support_threshold=-1.0))
         hits = {"unrelated": [0, 0], "fabricated": [0, 0], "positive": [0, 0]}
         for it in items:
             if it.kind not in hits:
                 continue
-            a = att._verbatim(it.text, it.passages, word_tokens)
+            a = verbatim_runs(it.text, it.passages, word_tokens, n)
             hits[it.kind][0] += bool(a)
             hits[it.kind][1] += 1
         out.append({"min_tokens": n, **{k: v[0] / max(v[1], 1) for k, v in hits.items()}})

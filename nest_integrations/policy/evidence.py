@@ -25,6 +25,13 @@ one (``EVIDENCE_LEAD``) only in a document about X. Where no sentence is about t
 no passage's document is (the corpus does not hold it), there is no evidence and
 ``Choice.absent`` names the subject (the policy then answers without the passages:
 ``policy.answer``).
+
+Between a lead and an attribute, what the question asks beyond its subject decides
+(``asked_beyond``: its content words not in the subject, its documents' headings or a
+capitalised context): a sentence that states an asked word, as written or inflected, answers
+("priced" for "price"); a question that asks nothing beyond its subject gets its document's
+lead. A line that only names its document (``is_title_line``: a headword, a fact sheet's name)
+is a heading, and a sentence that announces a block is quoted with it (``_through_block``).
 """
 
 from __future__ import annotations
